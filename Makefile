@@ -1,0 +1,39 @@
+# Inside Self-Attention: two commands on a fresh clone, `make book` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+NOTEBOOKS = $(shell $(BIN)/python tests/toc.py)
+
+.PHONY: setup book test lab bench clean help
+
+help:
+	@echo "make book   build the website into _build/html"
+	@echo "make test   unit tests + every notebook re-executed and compared (nbval)"
+	@echo "make lab    open the book in JupyterLab"
+	@echo "make bench  attention benchmark (timings and memory on this machine)"
+
+$(STAMP): requirements.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed (found %s)" % sys.version.split()[0])'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+book: setup
+	$(BIN)/jupyter-book build . -W -n --keep-going
+
+test: setup
+	$(BIN)/python -m pytest tests $(NOTEBOOKS) --nbval --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900 -q
+
+lab: setup
+	$(BIN)/jupyter lab book
+
+bench: setup
+	$(BIN)/python benchmarks/bench_attention.py
+
+clean:
+	rm -rf _build

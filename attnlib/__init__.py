@@ -1,0 +1,28 @@
+"""attnlib: the small attention library behind *Inside Self-Attention*.
+
+Shapes are batch first: ``[B, S, D]`` token vectors, ``[B, H, S, D_k]`` per-head vectors,
+``[B, H, S_q, S_k]`` scores and weights. Masks are bool with True meaning "may attend".
+"""
+
+from .core import AttentionResult, scaled_dot_product_attention, softmax
+from .device import get_device
+from .heads import merge_heads, repeat_kv, split_heads
+from .masks import causal_mask, combine_masks, padding_mask
+from .multihead import AttentionOutput, MultiHeadSelfAttention
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionOutput",
+    "AttentionResult",
+    "MultiHeadSelfAttention",
+    "causal_mask",
+    "combine_masks",
+    "get_device",
+    "merge_heads",
+    "padding_mask",
+    "repeat_kv",
+    "scaled_dot_product_attention",
+    "softmax",
+    "split_heads",
+]

@@ -1,0 +1,58 @@
+"""Pick the device that the book's code runs on."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["get_device"]
+
+_VALID = ("cuda", "mps", "cpu")
+
+
+def _available(kind: str) -> bool:
+    if kind == "cuda":
+        return torch.cuda.is_available()
+    if kind == "mps":
+        backend = getattr(torch.backends, "mps", None)
+        return bool(backend is not None and backend.is_available())
+    return kind == "cpu"
+
+
+def get_device(prefer: str | None = None) -> torch.device:
+    """Return the device the book should run on.
+
+    Order of precedence:
+
+    1. the environment variable ``ATTNLIB_DEVICE`` (for example ``cpu`` or ``cuda:1``),
+    2. ``prefer``, when given,
+    3. the first available of ``cuda``, ``mps``, ``cpu``.
+
+    Args:
+        prefer: a device string such as ``"cpu"`` or ``"cuda"``; ``None`` means "best available".
+
+    Returns:
+        A ``torch.device``.
+
+    Raises:
+        ValueError: if the requested device type is unknown or not available on this machine.
+    """
+    requested = os.environ.get("ATTNLIB_DEVICE") or prefer
+    if requested is None:
+        for kind in _VALID:
+            if _available(kind):
+                return torch.device(kind)
+        return torch.device("cpu")  # pragma: no cover - cpu is always available
+    try:
+        device = torch.device(requested)
+    except RuntimeError as err:
+        raise ValueError(
+            f"unknown device {requested!r}; expected one of {', '.join(_VALID)} (optionally with an index, e.g. 'cuda:0')"
+        ) from err
+    if device.type not in _VALID:
+        raise ValueError(f"device type {device.type!r} is not supported; expected one of {', '.join(_VALID)}")
+    if not _available(device.type):
+        source = "ATTNLIB_DEVICE" if os.environ.get("ATTNLIB_DEVICE") else "prefer"
+        raise ValueError(f"device {requested!r} (from {source}) is not available on this machine")
+    return device

@@ -1,0 +1,45 @@
+"""The running examples of the book and reproducible toy inputs for them."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["KEYS_SENTENCE", "CAT_SENTENCE", "IT_SENTENCE", "NOTES_ARE_WEIGHTS", "toy_hidden_states"]
+
+#: "The keys on the table are lost." as the source notes split it (S = 8).
+KEYS_SENTENCE: list[str] = ["The", "keys", "on", "the", "table", "are", "lost", "."]
+#: The causal-mask example.
+CAT_SENTENCE: list[str] = ["The", "cat", "sat", "on", "the", "mat"]
+#: The multi-head example (a pronoun that needs two relations at once).
+IT_SENTENCE: list[str] = ["The", "animal", "didn't", "cross", "the", "street", "because", "it", "was", "too", "tired", "."]
+
+#: The weights of the query "are" that the source notes print. They are made up for
+#: illustration (the notes say so); chapter 7 compares them with a real model.
+NOTES_ARE_WEIGHTS: dict[str, float] = {
+    "The": 0.04, "keys": 0.38, "on": 0.05, "the": 0.04, "table": 0.22, "are": 0.18, "lost": 0.07, ".": 0.02,
+}
+
+
+def toy_hidden_states(tokens: list[str], d_model: int = 16, *, seed: int = 0, device: torch.device | str | None = None) -> Tensor:
+    """Reproducible stand-in for embeddings + positions: ``[1, S, d_model]``.
+
+    Each distinct (lower-cased) word gets a random unit-variance vector from a generator seeded
+    with ``seed``; a sinusoidal position code (as in the original Transformer) is added, so the
+    two "the"s differ only by position.
+    """
+    if d_model < 2 or d_model % 2:
+        raise ValueError(f"d_model must be an even int >= 2, got {d_model}")
+    gen = torch.Generator().manual_seed(seed)
+    vocab = sorted({t.lower() for t in tokens})
+    table = torch.randn(len(vocab), d_model, generator=gen)  # [V, D]
+    ids = torch.tensor([vocab.index(t.lower()) for t in tokens])
+    words = table[ids]  # [S, D]
+    pos = torch.arange(len(tokens), dtype=torch.float32)[:, None]  # [S, 1]
+    freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))  # [D/2]
+    pe = torch.zeros(len(tokens), d_model)
+    pe[:, 0::2] = torch.sin(pos * freq)
+    pe[:, 1::2] = torch.cos(pos * freq)
+    return (words + pe)[None].to(device)  # [1, S, D]

@@ -1,0 +1,83 @@
+"""A NumPy twin of (causal) multi-head self-attention, for readers who know NumPy but not PyTorch.
+
+It computes exactly what :class:`attnlib.MultiHeadSelfAttention` computes (without biases),
+and ``tests/test_numpy_reference.py`` checks that. Weights use the NumPy convention
+``y = x @ W`` with ``W`` of shape ``[D_in, D_out]``; ``torch.nn.Linear`` stores the transpose.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["softmax", "causal_mask", "split_heads", "merge_heads", "multi_head_attention"]
+
+Array = NDArray[np.floating]
+
+
+def softmax(scores: Array, axis: int = -1) -> Array:
+    """Stable softmax along ``axis``; all ``-inf`` slices give all zeros (as in attnlib.softmax)."""
+    row_max = np.max(scores, axis=axis, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    exps = np.exp(scores - row_max)
+    total = np.sum(exps, axis=axis, keepdims=True)
+    return exps / np.maximum(total, np.finfo(scores.dtype).tiny)
+
+
+def causal_mask(S: int) -> NDArray[np.bool_]:
+    """``[S, S]`` bool, True where query ``i`` may see key ``j`` (``j <= i``)."""
+    return np.tril(np.ones((S, S), dtype=bool))
+
+
+def split_heads(x: Array, num_heads: int) -> Array:
+    """``[B, S, D] -> [B, H, S, D_k]``."""
+    B, S, D = x.shape
+    if D % num_heads != 0:
+        raise ValueError(f"D = {D} is not divisible by num_heads = {num_heads}")
+    return x.reshape(B, S, num_heads, D // num_heads).transpose(0, 2, 1, 3)  # [B, H, S, D_k]
+
+
+def merge_heads(x: Array) -> Array:
+    """``[B, H, S, D_k] -> [B, S, H * D_k]``."""
+    B, H, S, d_k = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(B, S, H * d_k)  # [B, S, D]
+
+
+def multi_head_attention(
+    x: Array,
+    w_q: Array,
+    w_k: Array,
+    w_v: Array,
+    w_o: Array,
+    num_heads: int,
+    *,
+    causal: bool = True,
+) -> tuple[Array, Array]:
+    """Multi-head self-attention on ``x``.
+
+    Args:
+        x: ``[B, S, D]`` token vectors.
+        w_q, w_k, w_v, w_o: ``[D, D]`` projection matrices (``y = x @ W``).
+        num_heads: ``H``; ``D`` must be divisible by it.
+        causal: hide future positions (True) or let every position see every other (False).
+
+    Returns:
+        ``(output [B, S, D], weights [B, H, S, S])``.
+    """
+    if x.ndim != 3:
+        raise ValueError(f"x must be [B, S, D], got shape {x.shape}")
+    B, S, D = x.shape
+    for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v), ("w_o", w_o)):
+        if w.shape != (D, D):
+            raise ValueError(f"{name} must be [D, D] = {(D, D)}, got {w.shape}")
+    q = split_heads(x @ w_q, num_heads)  # [B, H, S, D_k]
+    k = split_heads(x @ w_k, num_heads)  # [B, H, S, D_k]
+    v = split_heads(x @ w_v, num_heads)  # [B, H, S, D_k]
+    d_k = q.shape[-1]
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d_k)  # [B, H, S, S]
+    if causal:
+        scores = np.where(causal_mask(S), scores, -np.inf)  # future -> -inf
+    weights = softmax(scores, axis=-1)  # [B, H, S, S]
+    context = weights @ v  # [B, H, S, D_k]
+    output = merge_heads(context) @ w_o  # [B, S, D]
+    return output, weights

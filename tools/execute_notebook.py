@@ -1,0 +1,41 @@
+"""Re-execute book notebooks top to bottom and store their outputs (what nbval later compares).
+
+Usage: .venv/bin/python tools/execute_notebook.py book/03_scaling_and_temperature.ipynb [...]
+
+Runs each notebook in a fresh kernel with ``book/`` as the working directory (as JupyterLab and
+nbval do), then drops the ipywidgets state that the executor would store: the website shows
+the kernel-free version of each slider instead of dead widgets.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+
+def execute(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb,
+        timeout=1200,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        store_widget_state=False,
+    )
+    start = time.perf_counter()
+    client.execute()
+    nb.metadata.pop("widgets", None)
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nbformat.write(nb, path)
+    print(f"executed {path} in {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    for arg in sys.argv[1:]:
+        execute(Path(arg))
