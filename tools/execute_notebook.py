@@ -24,7 +24,7 @@ def execute(path: Path) -> None:
         timeout=1200,
         kernel_name="python3",
         resources={"metadata": {"path": str(path.parent)}},
-        store_widget_state=False,
+        store_widget_state=True,  # nbclient needs it for Output widgets; dropped below
     )
     start = time.perf_counter()
     client.execute()

@@ -160,7 +160,8 @@ def live_slider(draw: Callable[..., Any], **controls: Any) -> Any:
 
     ``controls`` are what ``ipywidgets.interactive`` accepts, e.g.
     ``temperature=ipywidgets.FloatLogSlider(value=1, base=10, min=-1, max=1)``.
-    Needs a running kernel; on the static website use :func:`static_slider` as well.
+    Needs a running kernel; on the static website use :func:`static_slider` as well. In the
+    book, tag the cell ``remove-output`` and ``nbval-ignore-output`` (see CONTRIBUTING.md).
 
     Returns:
         The ``ipywidgets.interactive`` widget (already displayed).
