@@ -108,3 +108,13 @@ def test_heatmap_checks_labels_and_redraw_timer() -> None:
         attention_heatmap(np.eye(3), ["a", "b"], title="x")
     ms = redraw_ms(lambda n: attention_heatmap(np.eye(n), [str(i) for i in range(n)], title="t"), [{"n": 3}, {"n": 4}])
     assert ms > 0
+
+
+def test_frame_html_shows_one_frame_like_the_static_slider() -> None:
+    from attnlib.learn import frame_html
+
+    frame = Frame("T = 1", [Panel(np.array([[0.25, 0.75]]), ["q"], ["a", "b"], title="w", vmin=0, vmax=1)], caption="H = 0.56")
+    markup = frame_html(frame).data
+    assert "H = 0.56" in markup and "0.75" in markup and ">a<" in markup
+    assert "input" not in markup  # no slider around a single frame
+    assert markup.split('class="attnlib-caption"')[1] in static_slider([frame], slider_label="T", title="t", alt="a").data

@@ -10,6 +10,7 @@ The numbers shown in a static slider are real outputs of the notebook (and nbval
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import html
 import time
@@ -19,7 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 from IPython.display import HTML
 
-__all__ = ["Panel", "Frame", "static_slider", "live_slider", "redraw_ms"]
+__all__ = ["Panel", "Frame", "frame_html", "static_slider", "live_slider", "redraw_ms"]
 
 
 @dataclass
@@ -54,11 +55,16 @@ class Frame:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _colour(value: float, vmin: float, vmax: float, cmap: str) -> tuple[str, str]:
+@functools.lru_cache(maxsize=None)
+def _colormap(name: str) -> Any:
     import matplotlib
 
+    return matplotlib.colormaps[name]  # a fresh copy on every lookup (slow to initialise), so keep one
+
+
+def _colour(value: float, vmin: float, vmax: float, cmap: str) -> tuple[str, str]:
     t = 0.5 if vmax <= vmin else (value - vmin) / (vmax - vmin)
-    r, g, b, _ = matplotlib.colormaps[cmap](float(np.clip(t, 0.0, 1.0)))
+    r, g, b, _ = _colormap(cmap)(float(np.clip(t, 0.0, 1.0)))
     luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
     return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}", ("#000" if luminance > 0.5 else "#fff")
 
@@ -93,6 +99,18 @@ def _panel_html(p: Panel, fmt: str, cmap: str) -> str:
         f'<div style="display:inline-block;vertical-align:top;margin:0 12px 8px 0">{title}'
         f'<table class="attnlib-heatmap" style="border-collapse:collapse;font-size:12px">{"".join(rows)}</table></div>'
     )
+
+
+def frame_html(frame: Frame, *, fmt: str = "{:.2f}", cmap: str = "viridis") -> HTML:
+    """One :class:`Frame` (its caption and heatmaps) as HTML, with no slider around it.
+
+    A live slider's ``draw`` can display this instead of a matplotlib figure: an HTML table
+    redraws far faster than a figure is rendered to PNG, and the live slider then looks exactly
+    like its kernel-free twin built by :func:`static_slider` from the same frames.
+    """
+    panels = "".join(_panel_html(p, fmt, cmap) for p in frame.panels)
+    caption = f'<div class="attnlib-caption" style="margin:4px 0">{html.escape(frame.caption)}</div>' if frame.caption else ""
+    return HTML(f'<div class="attnlib-frame">{caption}{panels}</div>')
 
 
 def static_slider(
