@@ -1,0 +1,102 @@
+"""attnlib.cost: parameter, FLOP and byte counts against the real modules and PyTorch's counter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlib import MultiHeadSelfAttention
+from attnlib.cost import (
+    attention_weights_bytes,
+    count_flops,
+    flops_by_op,
+    interleaved_median_ms,
+    mha_matmul_flops,
+    mha_param_count,
+    saved_tensor_bytes,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(H_kv=st.sampled_from([1, 2, 4]), group=st.sampled_from([1, 2, 3]), d_k=st.integers(1, 8), bias=st.booleans())
+def test_param_count_matches_module(H_kv: int, group: int, d_k: int, bias: bool) -> None:
+    H = H_kv * group
+    D = H * d_k
+    with torch.device("meta"):
+        m = MultiHeadSelfAttention(D, H, bias=bias, num_kv_heads=H_kv)
+    assert mha_param_count(D, H, bias=bias, num_kv_heads=H_kv) == sum(p.numel() for p in m.parameters())
+
+
+def test_param_count_known_values_and_independent_of_heads() -> None:
+    assert mha_param_count(768, 12) == 2_362_368  # BERT-base: 4 * 768^2 + 4 * 768
+    assert mha_param_count(768, 12, bias=False) == 4 * 768 * 768
+    assert {mha_param_count(512, H) for H in (1, 2, 4, 8, 16, 32, 64)} == {4 * 512 * 512 + 4 * 512}
+    assert mha_param_count(8192, 64, bias=False, num_kv_heads=8) == 2 * 8192**2 + 2 * 8192 * 1024
+
+
+@pytest.mark.parametrize("args", [(0, 1), (10, 3), (12, 4, True, 3), (12, True)])
+def test_param_count_rejects_bad_config(args: tuple) -> None:
+    with pytest.raises(ValueError):
+        mha_param_count(*args)
+
+
+@pytest.mark.parametrize("H", [1, 2, 4, 8])
+def test_flop_counter_sees_the_formula(H: int) -> None:
+    torch.manual_seed(0)
+    m = MultiHeadSelfAttention(32, H)
+    x = torch.randn(2, 6, 32)
+    by_op = flops_by_op(m, x)
+    assert by_op == {"aten.addmm": 8 * 2 * 6 * 32 * 32, "aten.bmm": 4 * 2 * 6 * 6 * 32}
+    assert count_flops(m, x) == mha_matmul_flops(2, 6, 32)
+
+
+def test_count_flops_passes_kwargs() -> None:
+    m = MultiHeadSelfAttention(16, 2)
+    x = torch.randn(1, 3, 16)
+    assert count_flops(m, x, causal=True) == mha_matmul_flops(1, 3, 16)
+    assert count_flops(lambda t: t + 1, x) == 0  # elementwise work is not counted
+
+
+def test_attention_weights_bytes_matches_tensor() -> None:
+    for B, H, S, dtype in [(1, 12, 128, torch.float32), (2, 3, 5, torch.float16), (1, 1, 1, torch.float64)]:
+        assert attention_weights_bytes(B, H, S, dtype) == torch.empty(B, H, S, S, dtype=dtype, device="meta").nbytes
+    assert attention_weights_bytes(1, 2, 3, seq_len_k=5) == 1 * 2 * 3 * 5 * 4
+    with pytest.raises(ValueError, match="dtype"):
+        attention_weights_bytes(1, 1, 1, torch.int64)
+    with pytest.raises(ValueError, match="num_heads"):
+        attention_weights_bytes(1, 0, 4)
+
+
+def test_saved_tensor_bytes_grow_with_heads_only_when_weights_are_materialised() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(1, 16, 32)
+    explicit = {H: saved_tensor_bytes(MultiHeadSelfAttention(32, H), x) for H in (1, 4)}
+    # the materialised [B, H, S, S] weights are the largest saved activation once H * S > D
+    assert explicit[4]["largest"] == attention_weights_bytes(1, 4, 16)
+    assert explicit[4]["activations"] - explicit[1]["activations"] >= 3 * attention_weights_bytes(1, 3, 16)
+    fused = {H: saved_tensor_bytes(lambda t, m=MultiHeadSelfAttention(32, H): m(t, need_weights=False), x)["activations"] for H in (1, 4)}
+    assert fused[4] - fused[1] < attention_weights_bytes(1, 3, 16)
+
+
+def test_saved_tensor_bytes_counts_shared_storage_once() -> None:
+    w = torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(8, 8)
+
+    def square_of_product(a: torch.Tensor) -> torch.Tensor:
+        y = a * w  # saves a (for the gradient of w)
+        return y * y  # saves y twice: one storage
+
+    result = saved_tensor_bytes(square_of_product, x)
+    assert result["count"] == 1 and result["activations"] == 8 * 8 * 4
+    assert result["params_and_inputs"] == 8 * 8 * 4  # x, saved by the inner mul (w is not: x needs no grad)
+
+
+def test_interleaved_median_ms() -> None:
+    calls: list[str] = []
+    out = interleaved_median_ms({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3, warmup=1)
+    assert set(out) == {"a", "b"} and all(v >= 0 for v in out.values())
+    assert calls == ["a", "b"] * 4  # warmup then round robin
+    with pytest.raises(ValueError):
+        interleaved_median_ms({"a": lambda: None}, repeats=0)
