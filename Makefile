@@ -5,13 +5,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NOTEBOOKS = $(shell $(BIN)/python tests/toc.py)
 
-.PHONY: setup book test lab bench clean help
+.PHONY: setup book test test-site lab bench clean help
 
 help:
-	@echo "make book   build the website into _build/html"
-	@echo "make test   unit tests + every notebook re-executed and compared (nbval)"
-	@echo "make lab    open the book in JupyterLab"
-	@echo "make bench  attention benchmark (timings and memory on this machine)"
+	@echo "make book       build the website into _build/html"
+	@echo "make test       unit tests + every notebook re-executed and compared (nbval)"
+	@echo "make test-site  build the website, then open every page in headless Chromium, offline"
+	@echo "make lab        open the book in JupyterLab"
+	@echo "make bench      attention benchmark (timings and memory on this machine)"
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed (found %s)" % sys.version.split()[0])'
@@ -28,6 +29,12 @@ book: setup
 test: setup
 	$(BIN)/python -m pytest tests $(NOTEBOOKS) --nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900 -q
+
+# Browser tests of the built site (site_tests/, not part of `make test`): every page of _toc.yml
+# in headless Chromium with the network cut off. Rebuilds first (Sphinx only re-reads changed
+# pages), so the site tested is the site of this checkout. Screenshots: _build/screenshots/.
+test-site: book
+	$(BIN)/python -m pytest site_tests -q
 
 lab: setup
 	$(BIN)/jupyter lab book

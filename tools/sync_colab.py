@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 import nbformat
@@ -24,30 +25,67 @@ from toc import toc_notebooks  # noqa: E402
 MARKER = "# Colab only:"
 #: Notebooks whose chapter needs the pretrained-model extra.
 NEEDS_PRETRAINED = {"07_pretrained_model"}
+#: Where the cell clones the repository in Colab.
+CLONE_DIR = "/content/inside-self-attention"
+#: Requirements of attnlib (pyproject.toml) that Colab already provides. The cell installs attnlib
+#: with --no-deps and then only the other requirements, pinned to the versions in requirements.txt
+#: that produced the book's outputs, so it never replaces a package Colab ships (upgrading Colab's
+#: ipywidgets 7 to 8, as a plain `pip install` would, breaks its widget display).
+COLAB_PROVIDES = {"torch", "numpy", "matplotlib", "ipython", "ipywidgets", "transformers"}
 
 
 def repository() -> tuple[str, str]:
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
     repo = config["repository"]
-    return repo["url"].rstrip("/"), repo.get("branch", "main")
+    return repo["url"].rstrip("/"), str(repo.get("branch", "main"))
 
 
-def colab_cell_source(url: str, branch: str, extras: str = "") -> str:
-    return "\n".join(
-        [
-            f"{MARKER} fetch the book and install attnlib with what Colab lacks. Elsewhere this cell does nothing.",
-            "import sys",
-            'if "google.colab" in sys.modules:',
-            f"    !git clone --quiet --depth 1 --branch {branch} {url} /content/inside-self-attention",
-            f"    %pip install --quiet /content/inside-self-attention{extras}",
-            "    %cd /content/inside-self-attention/book",
-        ]
-    )
+def _name(requirement: str) -> str:
+    """The normalised project name of a requirement string: 'JupyterQuiz>=2.9' -> 'jupyterquiz'."""
+    name = re.split(r"[<>=!~;\[ ]", requirement.strip(), maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def colab_packages(extras: tuple[str, ...] = ()) -> list[str]:
+    """The pinned packages the cell installs besides attnlib: attnlib's requirements Colab lacks."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    wanted = list(project["dependencies"])
+    for extra in extras:
+        wanted += project["optional-dependencies"][extra]
+    pins = {}
+    for line in (ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines():
+        if "==" in line and not line.lstrip().startswith("#"):
+            name, version = line.split("==", 1)
+            pins[_name(name)] = f"{name.strip()}=={version.strip()}"
+    packages = []
+    for requirement in wanted:
+        name = _name(requirement)
+        if name in COLAB_PROVIDES:
+            continue
+        if name not in pins:
+            raise ValueError(f"{requirement!r} (pyproject.toml) has no exact pin in requirements.txt")
+        packages.append(pins[name])
+    return packages
+
+
+def colab_cell_source(url: str, branch: str, extras: tuple[str, ...] = ()) -> str:
+    install = " ".join(colab_packages(extras))
+    lines = [
+        f"{MARKER} fetch the book and install attnlib with what Colab lacks. Elsewhere this cell does nothing.",
+        "import sys",
+        'if "google.colab" in sys.modules:',
+        f"    !test -d {CLONE_DIR} || git clone --quiet --depth 1 --branch {branch} {url} {CLONE_DIR}",
+        f"    %pip install --quiet --no-deps {CLONE_DIR}",
+    ]
+    if install:
+        lines.append(f"    %pip install --quiet {install}")
+    lines.append(f"    %cd {CLONE_DIR}/book")
+    return "\n".join(lines)
 
 
 def expected_source(notebook: Path) -> str:
     url, branch = repository()
-    extras = "[pretrained]" if notebook.stem in NEEDS_PRETRAINED else ""
+    extras = ("pretrained",) if notebook.stem in NEEDS_PRETRAINED else ()
     return colab_cell_source(url, branch, extras)
 
 

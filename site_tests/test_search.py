@@ -1,0 +1,35 @@
+"""The theme's search page works offline: it loads its index and finds words in the book."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sitekit import open_page, unexpected_errors
+
+
+@pytest.mark.parametrize("word, page", [("softmax", "book/glossary.html"), ("ATTNLIB_DEVICE", "book/how_to_use.html")])
+def test_search_finds_a_word(word: str, page: str, browser: Any, base_url: str) -> None:
+    v = open_page(browser, f"{base_url}search.html?q={word}")
+    try:
+        results = v.page.locator("#search-results ul.search li")
+        results.first.wait_for(timeout=60_000)
+        hrefs = v.page.eval_on_selector_all("#search-results ul.search li a", "as => as.map(a => a.getAttribute('href'))")
+        assert any(h.split("#")[0].split("?")[0] == page for h in hrefs), f"searching {word!r} did not find {page}: {hrefs}"
+        assert not unexpected_errors(v.errors), v.errors
+        assert not v.failed and not v.blocked, (v.failed, v.blocked)
+    finally:
+        v.page.context.close()
+
+
+def test_search_reports_no_match(browser: Any, base_url: str) -> None:
+    v = open_page(browser, f"{base_url}search.html?q=zqxjkvbwordnotinthebook")
+    try:
+        v.page.wait_for_function(
+            "() => /did not match any|no documents? match/i.test(document.querySelector('#search-results').textContent)",
+            timeout=60_000,
+        )
+        assert v.page.locator("#search-results ul.search li").count() == 0
+    finally:
+        v.page.context.close()
