@@ -54,6 +54,8 @@ def test_validate_quiz_requires_feedback_and_a_correct_answer() -> None:
         validate_quiz([{"question": "q", "type": "numeric", "answers": [{"value": 4, "correct": True}]}])
     with pytest.raises(ValueError, match="no answer is marked correct"):
         validate_quiz([{"question": "q", "type": "multiple_choice", "answers": [{"answer": "a", "correct": False, "feedback": "f"}]}])
+    with pytest.raises(ValueError, match="precision is a number of significant digits >= 1"):
+        validate_quiz([{**good[0], "precision": 0}])
     with pytest.raises(ValueError, match="type must be"):
         validate_quiz([{"question": "q", "type": "essay", "answers": []}])
 

@@ -52,6 +52,11 @@ def validate_quiz(questions: Any, name: str = "quiz") -> list[dict[str, Any]]:
         kind = q.get("type")
         if kind not in ("multiple_choice", "many_choice", "numeric"):
             raise ValueError(f"{where}: type must be multiple_choice, many_choice or numeric, got {kind!r}")
+        if "precision" in q and (isinstance(q["precision"], bool) or not isinstance(q["precision"], int) or q["precision"] < 1):
+            raise ValueError(
+                f"{where}: precision is a number of significant digits >= 1 (JavaScript toPrecision), "
+                f"got {q['precision']!r}; leave it out to compare exact values"
+            )
         answers = q.get("answers")
         if not isinstance(answers, list) or not answers:
             raise ValueError(f"{where}: needs a non-empty 'answers' list")
