@@ -1,0 +1,326 @@
+"""Checkers for chapter 6, *Tensor reshaping*.
+
+* :func:`check_split_heads`: a reusable test for any ``split_heads(x, H)``. It feeds
+  position-tagged data (every number says which sequence, position and feature it came from), so
+  a wrong split is not just "different" but explained: "head 0 row 1 holds features of position
+  0: you reshaped without transposing".
+* :func:`check_merge_heads`: the same for ``merge_heads(x)``.
+* :func:`check_split_merge`: both of the reader's functions (exercise 1).
+* :func:`check_transposed_strides`: the reader's strides of a transposed tensor (exercise 2).
+* :func:`check_split_test`: the reader writes a *test* that must tell correct splits from buggy
+  ones; it is run against a zoo of implementations (exercise 3).
+* :func:`check_repeat_kv`: the reader expands key/value heads for grouped-query attention
+  (exercise 4).
+
+Shapes: ``B`` batch, ``S`` positions, ``H`` heads, ``D_k`` per-head width, ``D = H * D_k``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ..heads import merge_heads, split_heads
+from ..learn.check import Feedback, correct, run_reader_code, todo, wrong
+
+__all__ = [
+    "tagged_tokens",
+    "decode_tag",
+    "check_split_heads",
+    "check_merge_heads",
+    "check_split_merge",
+    "check_transposed_strides",
+    "SPLIT_ZOO",
+    "check_split_test",
+    "check_repeat_kv",
+]
+
+#: The shapes each split/merge check runs on, ``(B, S, H, D_k)``. The first is the small example
+#: of the chapter; the second has other sizes so that hard-coded numbers fail, and ``B = 2`` in
+#: both so that mixing sequences of a batch shows.
+CONFIGS: tuple[tuple[int, int, int, int], ...] = ((2, 3, 2, 2), (2, 4, 3, 5))
+
+
+def tagged_tokens(B: int, S: int, D: int) -> Tensor:
+    """``[B, S, D]`` float64 whose entry ``[b, s, f]`` is ``(b * S + s) * D + f``.
+
+    Every number is distinct and :func:`decode_tag` recovers ``(b, s, f)`` from it, so after any
+    reshape one can read off where each number came from.
+    """
+    return torch.arange(B * S * D, dtype=torch.float64).view(B, S, D)  # [B, S, D]
+
+
+def decode_tag(value: float, S: int, D: int) -> tuple[int, int, int]:
+    """``(b, s, f)`` of a number made by :func:`tagged_tokens` (sequence, position, feature)."""
+    v = int(round(value))
+    b, rest = divmod(v, S * D)
+    s, f = divmod(rest, D)
+    return b, s, f
+
+
+def _call(fn: Callable[..., object], *args: object) -> tuple[object, Feedback | None]:
+    """Like :func:`run_reader_code`, with a hint for the error ``view`` raises on a non-contiguous tensor."""
+    result, fb = run_reader_code(fn, *args)
+    if fb is not None and "view size is not compatible" in fb.message:
+        return None, wrong(
+            "your code raised RuntimeError: view size is not compatible with input tensor's size and stride. "
+            "After transpose the tensor is not contiguous, so view cannot merge its axes: use reshape "
+            "(which copies when it must) or call .contiguous() before view."
+        )
+    return result, fb
+
+
+def _split_problem(got: Tensor, x: Tensor, H: int) -> str | None:
+    """``None`` if ``got`` is the right split of the tagged ``x`` [B, S, D], else a diagnosis."""
+    B, S, D = x.shape
+    d_k = D // H
+    expected = x.view(B, S, H, d_k).transpose(1, 2)  # [B, H, S, D_k]
+    shape = tuple(got.shape)
+    if shape != (B, H, S, d_k):
+        if shape == (B, S, H, d_k):
+            return (f"the result has shape {shape} = [B, S, H, D_k]: you split D into (H, D_k) but did not move "
+                    "the head axis in front; add .transpose(1, 2) to get [B, H, S, D_k].")
+        if shape == (B, H, d_k, S):
+            return (f"the result has shape {shape} = [B, H, D_k, S]: positions and features are swapped; "
+                    "transpose axes 1 and 2 of the [B, S, H, D_k] view, not the last two.")
+        return f"the result has shape {shape}, expected [B, H, S, D_k] = {(B, H, S, d_k)} for x of shape {tuple(x.shape)} and H = {H}."
+    got = got.detach().to("cpu", torch.float64)
+    if torch.equal(got, expected):
+        return None
+    if torch.equal(got, x.reshape(B, H, S, d_k)):
+        positions = [decode_tag(got[0, 0, s, 0].item(), S, D)[1] for s in range(S)]
+        for s in range(S):
+            if positions[s] != s:
+                break
+        return (f"head 0 row {s} holds features of position {positions[s]}: you reshaped without transposing. "
+                f"x.view(B, H, S, D_k) cuts the memory of [B, S, D] into H consecutive blocks, so head 0 gets "
+                f"positions {positions} (expected {list(range(S))}). Use x.view(B, S, H, D_k).transpose(1, 2).")
+    if torch.equal(got, x.view(B, S, d_k, H).permute(0, 3, 1, 2)):
+        feats = [decode_tag(got[0, 0, 0, j].item(), S, D)[2] for j in range(d_k)]
+        return (f"head 0 holds features {feats} of each position (every H-th feature): you split D as (D_k, H). "
+                f"Head h owns the consecutive slice h*D_k .. (h+1)*D_k - 1, so view as (B, S, H, D_k).")
+    for idx in torch.nonzero(got != expected).tolist():
+        b, h, s, j = idx
+        gb, gs, gf = decode_tag(got[b, h, s, j].item(), S, D)
+        if gb != b:
+            return (f"sequence {b}, head {h}, row {s} holds a number from sequence {gb} of the batch: your split mixes "
+                    "the sequences of a batch. Keep B as the first axis throughout (view(B, S, H, D_k)).")
+        return (f"sequence {b}, head {h}, row {s}, column {j} holds feature {gf} of position {gs}; expected feature "
+                f"{h * d_k + j} of position {s}.")
+    return "the values differ from the expected split."  # pragma: no cover - some index differs above
+
+
+def check_split_heads(fn: Callable[[Tensor, int], Tensor], *, configs: tuple[tuple[int, int, int, int], ...] = CONFIGS) -> Feedback:
+    """Test any ``split_heads(x [B, S, D], H) -> [B, H, S, D_k]`` on position-tagged data.
+
+    Head ``h`` must hold features ``h*D_k .. (h+1)*D_k - 1`` of every position, in order. The
+    check runs on every ``(B, S, H, D_k)`` in ``configs`` (all with ``S > 1`` and ``H > 1``:
+    with one position or one head the reshape-without-transpose bug is invisible).
+
+    Returns:
+        ``Feedback``: ``correct``, ``todo`` for a stub, or ``wrong`` with a diagnosis such as
+        "head 0 row 1 holds features of position 0: you reshaped without transposing".
+    """
+    for B, S, H, d_k in configs:
+        x = tagged_tokens(B, S, H * d_k)  # [B, S, D]
+        result, fb = _call(fn, x.clone(), H)
+        if fb is not None:
+            return fb
+        if not isinstance(result, Tensor):
+            return wrong(f"split_heads should return a torch.Tensor, got {type(result).__name__}.")
+        problem = _split_problem(result, x, H)
+        if problem is not None:
+            return wrong(f"(B, S, H, D_k) = {(B, S, H, d_k)}: {problem}")
+    return correct("every head holds its own slice of features for every position, in order.")
+
+
+def check_merge_heads(fn: Callable[[Tensor], Tensor], *, configs: tuple[tuple[int, int, int, int], ...] = CONFIGS) -> Feedback:
+    """Test any ``merge_heads(x [B, H, S, D_k]) -> [B, S, H * D_k]``.
+
+    The input is a contiguous ``[B, H, S, D_k]`` tensor (as attention outputs are), so the
+    merge-without-transposing bug ``x.view(B, S, D)`` runs without error; the check catches it.
+    """
+    for B, S, H, d_k in configs:
+        D = H * d_k
+        x = tagged_tokens(B, S, D)  # [B, S, D]: the answer, tagged with (b, s, f)
+        heads = split_heads(x, H).contiguous()  # [B, H, S, D_k], contiguous like an attention output
+        result, fb = _call(fn, heads.clone())
+        if fb is not None:
+            return fb
+        if not isinstance(result, Tensor):
+            return wrong(f"merge_heads should return a torch.Tensor, got {type(result).__name__}.")
+        shape = tuple(result.shape)
+        where = f"(B, S, H, D_k) = {(B, S, H, d_k)}: "
+        if shape != (B, S, D):
+            if shape == (B, S, H, d_k):
+                return wrong(where + f"the result has shape {shape} = [B, S, H, D_k]: merge the last two axes into D = H * D_k.")
+            return wrong(where + f"the result has shape {shape}, expected [B, S, D] = {(B, S, D)}.")
+        got = result.detach().to("cpu", torch.float64)
+        if torch.equal(got, x):
+            continue
+        if torch.equal(got, heads.reshape(B, S, D)):
+            pos = sorted({decode_tag(v, S, D)[1] for v in got[0, 0].tolist()})
+            return wrong(where + f"position 0 holds numbers of positions {pos}: you merged without transposing back. "
+                         "The [B, H, S, D_k] memory is head after head; transpose(1, 2) to [B, S, H, D_k] first, then reshape.")
+        b, s, f = torch.nonzero(got != x)[0].tolist()
+        gb, gs, gf = decode_tag(got[b, s, f].item(), S, D)
+        return wrong(where + f"sequence {b}, position {s}, feature {f} holds feature {gf} of position {gs} (sequence {gb}); "
+                     f"expected feature {f} of position {s}, which comes from head {f // d_k}.")
+    return correct("the heads are put back side by side, position by position.")
+
+
+def check_split_merge(split_fn: Callable[[Tensor, int], Tensor], merge_fn: Callable[[Tensor], Tensor]) -> Feedback:
+    """Exercise 1: check the reader's ``split_heads`` and ``merge_heads`` together."""
+    for name, fb in (("split_heads", check_split_heads(split_fn)), ("merge_heads", check_merge_heads(merge_fn))):
+        if fb.status == "todo":
+            return todo(f"{name} is still the stub: replace `raise NotImplementedError` with your code.")
+        if not fb.passed:
+            return Feedback(fb.status, f"{name}: {fb.message}")
+    return correct("split_heads and merge_heads are right (checked on position-tagged data, two shapes, B = 2).")
+
+
+def check_transposed_strides(answer: object, shape: tuple[int, ...] = (2, 5, 4, 3), dims: tuple[int, int] = (1, 2)) -> Feedback:
+    """Exercise 2: the strides of ``torch.zeros(shape).transpose(*dims)``.
+
+    The right answer swaps two entries of the contiguous strides; the hints recognise the
+    strides before the transpose, the strides of a fresh contiguous tensor of the new shape, and
+    strides in bytes instead of elements.
+    """
+    if answer is None:
+        return todo("replace `None` with a tuple of four ints, then run the cell again.")
+    if not isinstance(answer, (tuple, list)) or not all(isinstance(a, int) and not isinstance(a, bool) for a in answer):
+        return wrong(f"the answer should be a tuple of ints like (1, 2, 3, 4), got {answer!r}.")
+    base = torch.zeros(shape)
+    right = tuple(base.transpose(*dims).stride())
+    answer = tuple(answer)
+    if len(answer) != len(shape):
+        return wrong(f"a tensor with {len(shape)} axes has {len(shape)} strides, you gave {len(answer)}.")
+    if answer == right:
+        return correct(f"{right}: transpose moved no data, it swapped strides {dims[0]} and {dims[1]} of {tuple(base.stride())}.")
+    new_shape = tuple(base.transpose(*dims).shape)
+    if answer == tuple(base.stride()):
+        return wrong(f"{answer} are the strides before the transpose. transpose keeps the memory and swaps two strides.")
+    if answer == tuple(torch.zeros(new_shape).stride()):
+        return wrong(f"{answer} are the strides of a fresh contiguous tensor of shape {new_shape}. A transpose is a view: "
+                     "the numbers stay where they are, so the strides are the old ones, swapped.")
+    if answer == tuple(4 * s for s in right):
+        return wrong("those are bytes (float32 has 4 bytes per number); PyTorch counts strides in elements.")
+    if sorted(answer) == sorted(right):
+        return wrong("the right numbers in the wrong order: which two axes did transpose swap?")
+    return wrong("stride i is how many elements you skip in memory to move one step along axis i. "
+                 f"Start from the contiguous strides of {shape} (the last is 1, each one before is the product of the sizes after it).")
+
+
+# --- exercise 3: a test that tells correct splits from buggy ones ------------------------------
+
+
+def _split_reshape_permute(x: Tensor, H: int) -> Tensor:
+    B, S, D = x.shape
+    return x.reshape(B, S, H, D // H).permute(0, 2, 1, 3)  # [B, H, S, D_k]
+
+
+def _split_contiguous_copy(x: Tensor, H: int) -> Tensor:
+    B, S, D = x.shape
+    return x.view(B, S, H, D // H).transpose(1, 2).contiguous()  # [B, H, S, D_k], a contiguous copy
+
+
+def _split_no_transpose(x: Tensor, H: int) -> Tensor:
+    B, S, D = x.shape
+    return x.view(B, H, S, D // H)  # the classic bug: right shape, positions mixed across heads
+
+
+def _split_features_interleaved(x: Tensor, H: int) -> Tensor:
+    B, S, D = x.shape
+    return x.view(B, S, D // H, H).permute(0, 3, 1, 2)  # head h takes every H-th feature
+
+
+def _split_mixes_batch(x: Tensor, H: int) -> Tensor:
+    B, S, D = x.shape
+    return x.reshape(B * S, H, D // H).transpose(0, 1).reshape(B, H, S, D // H)  # right only when B = 1
+
+
+def _split_wrong_shape(x: Tensor, H: int) -> Tensor:
+    B, S, D = x.shape
+    return x.view(B, S, H, D // H)  # forgot the transpose: [B, S, H, D_k]
+
+
+#: name -> (split function, is it correct?, hint when the reader's test misjudges it)
+SPLIT_ZOO: dict[str, tuple[Callable[[Tensor, int], Tensor], bool, str]] = {
+    "attnlib.split_heads": (split_heads, True, "your test rejected attnlib.split_heads, which is correct."),
+    "reshape + permute": (_split_reshape_permute, True,
+                          "your test rejected x.reshape(B, S, H, D_k).permute(0, 2, 1, 3), which is correct."),
+    "contiguous copy": (_split_contiguous_copy, True,
+                        "your test rejected a correct split that returns a contiguous copy: compare values, "
+                        "not strides, is_contiguous() or data_ptr."),
+    "view without transpose": (_split_no_transpose, False,
+                               "your test accepted x.view(B, H, S, D_k), the reshape-without-transpose bug. Its shape is "
+                               "right, so compare values: head h at position s must equal x[:, s, h*D_k:(h+1)*D_k] "
+                               "(and use S > 1 and H > 1: with one position or one head the bug is invisible)."),
+    "features interleaved": (_split_features_interleaved, False,
+                             "your test accepted a split that gives head h every H-th feature (view as (B, S, D_k, H)): "
+                             "check which features each head holds, not only which positions."),
+    "mixes the batch": (_split_mixes_batch, False,
+                        "your test accepted a split that is right for B = 1 but mixes the sequences of a batch: "
+                        "test with B >= 2."),
+    "wrong shape": (_split_wrong_shape, False,
+                    "your test accepted a result of shape [B, S, H, D_k]: check the shape too."),
+}
+
+
+def check_split_test(test_fn: Callable[[Callable[[Tensor, int], Tensor]], bool]) -> Feedback:
+    """Exercise 3: ``test_fn(split_fn)`` must return True for correct splits and False for buggy ones.
+
+    It is called on every implementation in :data:`SPLIT_ZOO` (three correct, four buggy). A test
+    that raises on a buggy split counts as rejecting it; raising on a correct one is a mistake.
+    """
+    for name, (split_fn, is_right, hint) in SPLIT_ZOO.items():
+        try:
+            verdict = test_fn(split_fn)
+        except NotImplementedError:
+            return todo()
+        except Exception as err:  # a test that crashes on a buggy split has caught it
+            if is_right:
+                return wrong(f"your test raised {type(err).__name__} on the correct split '{name}': {err}")
+            continue
+        if verdict is None:
+            return todo("your test returned None: return True (the split is right) or False (it is buggy).")
+        if not isinstance(verdict, (bool, torch.Tensor)) or (isinstance(verdict, Tensor) and verdict.numel() != 1):
+            return wrong(f"your test should return True or False, got {type(verdict).__name__}.")
+        if bool(verdict) != is_right:
+            return wrong(hint)
+    n_right = sum(1 for _, ok, _ in SPLIT_ZOO.values() if ok)
+    return correct(f"your test accepts all {n_right} correct splits and rejects all {len(SPLIT_ZOO) - n_right} buggy ones.")
+
+
+# --- exercise 4: expand key/value heads for grouped-query attention -----------------------------
+
+
+def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> Feedback:
+    """Exercise 4: ``fn(kv [B, H_kv, S, D_k], H) -> [B, H, S, D_k]`` where query head ``h`` gets
+    key/value head ``h // (H // H_kv)`` (consecutive query heads share a key/value head)."""
+    B, H_kv, S, d_k, H = 2, 2, 3, 4, 6
+    kv = torch.arange(B * H_kv * S * d_k, dtype=torch.float64).view(B, H_kv, S, d_k)  # [B, H_kv, S, D_k]
+    result, fb = _call(fn, kv.clone(), H)
+    if fb is not None:
+        return fb
+    if not isinstance(result, Tensor):
+        return wrong(f"the function should return a torch.Tensor, got {type(result).__name__}.")
+    if tuple(result.shape) != (B, H, S, d_k):
+        if tuple(result.shape) == (B, H_kv * H, S, d_k):
+            return wrong(f"the result has {H_kv * H} heads: repeat each key/value head H // H_kv = {H // H_kv} times, not H times.")
+        return wrong(f"the result has shape {tuple(result.shape)}, expected [B, H, S, D_k] = {(B, H, S, d_k)}.")
+    got = result.detach().to("cpu", torch.float64)
+    expected = kv.repeat_interleave(H // H_kv, dim=1)  # [B, H, S, D_k]
+    if torch.equal(got, expected):
+        return correct("each group of H // H_kv consecutive query heads reads the same key/value head.")
+    if torch.equal(got, kv.repeat(1, H // H_kv, 1, 1)):
+        return wrong("query head 1 got key/value head 1, expected 0: you tiled the heads (repeat gives 0, 1, 0, 1, ...); "
+                     "grouped-query attention gives consecutive query heads the same key/value head "
+                     "(repeat_interleave, or expand on a new axis after the head axis: 0, 0, 0, 1, 1, 1).")
+    for h in range(H):
+        for g in range(H_kv):
+            if torch.equal(got[:, h], kv[:, g]) and g != h // (H // H_kv):
+                return wrong(f"query head {h} got key/value head {g}, expected {h // (H // H_kv)} = h // (H // H_kv).")
+    return wrong("the result has the right shape but its heads are not copies of the key/value heads.")

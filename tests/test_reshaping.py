@@ -1,0 +1,225 @@
+"""Chapter 6: the reshape-bug check, views vs copies, einops as a second oracle, GQA/MQA shapes.
+
+The basic split/merge round trip and GQA against an explicit per-head loop live in
+``test_masks_heads_device.py`` and ``test_multihead.py``; this file adds what they do not cover.
+"""
+
+from __future__ import annotations
+
+
+import einops
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import Tensor
+
+from attnlib import MultiHeadSelfAttention, merge_heads, repeat_kv, scaled_dot_product_attention, split_heads
+from attnlib.cost import mha_param_count
+from attnlib.exercises.reshaping import SPLIT_ZOO, check_merge_heads, check_split_heads, decode_tag, tagged_tokens
+
+
+def view_without_transpose(x: Tensor, H: int) -> Tensor:
+    """The classic bug: ``[B, S, D]`` straight to ``[B, H, S, D_k]``; no error, wrong grouping."""
+    B, S, D = x.shape
+    return x.view(B, H, S, D // H)
+
+
+# --- the reusable check ----------------------------------------------------------------------
+
+
+def test_check_split_heads_catches_the_reshape_bug() -> None:
+    fb = check_split_heads(view_without_transpose)
+    assert fb.status == "wrong"
+    assert "head 0 row 1 holds features of position 0" in fb.message
+    assert "you reshaped without transposing" in fb.message
+
+
+def test_check_split_heads_passes_the_library() -> None:
+    assert check_split_heads(split_heads).status == "correct"
+
+
+@pytest.mark.parametrize("name", list(SPLIT_ZOO))
+def test_check_split_heads_judges_every_zoo_member(name: str) -> None:
+    fn, is_right, _ = SPLIT_ZOO[name]
+    assert check_split_heads(fn).passed == is_right
+
+
+def test_check_split_heads_explains_other_mistakes() -> None:
+    assert "every H-th feature" in check_split_heads(SPLIT_ZOO["features interleaved"][0]).message
+    assert "mixes the sequences of a batch" in check_split_heads(SPLIT_ZOO["mixes the batch"][0]).message
+    assert "add .transpose(1, 2)" in check_split_heads(SPLIT_ZOO["wrong shape"][0]).message
+
+
+def test_check_merge_heads_catches_merge_without_transpose() -> None:
+    assert check_merge_heads(merge_heads).status == "correct"
+    fb = check_merge_heads(lambda x: x.reshape(x.shape[0], x.shape[2], -1))  # runs, wrong order
+    assert fb.status == "wrong" and "merged without transposing back" in fb.message
+    fb = check_merge_heads(lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1))  # raises
+    assert fb.status == "wrong" and "use reshape" in fb.message
+
+
+def test_tags_decode() -> None:
+    x = tagged_tokens(2, 3, 4)
+    assert decode_tag(x[1, 2, 3].item(), 3, 4) == (1, 2, 3)
+    assert decode_tag(x[0, 1, 0].item(), 3, 4) == (0, 1, 0)
+
+
+# --- what the bug does to attention ----------------------------------------------------------
+
+
+def _attention_with(split: object, merge: object, x: Tensor, H: int) -> Tensor:
+    q, k, v = (split(t, H) for t in (x, x.flip(1), x * 0.5))  # type: ignore[operator]
+    return merge(scaled_dot_product_attention(q, k, v).output)  # type: ignore[operator]
+
+
+def test_the_bug_changes_attention_outputs_only_when_it_can() -> None:
+    torch.manual_seed(0)
+
+    def merge_without_transpose(x: Tensor) -> Tensor:
+        B, H, S, d_k = x.shape
+        return x.reshape(B, S, H * d_k)
+
+    x = torch.randn(2, 5, 8, dtype=torch.float64)  # [B, S, D]
+    right = _attention_with(split_heads, merge_heads, x, 4)
+    wrong = _attention_with(view_without_transpose, merge_without_transpose, x, 4)
+    assert (right - wrong).abs().max() > 0.1  # consistent split and merge do not cancel the bug
+    # With one position or one head the bug is invisible: a test must use S > 1 and H > 1.
+    for S, H in ((1, 4), (5, 1)):
+        x = torch.randn(2, S, 8, dtype=torch.float64)
+        assert torch.equal(view_without_transpose(x, H), split_heads(x, H))
+
+
+# --- views and copies ------------------------------------------------------------------------
+
+
+def test_split_heads_is_a_view_and_merge_heads_copies() -> None:
+    x = torch.randn(2, 3, 8)
+    heads = split_heads(x, 2)  # [B, H, S, D_k]
+    assert heads.data_ptr() == x.data_ptr() and not heads.is_contiguous()
+    assert heads.stride() == (24, 4, 8, 1)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        heads.view(2, 2, 12)
+    out = torch.randn(2, 2, 3, 4)  # contiguous, like an attention output
+    merged = merge_heads(out)
+    assert merged.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()  # reshape had to copy
+    assert merged.is_contiguous()
+
+
+def test_expand_is_zero_copy_until_reshape() -> None:
+    kv = torch.randn(2, 2, 5, 4)  # [B, H_kv, S, D_k]
+    expanded = kv[:, :, None].expand(2, 2, 3, 5, 4)  # [B, H_kv, G, S, D_k]
+    assert expanded.untyped_storage().nbytes() == kv.untyped_storage().nbytes() == kv.nbytes
+    assert expanded.stride()[2] == 0 and expanded.data_ptr() == kv.data_ptr()
+    full = repeat_kv(kv, 6)  # [B, H, S, D_k]
+    assert full.untyped_storage().nbytes() == 3 * kv.nbytes
+    assert torch.equal(full, kv.repeat_interleave(3, dim=1))
+
+
+def test_repeat_kv_rejects_a_3d_tensor() -> None:
+    with pytest.raises(ValueError, match=r"\[B, H_kv, S, D_k\].*\(2, 5, 4\)"):
+        repeat_kv(torch.randn(2, 5, 4), 4)
+
+
+# --- einops as a second oracle ---------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 6), st.integers(1, 5), st.integers(1, 4), st.integers(1, 4))
+def test_split_merge_repeat_match_einops(B: int, S: int, H_kv: int, group: int, d_k: int) -> None:
+    H = H_kv * group
+    x = torch.randn(B, S, H * d_k)
+    heads = split_heads(x, H)
+    assert torch.equal(heads, einops.rearrange(x, "b s (h d) -> b h s d", h=H))
+    assert torch.equal(merge_heads(heads), einops.rearrange(heads, "b h s d -> b s (h d)"))
+    kv = torch.randn(B, H_kv, S, d_k)
+    assert torch.equal(repeat_kv(kv, H), einops.repeat(kv, "b g s d -> b (g r) s d", r=group))
+
+
+# --- grouped-query and multi-query attention -------------------------------------------------
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 2, 4, 8])
+def test_num_kv_heads_sets_the_key_value_projection_sizes(num_kv_heads: int) -> None:
+    D, H = 64, 8
+    d_k = D // H
+    layer = MultiHeadSelfAttention(D, H, num_kv_heads=num_kv_heads)
+    for lin in (layer.w_k, layer.w_v):
+        assert lin.weight.shape == (num_kv_heads * d_k, D)
+        assert lin.bias.shape == (num_kv_heads * d_k,)
+    for lin in (layer.w_q, layer.w_o):
+        assert lin.weight.shape == (D, D)
+    counted = sum(p.numel() for p in layer.parameters())
+    assert counted == 2 * (D * D + D) + 2 * (D * num_kv_heads * d_k + num_kv_heads * d_k)
+    assert counted == mha_param_count(D, H, num_kv_heads=num_kv_heads)
+    out = layer(torch.randn(3, 5, D))
+    assert out.hidden_states.shape == (3, 5, D)
+    assert out.attention_weights.shape == (3, H, 5, 5)  # one map per *query* head
+
+
+def test_fewer_kv_heads_means_fewer_parameters() -> None:
+    counts = [sum(p.numel() for p in MultiHeadSelfAttention(64, 8, num_kv_heads=g).parameters()) for g in (8, 4, 2, 1)]
+    assert counts == sorted(counts, reverse=True) and len(set(counts)) == 4
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 2])
+def test_gqa_equals_mha_with_key_value_heads_copied(num_kv_heads: int) -> None:
+    """GQA is MHA whose key/value heads are tied in groups: copy each K/V head's rows to its group."""
+    torch.manual_seed(3)
+    D, H = 32, 8
+    d_k, group = D // H, H // num_kv_heads
+    gqa = MultiHeadSelfAttention(D, H, num_kv_heads=num_kv_heads).double()
+    mha = MultiHeadSelfAttention(D, H).double()
+    with torch.no_grad():
+        mha.w_q.load_state_dict(gqa.w_q.state_dict())
+        mha.w_o.load_state_dict(gqa.w_o.state_dict())
+        for small, big in ((gqa.w_k, mha.w_k), (gqa.w_v, mha.w_v)):
+            big.weight.copy_(small.weight.view(num_kv_heads, d_k, D).repeat_interleave(group, 0).reshape(D, D))
+            big.bias.copy_(small.bias.view(num_kv_heads, d_k).repeat_interleave(group, 0).reshape(D))
+    x = torch.randn(2, 6, D, dtype=torch.float64)
+    a, b = gqa(x, causal=True), mha(x, causal=True)
+    torch.testing.assert_close(a.hidden_states, b.hidden_states)
+    torch.testing.assert_close(a.attention_weights, b.attention_weights)
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 2, 4])
+def test_repeat_kv_matches_torch_enable_gqa(num_kv_heads: int) -> None:
+    if "enable_gqa" not in (F.scaled_dot_product_attention.__doc__ or ""):
+        pytest.skip("this torch's scaled_dot_product_attention has no enable_gqa")
+    torch.manual_seed(4)
+    B, H, S, d_k = 2, 8, 7, 5
+    q = torch.randn(B, H, S, d_k, dtype=torch.float64)
+    k = torch.randn(B, num_kv_heads, S, d_k, dtype=torch.float64)
+    v = torch.randn(B, num_kv_heads, S, d_k, dtype=torch.float64)
+    fused = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    ours = scaled_dot_product_attention(q, repeat_kv(k, H), repeat_kv(v, H),
+                                        torch.ones(S, S, dtype=torch.bool).tril()).output
+    torch.testing.assert_close(ours, fused)
+
+
+# --- the memory-layout figure ------------------------------------------------------------------
+
+
+def test_memory_layout_figure_shows_the_real_strides() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnlib.learn.plots import memory_layout
+
+    fig = memory_layout(3, 2, 2, tokens=["the", "cat", "sat"])
+    titles = [ax.get_title(loc="left") for ax in fig.axes]
+    assert len(titles) == 4
+    assert "strides (4, 2, 1): contiguous" in titles[1]
+    assert "strides (2, 4, 1): not contiguous" in titles[2]
+    assert "strides (6, 2, 1)" in titles[3]
+    # the transposed row reads offsets 0 1 4 5 8 9 for head 0
+    texts = [t.get_text() for t in fig.axes[2].texts if t.get_text().isdigit()]
+    assert texts[:6] == ["0", "1", "4", "5", "8", "9"]
+    plt.close(fig)
+    with pytest.raises(ValueError, match="2 tokens for seq_len = 3"):
+        memory_layout(3, 2, 2, tokens=["a", "b"])
+    with pytest.raises(ValueError, match="at most 8 positions"):
+        memory_layout(9, 2, 2)
