@@ -1,0 +1,99 @@
+"""The tiny language model of chapter 4: data, shapes, causality, reproducible training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlib import MultiHeadSelfAttention
+from attnlib import toy_lm
+
+
+def test_shipped_text_loads_without_its_header() -> None:
+    text = toy_lm.load_text()
+    assert 3_000 < len(text) < 30_000
+    assert not any(line.startswith("#") for line in text.splitlines())
+    assert text.startswith("The cat sat on the mat.")
+    with pytest.raises(ValueError, match=r"no text named 'missing.txt'.*small_tales.txt"):
+        toy_lm.load_text("missing.txt")
+
+
+def test_vocab_round_trip_and_errors() -> None:
+    vocab = toy_lm.CharVocab("banana")
+    assert vocab.chars == ["a", "b", "n"] and len(vocab) == 3
+    ids = vocab.encode("nab")
+    assert ids.tolist() == [2, 0, 1] and ids.dtype == torch.long
+    assert vocab.decode(ids) == "nab" and vocab.decode([1, 0]) == "ba"
+    with pytest.raises(ValueError, match=r"\['z'\] are not in the vocabulary"):
+        vocab.encode("zab")
+    with pytest.raises(ValueError, match="non-empty"):
+        toy_lm.CharVocab("")
+
+
+def test_sample_batch_targets_are_inputs_shifted_by_one() -> None:
+    data = torch.arange(100)
+    x, y = toy_lm.sample_batch(data, 4, 10, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (4, 10)
+    assert torch.equal(y, x + 1)
+    with pytest.raises(ValueError, match="N >= seq_len \\+ 2"):
+        toy_lm.sample_batch(torch.arange(5), 1, 10, torch.Generator())
+
+
+def test_tiny_lm_shapes_and_causality() -> None:
+    torch.manual_seed(0)
+    model = toy_lm.TinyLM(11, d_model=16, num_heads=2, max_len=8).eval()
+    ids = torch.randint(0, 11, (3, 8))
+    logits = model(ids, causal=True)
+    assert logits.shape == (3, 8, 11)
+    changed = ids.clone()
+    changed[:, 5:] = (changed[:, 5:] + 1) % 11  # change the future of position 4
+    torch.testing.assert_close(model(changed, causal=True)[:, :5], logits[:, :5])
+    assert not torch.allclose(model(changed, causal=False)[:, :5], model(ids, causal=False)[:, :5])
+    with pytest.raises(ValueError, match=r"S <= max_len = 8, got shape \(1, 9\)"):
+        model(torch.zeros(1, 9, dtype=torch.long), causal=True)
+    with pytest.raises(ValueError, match="vocab_size must be a positive int"):
+        toy_lm.TinyLM(0)
+
+
+def test_training_is_reproducible_and_lowers_the_loss() -> None:
+    data = toy_lm.CharVocab("abcabcabd" * 20).encode("abcabcabd" * 20)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = toy_lm.TinyLM(4, d_model=16, num_heads=2, max_len=8)
+        runs.append(toy_lm.train_next_token(model, data, causal=True, steps=30, batch_size=4, seq_len=8, lr=1e-2))
+    assert runs[0] == runs[1]
+    assert len(runs[0]) == 30 and runs[0][-1] < runs[0][0]
+    assert toy_lm.evaluate_loss(model, data, causal=True, seq_len=8) < runs[0][0]
+
+
+def test_generate_keeps_the_prompt_and_slides_its_window() -> None:
+    torch.manual_seed(0)
+    model = toy_lm.TinyLM(5, d_model=8, num_heads=2, max_len=4)
+    prompt = torch.tensor([1, 2, 3])
+    out = toy_lm.generate(model, prompt, 6, causal=True)
+    assert out.shape == (9,) and torch.equal(out[:3], prompt)
+    assert int(out.max()) < 5
+    with pytest.raises(ValueError, match="prompt must be"):
+        toy_lm.generate(model, torch.zeros(2, 2, dtype=torch.long), 1, causal=True)
+
+
+def test_timing_returns_positive_seconds_and_restores_threads() -> None:
+    attention = MultiHeadSelfAttention(8, 2).eval()
+    threads = torch.get_num_threads()
+    parallel, prefixes = toy_lm.time_parallel_and_prefixes(attention, torch.randn(1, 6, 8), repeats=2, cpu_threads=1)
+    assert parallel > 0 and prefixes > 0
+    assert torch.get_num_threads() == threads
+    with pytest.raises(ValueError, match=r"\[B, S, D\]"):
+        toy_lm.time_parallel_and_prefixes(attention, torch.randn(6, 8))
+
+
+def test_prefix_outputs_equal_the_masked_parallel_pass() -> None:
+    """The two computations the timing compares give the same numbers."""
+    torch.manual_seed(0)
+    attention = MultiHeadSelfAttention(8, 2).eval()
+    x = torch.randn(2, 7, 8)
+    with torch.no_grad():
+        parallel = attention(x, causal=True).hidden_states
+        prefixes = torch.stack([attention(x[:, :i]).hidden_states[:, -1] for i in range(1, 8)], dim=1)
+    torch.testing.assert_close(prefixes, parallel)
