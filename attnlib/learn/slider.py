@@ -101,6 +101,13 @@ def _panel_html(p: Panel, fmt: str, cmap: str) -> str:
     )
 
 
+def _frame_body(frame: Frame, fmt: str, cmap: str) -> str:
+    """A frame's caption followed by its heatmaps (shared by the live and the kernel-free form)."""
+    panels = "".join(_panel_html(p, fmt, cmap) for p in frame.panels)
+    caption = f'<div class="attnlib-caption" style="margin:4px 0">{html.escape(frame.caption)}</div>' if frame.caption else ""
+    return caption + panels
+
+
 def frame_html(frame: Frame, *, fmt: str = "{:.2f}", cmap: str = "viridis") -> HTML:
     """One :class:`Frame` (its caption and heatmaps) as HTML, with no slider around it.
 
@@ -108,9 +115,7 @@ def frame_html(frame: Frame, *, fmt: str = "{:.2f}", cmap: str = "viridis") -> H
     redraws far faster than a figure is rendered to PNG, and the live slider then looks exactly
     like its kernel-free twin built by :func:`static_slider` from the same frames.
     """
-    panels = "".join(_panel_html(p, fmt, cmap) for p in frame.panels)
-    caption = f'<div class="attnlib-caption" style="margin:4px 0">{html.escape(frame.caption)}</div>' if frame.caption else ""
-    return HTML(f'<div class="attnlib-frame">{caption}{panels}</div>')
+    return HTML(f'<div class="attnlib-frame">{_frame_body(frame, fmt, cmap)}</div>')
 
 
 def static_slider(
@@ -144,10 +149,8 @@ def static_slider(
         raise ValueError(f"initial = {initial} is out of range for {len(frames)} frames")
     bodies = []
     for i, f in enumerate(frames):
-        panels = "".join(_panel_html(p, fmt, cmap) for p in f.panels)
-        caption = f'<div class="attnlib-caption" style="margin:4px 0">{html.escape(f.caption)}</div>' if f.caption else ""
         hidden = "" if i == initial else ' style="display:none"'
-        bodies.append(f'<div class="attnlib-frame" data-index="{i}"{hidden}>{caption}{panels}</div>')
+        bodies.append(f'<div class="attnlib-frame" data-index="{i}"{hidden}>{_frame_body(f, fmt, cmap)}</div>')
     body = "".join(bodies)
     uid = "attnlib-slider-" + hashlib.sha1((title + slider_label + body).encode()).hexdigest()[:10]
     labels = [html.escape(f.label) for f in frames]
