@@ -121,3 +121,18 @@ def test_entropy_wrong_only_at_zeros() -> None:
 
     fb = check_entropy(off_at_zeros)
     assert fb.status == "wrong" and "where a weight is 0" in fb.message
+
+
+def test_unrecognised_wrong_answers_are_not_marked_correct() -> None:
+    """Answers that match no known mistake fall through to the generic comparison: still wrong."""
+
+    def off_only_for_other_temperatures(q: Tensor, k: Tensor, temperature: float = 1.0) -> Tensor:
+        w = right_weights(q, k, temperature)
+        return w if temperature == 1.0 else (w + 0.05) / (1 + 0.05 * w.shape[-1])
+
+    fb = check_scaled_weights(off_only_for_other_temperatures)
+    assert fb.status == "wrong" and "T = 2.5" in fb.message, fb
+    fb = check_entropy(lambda w: right_entropy(w) + 0.1)
+    assert fb.status == "wrong" and "the entropy" in fb.message, fb
+    fb = check_entropy(lambda w: [0.0] * w.shape[0])
+    assert fb.status == "wrong" and "torch.Tensor" in fb.message, fb

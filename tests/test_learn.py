@@ -20,8 +20,10 @@ from attnlib.learn.quiz import show_quiz, validate_quiz
 
 def test_feedback_repr_and_truth() -> None:
     ok = Feedback("correct", "rows sum to 1.")
-    assert ok and repr(ok) == "[Correct] rows sum to 1."
-    assert not Feedback("wrong", "x") and "Not yet" in Feedback("wrong", "x")._repr_html_()
+    assert ok.passed and repr(ok) == "[Correct] rows sum to 1."
+    wrong = Feedback("wrong", "x")
+    assert not wrong.passed and "Not yet" in wrong._repr_html_()
+    assert (wrong or "fallback") is wrong  # a wrong verdict must survive `feedback or correct()`
     assert "<b>" not in Feedback("wrong", "<b>")._repr_html_()  # escaped
 
 
