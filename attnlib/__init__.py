@@ -5,7 +5,9 @@ Shapes are batch first: ``[B, S, D]`` token vectors, ``[B, H, S, D_k]`` per-head
 """
 
 from .core import AttentionResult, scaled_dot_product_attention, softmax
+from .cost import kv_cache_bytes
 from .device import get_device
+from .flash import flash_attention
 from .heads import merge_heads, repeat_kv, split_heads
 from .masks import causal_mask, combine_masks, padding_mask
 from .multihead import AttentionOutput, MultiHeadSelfAttention
@@ -18,7 +20,9 @@ __all__ = [
     "MultiHeadSelfAttention",
     "causal_mask",
     "combine_masks",
+    "flash_attention",
     "get_device",
+    "kv_cache_bytes",
     "merge_heads",
     "padding_mask",
     "repeat_kv",
