@@ -17,6 +17,22 @@ import nbformat
 from nbclient import NotebookClient
 
 
+def merge_streams(outputs: list) -> list:
+    """Join consecutive stdout (or stderr) chunks into one output, as a reader sees them.
+
+    How a kernel splits its output into chunks depends on timing; merged, the stored notebook
+    is the same on every run and the page shows one block per cell.
+    """
+    merged: list = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if out.output_type == "stream" and prev is not None and prev.output_type == "stream" and prev.name == out.name:
+            prev.text += out.text
+        else:
+            merged.append(out)
+    return merged
+
+
 def execute(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
@@ -28,6 +44,9 @@ def execute(path: Path) -> None:
     )
     start = time.perf_counter()
     client.execute()
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = merge_streams(cell.outputs)
     nb.metadata.pop("widgets", None)
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
     nbformat.write(nb, path)
