@@ -245,28 +245,10 @@ def median_seconds(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1,
     """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs.
 
     The median resists the odd slow run on a shared machine. On CUDA the device is synchronised
-    around each run so the time covers the kernels, not just their launch.
+    around each run so the time covers the kernels, not just their launch. (One callable of
+    :func:`interleaved_median_ms`, in seconds.)
     """
-    import time
-
-    _positive_int("repeats", repeats)
-    device = torch.device(device)
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2]
+    return interleaved_median_ms({"fn": fn}, repeats=repeats, warmup=warmup, device=device)["fn"] / 1000.0
 
 
 def interleaved_median_ms(
