@@ -164,27 +164,35 @@ def _diagnose_output(got: Tensor, weights: Tensor, x_kv: Tensor, w_k: Tensor, w_
     return compare_tensors(got, expected, name="your output")
 
 
-def check_self_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> Feedback:
-    """Check ``fn(x [S, D], w_q [D, D_k], w_k [D, D_k], w_v [D, D_v]) -> (output [S, D_v], weights [S, S])``."""
-    t = qkv_inputs()
-    x, w_q, w_k, w_v = t["x"], t["w_q"], t["w_k"], t["w_v"]
-    result, feedback = run_reader_code(fn, x.clone(), w_q.clone(), w_k.clone(), w_v.clone())
+def _run_and_diagnose(
+    call: Callable[[], object], x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor
+) -> Feedback | None:
+    """Run the reader's code and return the first problem found in its (output, weights), or None."""
+    result, feedback = run_reader_code(call)
     if feedback is not None:
         return feedback
     pair, feedback = _unpack(result)
     if feedback is not None:
         return feedback
     output, weights = pair
-    S = x.shape[0]
-    if tuple(output.shape) == (S, S) and tuple(weights.shape) == (S, w_v.shape[1]):
+    S_q, S_k = x_q.shape[0], x_kv.shape[0]
+    if tuple(output.shape) == (S_q, S_k) and tuple(weights.shape) == (S_q, w_v.shape[1]) and S_q == S_k:
         return wrong("return (output, weights) in that order: your first item has the weights' shape [S, S].")
-    feedback = _diagnose_weights(weights, x, x, w_q, w_k)
+    feedback = _diagnose_weights(weights, x_q, x_kv, w_q, w_k)
+    if feedback is not None:
+        return feedback
+    _, expected_w = reference_attention(x_q, x_kv, w_q, w_k, w_v)
+    return _diagnose_output(output, expected_w, x_kv, w_k, w_v)
+
+
+def check_self_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> Feedback:
+    """Check ``fn(x [S, D], w_q [D, D_k], w_k [D, D_k], w_v [D, D_v]) -> (output [S, D_v], weights [S, S])``."""
+    t = qkv_inputs()
+    x, w_q, w_k, w_v = t["x"], t["w_q"], t["w_k"], t["w_v"]
+    feedback = _run_and_diagnose(lambda: fn(x.clone(), w_q.clone(), w_k.clone(), w_v.clone()), x, x, w_q, w_k, w_v)
     if feedback is not None:
         return feedback
     expected_out, expected_w = reference_attention(x, x, w_q, w_k, w_v)
-    feedback = _diagnose_output(output, expected_w, x, w_k, w_v)
-    if feedback is not None:
-        return feedback
     return correct(
         f"rows sum to 1, output has shape {tuple(expected_out.shape)} = [S, D_v]; query 0 puts "
         f"{float(expected_w[0].max()):.2f} on its favourite key."
@@ -195,20 +203,12 @@ def check_cross_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor],
     """Check ``fn(x_q [S_q, D], x_kv [S_k, D], w_q, w_k, w_v) -> (output [S_q, D_v], weights [S_q, S_k])``."""
     t = qkv_inputs()
     x_q, x_kv, w_q, w_k, w_v = t["x_q"], t["x"], t["w_q"], t["w_k"], t["w_v"]
-    result, feedback = run_reader_code(fn, x_q.clone(), x_kv.clone(), w_q.clone(), w_k.clone(), w_v.clone())
-    if feedback is not None:
-        return feedback
-    pair, feedback = _unpack(result)
-    if feedback is not None:
-        return feedback
-    output, weights = pair
-    feedback = _diagnose_weights(weights, x_q, x_kv, w_q, w_k)
+    feedback = _run_and_diagnose(
+        lambda: fn(x_q.clone(), x_kv.clone(), w_q.clone(), w_k.clone(), w_v.clone()), x_q, x_kv, w_q, w_k, w_v
+    )
     if feedback is not None:
         return feedback
     expected_out, expected_w = reference_attention(x_q, x_kv, w_q, w_k, w_v)
-    feedback = _diagnose_output(output, expected_w, x_kv, w_k, w_v)
-    if feedback is not None:
-        return feedback
     return correct(
         f"{S_Q} queries each spread their attention over {S_K} keys: weights {tuple(expected_w.shape)} = [S_q, S_k], "
         f"output {tuple(expected_out.shape)} = [S_q, D_v]."
