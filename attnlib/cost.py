@@ -252,7 +252,12 @@ def median_seconds(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1,
 
 
 def interleaved_median_ms(
-    fns: dict[str, Callable[[], Any]], *, repeats: int = 15, warmup: int = 2, device: torch.device | str | None = None
+    fns: dict[str, Callable[[], Any]],
+    *,
+    repeats: int = 15,
+    warmup: int = 2,
+    device: torch.device | str | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> dict[str, float]:
     """Median wall time, in milliseconds, of each zero-argument callable in ``fns``.
 
@@ -264,7 +269,9 @@ def interleaved_median_ms(
         fns: name -> callable to time.
         repeats: timed calls per callable (the median is taken).
         warmup: untimed calls per callable first.
-        device: the device the work runs on (synchronised when it is CUDA).
+        device: the device the work runs on (synchronised when it is CUDA or MPS).
+        clock: seconds counter, default ``time.perf_counter`` (wall time). ``time.thread_time``
+            (CPU time of this thread) resists load from other programs when torch runs one thread.
 
     Returns:
         name -> median milliseconds.
@@ -275,11 +282,14 @@ def interleaved_median_ms(
     _positive_int("repeats", repeats)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
-    cuda = torch.device(device).type == "cuda" if device is not None else False
+    kind = torch.device(device).type if device is not None else "cpu"
+    clock = time.perf_counter if clock is None else clock
 
     def sync() -> None:
-        if cuda:
+        if kind == "cuda":
             torch.cuda.synchronize()
+        elif kind == "mps":
+            torch.mps.synchronize()
 
     for _ in range(warmup):
         for fn in fns.values():
@@ -289,10 +299,10 @@ def interleaved_median_ms(
     for _ in range(repeats):
         for name, fn in fns.items():
             sync()
-            start = time.perf_counter()
+            start = clock()
             fn()
             sync()
-            times[name].append((time.perf_counter() - start) * 1000.0)
+            times[name].append((clock() - start) * 1000.0)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 

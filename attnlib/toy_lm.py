@@ -12,7 +12,6 @@ Shapes: ``B`` batch, ``S`` positions, ``D = d_model``, ``V`` vocabulary size.
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 from typing import Callable
@@ -21,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .cost import interleaved_median_ms
 from .multihead import MultiHeadSelfAttention
 
 __all__ = [
@@ -218,24 +218,6 @@ def generate(model: TinyLM, prompt: Tensor, new_tokens: int, *, causal: bool) ->
     return ids
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-def _median_seconds(fn: Callable[[], object], device: torch.device, repeats: int, clock: Callable[[], float]) -> float:
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = clock()
-        fn()
-        _sync(device)
-        times.append(clock() - start)
-    return statistics.median(times)
-
-
 @torch.no_grad()
 def time_parallel_and_prefixes(
     attention: MultiHeadSelfAttention,
@@ -287,10 +269,12 @@ def time_parallel_and_prefixes(
     if cpu_threads is not None and device.type == "cpu":
         torch.set_num_threads(cpu_threads)
     try:
-        parallel()
-        prefixes()
         n_parallel = 4 * repeats if parallel_repeats is None else parallel_repeats
         clock = time.thread_time if (cpu_threads == 1 and device.type == "cpu") else time.perf_counter
-        return _median_seconds(parallel, device, n_parallel, clock), _median_seconds(prefixes, device, repeats, clock)
+        ms = [
+            interleaved_median_ms({"run": fn}, repeats=n, warmup=1, device=device, clock=clock)["run"]
+            for fn, n in ((parallel, n_parallel), (prefixes, repeats))
+        ]
+        return ms[0] / 1000.0, ms[1] / 1000.0
     finally:
         torch.set_num_threads(threads)

@@ -100,3 +100,10 @@ def test_interleaved_median_ms() -> None:
     assert calls == ["a", "b"] * 4  # warmup then round robin
     with pytest.raises(ValueError):
         interleaved_median_ms({"a": lambda: None}, repeats=0)
+
+
+def test_interleaved_median_ms_reads_the_given_clock() -> None:
+    ticks = iter(range(100))
+    fake_clock = lambda: float(next(ticks))  # noqa: E731 - each reading advances one "second"
+    got = interleaved_median_ms({"a": lambda: None}, repeats=3, warmup=0, clock=fake_clock)
+    assert got == {"a": 1000.0}  # start and stop are consecutive readings: 1 s = 1000 ms
