@@ -32,11 +32,12 @@ def shape(t: Tensor) -> tuple[int, ...]:
 
 
 def positive_int(name: str, value: object, *, minimum: int = 1) -> int:
-    """An ``int`` (or NumPy integer) ``>= minimum``; bools are refused."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < minimum:
+    """An ``int`` (NumPy integer, or symbolic size under torch.export) ``>= minimum``; not a bool."""
+    integral = isinstance(value, (numbers.Integral, torch.SymInt)) and not isinstance(value, (bool, np.bool_))
+    if not integral or value < minimum:
         what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise ValueError(f"{name} must be {what}, got {value!r}")
-    return int(value)
+    return value if isinstance(value, torch.SymInt) else int(value)
 
 
 def positive_scalar(name: str, value: object) -> float | Tensor:

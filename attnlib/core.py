@@ -27,6 +27,11 @@ class AttentionResult(NamedTuple):
         output: ``[..., S_q, D_v]``, each query's weighted mix of the values.
         weights: ``[..., S_q, S_k]``, row ``i`` holds how much query ``i`` takes from every key;
             each row sums to 1 (or is all zeros when the mask hides every key from that query).
+
+    >>> q = k = v = torch.randn(1, 2, 3, 4)
+    >>> result = scaled_dot_product_attention(q, k, v)
+    >>> result.output.shape, result.weights.shape  # also unpacks: output, weights = result
+    (torch.Size([1, 2, 3, 4]), torch.Size([1, 2, 3, 3]))
     """
 
     output: Tensor
@@ -66,9 +71,10 @@ def softmax(scores: Tensor, dim: int = -1, temperature: float | Tensor = 1.0) ->
     if scores.dim() > 0 and scores.shape[dim] == 0:
         return scores / temperature  # an empty slice has nothing to normalise; keep shape and graph
     x = scores.to(torch.promote_types(scores.dtype, torch.float32))  # float16 -> float32 inside
+    hidden = x == float("-inf")
     row_max = x.amax(dim=dim, keepdim=True).detach()  # a constant shift: changes nothing
-    row_max = row_max.masked_fill(row_max == float("-inf"), 0.0)  # all -inf slice: exp(-inf) = 0
-    exps = torch.exp((x - row_max) / temperature)  # largest entry -> exp(0) = 1
+    shifted = (x - row_max).masked_fill(hidden, 0.0)  # largest entry -> 0; hidden ones kept finite
+    exps = torch.exp(shifted / temperature).masked_fill(hidden, 0.0)  # so d/dT is 0, not 0 * inf
     total = exps.sum(dim=dim, keepdim=True)
     return (exps / total.clamp_min(torch.finfo(x.dtype).tiny)).to(scores.dtype)  # 0 / tiny = 0 for empty rows
 

@@ -1,16 +1,15 @@
 """Boolean attention masks, and converters from the conventions other libraries use.
 
-attnlib's masks are ``torch.bool`` with **True = may attend**. Other libraries differ:
+attnlib's masks are ``torch.bool`` with **True = may attend**. Other libraries differ
+(checked on torch 2.13.0; ``tests/test_masks_behaviour.py`` pins each row):
 
-====================================================  ==========================  =============================
-mask                                                  "may attend" is             convert with
-====================================================  ==========================  =============================
-attnlib, ``F.scaled_dot_product_attention`` (bool)    ``True``                    (nothing to do)
-``nn.MultiheadAttention`` ``key_padding_mask`` (bool) ``False`` (True = ignore)   :func:`from_key_padding_mask`
-``nn.MultiheadAttention`` ``attn_mask`` (bool)        ``False`` (True = blocked)  ``~attn_mask``
-Hugging Face ``attention_mask`` ``[B, S]``            ``1`` (0 = padding)         :func:`padding_mask`
-additive float mask (HF 4-D, SDPA, nn.MHA float)      ``0`` (large negative/-inf) :func:`from_additive_mask`
-====================================================  ==========================  =============================
+| mask                                            | may attend | hidden           | to attnlib               |
+| ----------------------------------------------- | ---------- | ---------------- | ------------------------ |
+| attnlib, F.scaled_dot_product_attention (bool)  | True       | False            | (as it is)               |
+| nn.MultiheadAttention key_padding_mask [B, S]   | False      | True ("ignore")  | from_key_padding_mask(m) |
+| nn.MultiheadAttention bool attn_mask [S_q, S_k] | False      | True ("blocked") | ~m                       |
+| Hugging Face attention_mask [B, S]              | 1          | 0 (padding)      | padding_mask(m)          |
+| additive float mask (HF 4-D, SDPA/nn.MHA float) | 0.0        | -inf or <= -1e4  | from_additive_mask(m)    |
 
 A key mask in the wrong convention inverts the padding without any error. attnlib cannot see
 which convention a bool ``[B, S]`` mask was meant in, so :func:`padding_mask` and

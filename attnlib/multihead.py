@@ -28,6 +28,10 @@ class AttentionOutput(NamedTuple):
         hidden_states: ``[B, S, D]``, the updated token vectors (goes on to residual + LayerNorm).
         attention_weights: ``[B, H, S, S]`` for analysis and plots, or ``None`` when the module
             was called with ``need_weights=False``. Nothing downstream uses them.
+
+    >>> out = MultiHeadSelfAttention(8, 2)(torch.randn(1, 3, 8), need_weights=False)
+    >>> out.hidden_states.shape, out.attention_weights
+    (torch.Size([1, 3, 8]), None)
     """
 
     hidden_states: Tensor

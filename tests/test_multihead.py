@@ -195,6 +195,12 @@ def test_torch_export_with_attention_mask_and_causal() -> None:
     expected = layer(x, am, causal=True)
     torch.testing.assert_close(got.hidden_states, expected.hidden_states)
     torch.testing.assert_close(got.attention_weights, expected.attention_weights)
+    S = torch.export.Dim("S", min=2, max=64)  # a symbolic length: the size checks must accept it
+    dynamic = torch.export.export(
+        layer, (x, am), kwargs={"causal": True}, dynamic_shapes={"hidden_states": {1: S}, "attention_mask": {1: S}, "causal": None}
+    )
+    x7, am7 = torch.randn(2, 7, 8), torch.ones(2, 7)
+    torch.testing.assert_close(dynamic.module()(x7, am7, causal=True).hidden_states, layer(x7, am7, causal=True).hidden_states)
 
 
 def test_torch_compile_with_attention_mask() -> None:
