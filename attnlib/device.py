@@ -20,7 +20,7 @@ def _available(kind: str) -> bool:
     return kind == "cpu"
 
 
-def get_device(prefer: str | None = None) -> torch.device:
+def get_device(prefer: str | torch.device | None = None) -> torch.device:
     """Return the device the book should run on.
 
     Order of precedence:
@@ -37,7 +37,12 @@ def get_device(prefer: str | None = None) -> torch.device:
 
     Raises:
         ValueError: if the requested device type is unknown or not available on this machine.
+
+    >>> get_device().type in ("cuda", "mps", "cpu")
+    True
     """
+    if prefer is not None and not isinstance(prefer, (str, torch.device)):
+        raise ValueError(f"prefer must be a device string such as 'cpu' or 'cuda:0', got {type(prefer).__name__}")
     requested = os.environ.get("ATTNLIB_DEVICE") or prefer
     if requested is None:
         for kind in _VALID:
