@@ -29,6 +29,8 @@ from .cost import kv_cache_bytes
 from .device import get_device
 from .flash import flash_attention
 from .heads import merge_heads, repeat_kv, split_heads
+from .kv_cache import KVCache
+from .latent import MultiHeadLatentAttention
 from .masks import causal_mask, combine_masks, from_additive_mask, from_key_padding_mask, padding_mask
 from .multihead import AttentionOutput, MultiHeadSelfAttention
 
@@ -37,6 +39,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AttentionOutput",
     "AttentionResult",
+    "KVCache",
+    "MultiHeadLatentAttention",
     "MultiHeadSelfAttention",
     "causal_mask",
     "combine_masks",

@@ -193,11 +193,41 @@ def hidden_states(x: object, d_model: int, weight: Tensor) -> Tensor:
     return x
 
 
-def sequence_mask(name: str, m: object, B: int, S: int, device: torch.device) -> Tensor:
+def sequence_mask(name: str, m: object, B: int, S: int, device: torch.device, what: str = "hidden_states [B, S]") -> Tensor:
     """A ``[B, S]`` per-token mask on ``device`` (values are checked by its converter)."""
     m = tensor_with_dims(name, m, 2, f"[B, S] = {(B, S)}")
     if shape(m) != (B, S):
-        raise ValueError(f"{name} shape {shape(m)} does not match hidden_states [B, S] = {(B, S)}")
+        raise ValueError(f"{name} shape {shape(m)} does not match {what} = {(B, S)}")
     if m.device != device:
         raise ValueError(f"{name} is on {m.device} but hidden_states is on {device}")
     return m
+
+
+def cache_update(buffers: list[Tensor], new: tuple[Tensor, ...]) -> None:
+    """New cache entries ``[B, H_kv, S_new, D_k]`` that match each other and what is cached."""
+    for t in new:
+        tensor_with_dims("cache entry", t, 4, "[B, H_kv, S_new, D_k]")
+    if len({(t.shape[:2], t.shape[-2]) for t in new}) != 1 or len({(t.dtype, t.device) for t in new}) != 1:
+        raise ValueError(f"keys and values must share B, H_kv, S_new, dtype and device, got {[shape(t) for t in new]}")
+    if buffers:
+        got = [(shape(t)[:2] + shape(t)[3:], t.dtype, t.device) for t in new]
+        cached = [(shape(b)[:2] + shape(b)[3:], b.dtype, b.device) for b in buffers]
+        if got != cached:
+            raise ValueError(
+                f"new entries [B, H_kv, D_k], dtype, device {got} do not match the cached {cached}; "
+                "a KVCache holds one layer's sequences of one batch: start a new KVCache()"
+            )
+
+
+def cache_for(cache: object, owner: tuple, B: int) -> tuple[int, int]:
+    """A KVCache used by one layer and one batch; returns the positions it has seen and still holds."""
+    from .kv_cache import KVCache
+
+    if not isinstance(cache, KVCache):
+        raise ValueError(f"cache must be an attnlib.KVCache, got {type(cache).__name__}")
+    if cache.owner is not None and cache.owner != owner:
+        raise ValueError(f"this cache was filled by a layer {cache.owner} but is used by {owner}; use one KVCache per layer")
+    if cache.keys is not None and cache.keys.shape[0] != B:
+        raise ValueError(f"batch size changed mid-sequence: the cache holds B = {cache.keys.shape[0]}, hidden_states has B = {B}")
+    cache.owner = owner
+    return cache.length, 0 if cache.keys is None else cache.keys.shape[-2]

@@ -31,7 +31,9 @@ __all__ = ["causal_mask", "padding_mask", "from_key_padding_mask", "from_additiv
 HIDE_BELOW = -1e4  # additive values <= this hide a key: exp(-1e4) is exactly 0 even in float64
 
 
-def causal_mask(S: int, device: torch.device | str | None = None, *, S_k: int | None = None) -> Tensor:
+def causal_mask(
+    S: int, device: torch.device | str | None = None, *, S_k: int | None = None, window: int | None = None
+) -> Tensor:
     """Mask that lets query ``i`` see keys ``0..i`` and hides the future.
 
     Args:
@@ -41,9 +43,13 @@ def causal_mask(S: int, device: torch.device | str | None = None, *, S_k: int | 
             positions of a longer sequence, as with a KV cache) the diagonal is shifted so that the
             last query sees every key. PyTorch's ``is_causal`` keeps the diagonal at the top-left
             corner instead, so the two agree only when ``S_k == S``.
+        window: if set, each query also stops seeing keys more than ``window - 1`` positions back:
+            it sees the last ``window`` positions, itself included (Mistral's sliding window;
+            the paper writes ``i - W .. i``, Hugging Face's Mistral code keeps ``window`` keys).
 
     Returns:
-        bool ``[S, S_k]``; entry ``[i, j]`` is True when ``j <= i + (S_k - S)``.
+        bool ``[S, S_k]``; entry ``[i, j]`` is True when ``j <= i + (S_k - S)`` (and, with a
+        window, ``j > i + (S_k - S) - window``).
 
     >>> causal_mask(3).int()
     tensor([[1, 0, 0],
@@ -51,11 +57,19 @@ def causal_mask(S: int, device: torch.device | str | None = None, *, S_k: int | 
             [1, 1, 1]], dtype=torch.int32)
     >>> causal_mask(2, S_k=4).shape
     torch.Size([2, 4])
+    >>> causal_mask(3, S_k=4, window=2).int()  # bottom-right aligned, two keys per query
+    tensor([[1, 1, 0, 0],
+            [0, 1, 1, 0],
+            [0, 0, 1, 1]], dtype=torch.int32)
     """
     S = _checks.positive_int("S", S, minimum=0)
     S_k = S if S_k is None else _checks.positive_int("S_k", S_k, minimum=S)
     ones = torch.ones(S, S_k, dtype=torch.bool, device=device)
-    return torch.tril(ones, diagonal=S_k - S)  # [S, S_k]
+    mask = torch.tril(ones, diagonal=S_k - S)  # [S, S_k]
+    if window is not None:
+        window = _checks.positive_int("window", window)
+        mask = mask & torch.triu(ones, diagonal=S_k - S - window + 1)  # [S, S_k]
+    return mask
 
 
 def padding_mask(attention_mask: Tensor) -> Tensor:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from . import _checks
 from .core import scaled_dot_product_attention
 from .heads import merge_heads, repeat_kv, split_heads
+from .kv_cache import KVCache
 from .masks import causal_mask, combine_masks, padding_mask
 
 __all__ = ["AttentionOutput", "MultiHeadSelfAttention"]
@@ -26,8 +27,9 @@ class AttentionOutput(NamedTuple):
 
     Attributes:
         hidden_states: ``[B, S, D]``, the updated token vectors (goes on to residual + LayerNorm).
-        attention_weights: ``[B, H, S, S]`` for analysis and plots, or ``None`` when the module
-            was called with ``need_weights=False``. Nothing downstream uses them.
+        attention_weights: ``[B, H, S, S_k]`` for analysis and plots, or ``None`` when the module
+            was called with ``need_weights=False``. Nothing downstream uses them. ``S_k = S``
+            without a cache; with one, the keys the new queries attended over.
 
     >>> out = MultiHeadSelfAttention(8, 2)(torch.randn(1, 3, 8), need_weights=False)
     >>> out.hidden_states.shape, out.attention_weights
@@ -47,6 +49,8 @@ class MultiHeadSelfAttention(nn.Module):
         bias: whether the four projections have a bias term.
         num_kv_heads: ``H_kv``, the number of key/value heads (default ``H``). ``H`` must be a
             multiple of it. Fewer key/value heads shrink ``w_k``/``w_v`` and the KV cache.
+        window: if set, a causal query sees only the last ``window`` positions, itself included
+            (sliding-window attention as in Mistral 7B); a cache then keeps only those.
 
     Layers:
         ``w_q``: ``nn.Linear(D, D)``; ``w_k``, ``w_v``: ``nn.Linear(D, H_kv * D_k)``;
@@ -58,7 +62,9 @@ class MultiHeadSelfAttention(nn.Module):
     (torch.Size([2, 5, 16]), torch.Size([2, 4, 5, 5]))
     """
 
-    def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, num_kv_heads: int | None = None) -> None:
+    def __init__(
+        self, d_model: int, num_heads: int, *, bias: bool = True, num_kv_heads: int | None = None, window: int | None = None
+    ) -> None:
         super().__init__()
         d_model = _checks.positive_int("d_model", d_model)
         num_heads = _checks.positive_int("num_heads", num_heads)
@@ -71,13 +77,15 @@ class MultiHeadSelfAttention(nn.Module):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.d_k = d_model // num_heads
+        self.window = None if window is None else _checks.positive_int("window", window)
         self.w_q = nn.Linear(d_model, d_model, bias=bias)  # [D] -> [H * D_k]
         self.w_k = nn.Linear(d_model, num_kv_heads * self.d_k, bias=bias)  # [D] -> [H_kv * D_k]
         self.w_v = nn.Linear(d_model, num_kv_heads * self.d_k, bias=bias)  # [D] -> [H_kv * D_k]
         self.w_o = nn.Linear(d_model, d_model, bias=bias)  # [H * D_k] -> [D]
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, d_k={self.d_k}"
+        window = "" if self.window is None else f", window={self.window}"
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, d_k={self.d_k}{window}"
 
     def forward(
         self,
@@ -86,52 +94,62 @@ class MultiHeadSelfAttention(nn.Module):
         *,
         causal: bool = False,
         need_weights: bool = True,
+        cache: KVCache | None = None,
     ) -> AttentionOutput:
         """Let every position gather information from the positions it may see.
 
         Args:
             hidden_states: ``[B, S, D]`` token vectors; queries, keys and values all come from it.
-            attention_mask: optional ``[B, S]``, Hugging Face style: 1 (or True) for a real token,
+                With a cache, only the ``S`` new positions.
+            attention_mask: optional ``[B, S]`` (with a cache ``[B, cache.length + S]``, every
+                position so far, as Hugging Face passes it), 1 (or True) for a real token,
                 0 (or False) for padding. Not ``nn.MultiheadAttention``'s ``key_padding_mask``
                 (True = ignore): convert that with ``~key_padding_mask``. A sequence left with no
                 real token gets a ``UserWarning`` (see :mod:`attnlib.masks`).
             causal: if True, position ``i`` sees only positions ``0..i`` (decoder style).
             need_weights: if False, run PyTorch's fused ``scaled_dot_product_attention`` (faster,
                 less memory) and return ``attention_weights=None``.
+            cache: a :class:`attnlib.KVCache` of this layer: the new keys and values (``H_kv``
+                heads, never the repeated ``H``) are appended, and the new queries attend over
+                every cached position, aligned bottom-right (the last query sees every key).
 
         Returns:
             :class:`AttentionOutput` with ``hidden_states [B, S, D]`` and
-            ``attention_weights [B, H, S, S]`` (or ``None``). Both paths give the same result,
+            ``attention_weights [B, H, S, S_k]`` (or ``None``); ``S_k = S`` without a cache,
+            ``S_cached + S`` with one, where a window's cache holds at most ``window`` earlier
+            positions: older columns (all zero) are not returned. Both paths give the same result,
             also for ``B = 0`` or ``S = 0`` and for fully masked rows (zero attention output).
+
+        >>> layer, cache = MultiHeadSelfAttention(16, 4, num_kv_heads=2), KVCache()
+        >>> prefill = layer(torch.randn(1, 5, 16), causal=True, cache=cache)
+        >>> step = layer(torch.randn(1, 1, 16), causal=True, cache=cache)  # one new token
+        >>> step.attention_weights.shape, cache.keys.shape  # [B, H, 1, 6], [B, H_kv, 6, D_k]
+        (torch.Size([1, 4, 1, 6]), torch.Size([1, 2, 6, 4]))
         """
         x = _checks.hidden_states(hidden_states, self.d_model, self.w_q.weight)
         B, S, _ = x.shape
-        mask = self._mask(attention_mask, B, S, causal, x.device)  # [B, 1, S, S], [B, 1, 1, S], [S, S] or None
+        past, kept = (0, 0) if cache is None else _checks.cache_for(cache, self._owner(), B)  # seen, still cached
+        mask = scores_mask(attention_mask, B, S, past, kept + S, causal, self.window, x.device)  # [B, 1, S, S_k] or less
 
         q = split_heads(self.w_q(x), self.num_heads)  # [B, H, S, D_k]
         k = split_heads(self.w_k(x), self.num_kv_heads)  # [B, H_kv, S, D_k]
         v = split_heads(self.w_v(x), self.num_kv_heads)  # [B, H_kv, S, D_k]
-        k = repeat_kv(k, self.num_heads)  # [B, H, S, D_k]
-        v = repeat_kv(v, self.num_heads)  # [B, H, S, D_k]
+        if cache is not None:
+            k, v = cache.update(k, v, window=self.window)  # [B, H_kv, S_k, D_k], S_k = S_kept + S
+        k = repeat_kv(k, self.num_heads)  # [B, H, S_k, D_k]
+        v = repeat_kv(v, self.num_heads)  # [B, H, S_k, D_k]
 
         if need_weights:
-            context, weights = scaled_dot_product_attention(q, k, v, mask)  # [B, H, S, D_k], [B, H, S, S]
-        else:
+            context, weights = scaled_dot_product_attention(q, k, v, mask)  # [B, H, S, D_k], [B, H, S, S_k]
+        else:  # a bottom-right mask: is_causal=True would align top-left when S != S_k
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, S, D_k]
             weights = None
 
         merged = merge_heads(context)  # [B, S, D]
         return AttentionOutput(hidden_states=self.w_o(merged), attention_weights=weights)
 
-    def _mask(self, attention_mask: Tensor | None, B: int, S: int, causal: bool, device: torch.device) -> Tensor | None:
-        """The bool mask for scores ``[B, H, S, S]`` (True = may attend), or None for no mask."""
-        if not isinstance(causal, bool):
-            raise ValueError(f"causal must be True or False, got {type(causal).__name__}; pass masks as attention_mask")
-        pad = None
-        if attention_mask is not None:
-            pad = padding_mask(_checks.sequence_mask("attention_mask", attention_mask, B, S, device))  # [B, 1, 1, S]
-        future = causal_mask(S, device=device) if causal else None  # [S, S]
-        return combine_masks(pad, future)  # [B, 1, S, S], [B, 1, 1, S], [S, S] or None
+    def _owner(self) -> tuple:
+        return ("MultiHeadSelfAttention", self.d_model, self.num_heads, self.num_kv_heads, self.window)
 
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadSelfAttention":
@@ -164,3 +182,23 @@ class MultiHeadSelfAttention(nn.Module):
             if bias:
                 out.w_o.bias.copy_(m.out_proj.bias)
         return out
+
+
+def scores_mask(
+    attention_mask: Tensor | None, B: int, S: int, past: int, S_k: int, causal: bool, window: int | None, device: torch.device
+) -> Tensor | None:
+    """The bool mask for scores ``[B, H, S, S_k]`` (True = may attend), or None for no mask.
+
+    The ``S`` queries are the last of ``past + S`` positions; the ``S_k`` keys are the last ``S_k``.
+    """
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {type(causal).__name__}; pass masks as attention_mask")
+    if window is not None and not causal:
+        raise ValueError(f"a sliding window (window = {window}) needs causal=True")
+    pad = None
+    if attention_mask is not None:
+        what = "hidden_states [B, S]" if past == 0 else f"[B, cache.length + S] = [{B}, {past} + {S}]"
+        seen = _checks.sequence_mask("attention_mask", attention_mask, B, past + S, device, what)  # [B, past + S]
+        pad = padding_mask(seen[:, past + S - S_k :])  # [B, 1, 1, S_k]
+    future = causal_mask(S, device=device, S_k=S_k, window=window) if causal else None  # [S, S_k]
+    return combine_masks(pad, future)  # [B, 1, S, S_k], [B, 1, 1, S_k], [S, S_k] or None
