@@ -28,7 +28,7 @@ from .measure import interleaved_median_ms
 from .slider import Frame, Panel
 
 __all__ = [
-    "layer_flops", "layer_bytes", "mla_decode_counts", "append_times", "copied_positions", "time_per_token",
+    "layer_flops", "layer_bytes", "mla_decode_counts", "mla_attention_flops", "append_times", "copied_positions", "time_per_token",
     "toy_step_flops", "full_causal_pass",
     "ModelConfig", "MODELS", "DEEPSEEK_V2", "generation_frame", "GENERATION_TOKENS",
     "reference_append_and_attend", "APPEND_MISTAKES", "check_append_and_attend",
@@ -61,17 +61,18 @@ def layer_bytes(D: int, H: int, H_kv: int, S_new: int, S_k: int, dtype_bytes: in
     return (weights + 2 * H_kv * d_k * S_k) * dtype_bytes
 
 
-def mla_decode_counts(D: int, H: int, L: int, S_k: int, dtype_bytes: int = 2) -> dict[str, dict[str, int]]:
+def mla_decode_counts(D: int, H: int, L: int, S_k: int, dtype_bytes: int = 2, d_k: int | None = None) -> dict[str, dict[str, int]]:
     """FLOPs and bytes of one decoded token (one query, ``S_k`` cached latents) on both MLA paths.
 
     ``decompress`` rebuilds ``[H, S_k, D_k]`` keys and values from all cached latents every step;
     ``absorbed`` maps the query into latent space and attends to the latents. Both read the weights
     and the ``S_k L`` cached latents; the decompress path also writes and reads the rebuilt keys and
-    values. Matches ``count_flops`` on :class:`attnlib.MultiHeadLatentAttention` with a cache.
+    values. ``d_k`` defaults to ``D // H``, as in :class:`attnlib.MultiHeadLatentAttention`, whose
+    ``count_flops`` it matches.
     """
-    d_k = D // H
-    common = 2 * D * D + 2 * D * L + 2 * D * D  # w_q, w_dkv, w_o for the new token
-    weights = (2 * D * D + D * L + 2 * L * D) * dtype_bytes  # w_q, w_o, w_dkv, w_uk, w_uv
+    d_k = D // H if d_k is None else d_k
+    common = 2 * D * H * d_k + 2 * D * L + 2 * H * d_k * D  # w_q, w_dkv, w_o for the new token
+    weights = (2 * D * H * d_k + D * L + 2 * L * H * d_k) * dtype_bytes  # w_q, w_o, w_dkv, w_uk, w_uv
     latents = S_k * L * dtype_bytes
     return {
         "decompress": {
@@ -82,6 +83,21 @@ def mla_decode_counts(D: int, H: int, L: int, S_k: int, dtype_bytes: int = 2) ->
             "flops": common + 2 * H * d_k * L + 4 * H * S_k * L + 2 * H * L * d_k,
             "bytes": weights + latents,
         },
+    }
+
+
+def mla_attention_flops(H: int, L: int, d_k: int, S_new: int, S_k: int) -> dict[str, int]:
+    """FLOPs of MLA's attention part (the projections both paths share left out), ``S_new`` queries, ``S_k`` latents.
+
+    Decompressing rebuilds keys and values from every latent, ``4 S_k L H D_k``, then attends
+    ``D_k``-wide, ``4 H S_new S_k D_k``. Absorbing maps each query into and out of latent space,
+    ``4 S_new H D_k L``, then attends ``L``-wide, ``4 H S_new S_k L``. Absorption pays when
+    ``L D_k (S_k - S_new) > S_new S_k (L - D_k)``: never for a prefill (``S_new = S_k``), always for
+    decoding one token against two or more latents.
+    """
+    return {
+        "decompress": 4 * S_k * L * H * d_k + 4 * H * S_new * S_k * d_k,
+        "absorbed": 4 * S_new * H * d_k * L + 4 * H * S_new * S_k * L,
     }
 
 
@@ -230,29 +246,31 @@ def _generation_weights(window: int | None) -> list[Tensor]:
     return rows
 
 
-_ROWS = {w: _generation_weights(w) for w in (None, 4)}
+_ROWS = {w: _generation_weights(w) for w in (None, 4)}  # the windows the slider shows
 
 
-def generation_frame(step: int, window: int | None = None) -> Frame:
-    """Step ``step`` (1-based) of generation: the newest token's weights over what the cache holds."""
+def _generation_panel(step: int, window: int | None) -> tuple[Panel, str]:
     S = len(GENERATION_TOKENS)
     row = _ROWS[window][step - 1]  # [S_k]: cached keys before this step, then the new token's own key
     weights = np.zeros(S)
     weights[step - row.numel() : step] = row.numpy()
     first = 0 if window is None else max(0, step - window)  # the oldest position it may see
     hidden = np.array([i < first or i >= step for i in range(S)])[None]  # [1, S]
-    seen = "every position so far" if window is None else f"the last {window} positions"
+    name = "full cache" if window is None else f"window W = {window}"
     caption = (
-        f"Token {step} ({GENERATION_TOKENS[step - 1]!r}) is the newest query; before this step the cache held "
-        f"{row.numel() - 1} positions. It sees {seen}, itself included. After the step the cache holds "
-        f"positions {first}-{step - 1}" + (f"; positions 0-{first - 1} have left the rolling buffer." if first else ".")
+        f"{name}: the cache held {row.numel() - 1} positions before this step, afterwards positions {first}-{step - 1}"
+        + (f" (positions 0-{first - 1} have left the rolling buffer)." if first else ".")
     )
-    return Frame(
-        label=f"step {step}",
-        panels=[Panel(weights, [GENERATION_TOKENS[step - 1]], GENERATION_TOKENS, title="weights of the newest query "
-                      "(hatched: not yet generated, or outside the window)", vmin=0.0, vmax=1.0, masked=hidden)],
-        caption=caption,
-    )
+    title = f"{name}: weights of the newest query (hatched: not generated yet" + ("" if window is None else ", or outside the window") + ")"
+    return Panel(weights, [GENERATION_TOKENS[step - 1]], GENERATION_TOKENS, title=title, vmin=0.0, vmax=1.0, masked=hidden), caption
+
+
+def generation_frame(step: int, window: int = 4) -> Frame:
+    """Step ``step`` (1-based) of generation: the newest token's weights over what the cache holds,
+    once with a full cache and once with a sliding window of ``window`` (4 or None)."""
+    panels, captions = zip(*(_generation_panel(step, w) for w in (None, window)))
+    intro = f"Token {step} ({GENERATION_TOKENS[step - 1]!r}) is the newest query; it attends to the cached keys and to itself."
+    return Frame(label=f"step {step}", panels=list(panels), caption=" ".join((intro, *captions)))
 
 
 # ---- exercise 1: append and attend ----------------------------------------------------------------

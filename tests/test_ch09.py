@@ -78,10 +78,19 @@ def test_window_cache_checker() -> None:
 
 
 def test_generation_frames() -> None:
-    full = ch09.generation_frame(12)
-    assert "holds positions 0-11." in full.caption and "left" not in full.caption
-    windowed = ch09.generation_frame(12, window=4)
-    assert "sees the last 4 positions" in windowed.caption and "positions 0-7 have left" in windowed.caption
-    w = windowed.panels[0]
-    assert abs(w.matrix.sum() - 1) < 1e-6 and w.masked[0, :8].all() and not w.masked[0, 8:].any()
-    assert "left" not in ch09.generation_frame(4, window=4).caption
+    frame = ch09.generation_frame(12)
+    full, windowed = frame.panels
+    assert "full cache: the cache held 11 positions before this step, afterwards positions 0-11." in frame.caption
+    assert "window W = 4: the cache held 4 positions before this step, afterwards positions 8-11 (positions 0-7 have left" in frame.caption
+    for p in (full, windowed):
+        assert abs(p.matrix.sum() - 1) < 1e-6
+    assert windowed.masked[0, :8].all() and not windowed.masked[0, 8:].any() and not full.masked.any()
+    assert "have left" not in ch09.generation_frame(4).caption
+
+
+def test_absorption_pays_for_few_queries_against_many_latents() -> None:
+    f = lambda S_new, S_k: ch09.mla_attention_flops(128, 512, 128, S_new, S_k)
+    assert f(1, 4096)["absorbed"] < f(1, 4096)["decompress"]
+    assert f(4096, 4096)["absorbed"] > f(4096, 4096)["decompress"]  # a prefill
+    S_k = 10**6  # far from the prompt's start the break-even is close to L D_k / (L - D_k) = 170.7
+    assert f(170, S_k)["absorbed"] < f(170, S_k)["decompress"] and f(171, S_k)["absorbed"] > f(171, S_k)["decompress"]
