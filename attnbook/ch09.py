@@ -106,7 +106,7 @@ def mla_attention_flops(H: int, L: int, d_k: int, S_new: int, S_k: int) -> dict[
 def append_times(n_tokens: int, H_kv: int = 8, D_k: int = 64, repeats: int = 3) -> dict[str, float]:
     """Milliseconds to append ``n_tokens`` positions one at a time: ``torch.cat`` vs :class:`KVCache`.
 
-    A measurement (print it with ``~``). Returns ``{"torch.cat": ms, "KVCache": ms}``.
+    Timed on one thread by the thread's CPU time. A measurement (print it with ``~``). Returns ``{"torch.cat": ms, "KVCache": ms}``.
     """
     new = torch.randn(1, H_kv, 1, D_k)  # [B, H_kv, 1, D_k]
 
@@ -120,7 +120,13 @@ def append_times(n_tokens: int, H_kv: int = 8, D_k: int = 64, repeats: int = 3) 
         for _ in range(n_tokens):
             cache.update(new, new)
 
-    return interleaved_median_ms({"torch.cat": with_cat, "KVCache": with_cache}, repeats=repeats, warmup=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread, timed by its own CPU time: little disturbed by other programs
+    try:
+        return interleaved_median_ms({"torch.cat": with_cat, "KVCache": with_cache}, repeats=repeats, warmup=1,
+                                     clock=time.thread_time)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def copied_positions(n_tokens: int) -> dict[str, int]:
