@@ -40,7 +40,7 @@ lab: setup
 	$(BIN)/jupyter lab book
 
 bench: setup
-	$(BIN)/python benchmarks/bench_attention.py
+	$(BIN)/python benchmarks/bench_attention.py && $(BIN)/python benchmarks/bench_decode.py
 
 clean:
 	rm -rf _build
