@@ -28,10 +28,8 @@ class AttentionResult(NamedTuple):
         weights: ``[..., S_q, S_k]``, row ``i`` holds how much query ``i`` takes from every key;
             each row sums to 1 (or is all zeros when the mask hides every key from that query).
 
-    >>> q = k = v = torch.randn(1, 2, 3, 4)
-    >>> result = scaled_dot_product_attention(q, k, v)
-    >>> result.output.shape, result.weights.shape  # also unpacks: output, weights = result
-    (torch.Size([1, 2, 3, 4]), torch.Size([1, 2, 3, 3]))
+    >>> scaled_dot_product_attention(*[torch.randn(1, 2, 3, 4)] * 3).weights.shape
+    torch.Size([1, 2, 3, 3])
     """
 
     output: Tensor
@@ -50,17 +48,10 @@ def softmax(scores: Tensor, dim: int = -1, temperature: float | Tensor = 1.0) ->
     ``F.scaled_dot_product_attention`` does.
 
     Args:
-        scores: any shape, floating point.
+        scores: any shape, floating point; the result has the same shape and dtype.
         dim: the axis that is normalised (it sums to 1 afterwards).
-        temperature: ``T > 0``: a Python or NumPy number, or a 0-d tensor (which may require
-            grad). ``T < 1`` sharpens the distribution, ``T > 1`` flattens it.
-
-    Returns:
-        A tensor of the same shape and dtype as ``scores``.
-
-    Raises:
-        ValueError: if ``scores`` is not floating point, ``dim`` is out of range, or
-            ``temperature`` is not a finite real number ``> 0``.
+        temperature: ``T > 0``, a Python or NumPy number or a 0-d tensor (which may require grad).
+            ``T < 1`` sharpens, ``T > 1`` flattens. Anything else raises ``ValueError``.
 
     >>> softmax(torch.tensor([[1.0, 2.0, 3.0]]), temperature=1e-6)
     tensor([[0., 0., 1.]])
@@ -115,7 +106,7 @@ def scaled_dot_product_attention(
 
     Raises:
         ValueError: on mismatched shapes, dtypes or devices, a non-bool or mis-shaped mask,
-            or a ``scale`` or ``temperature`` that is not a finite real number ``> 0``.
+            or a ``scale`` or ``temperature`` that is not finite and > 0.
 
     >>> q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 7, 8), torch.randn(2, 4, 7, 3)
     >>> out, w = scaled_dot_product_attention(q, k, v)

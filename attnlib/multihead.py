@@ -48,9 +48,7 @@ class MultiHeadSelfAttention(nn.Module):
         num_kv_heads: ``H_kv``, the number of key/value heads (default ``H``). ``H`` must be a
             multiple of it. Fewer key/value heads shrink ``w_k``/``w_v`` and the KV cache.
 
-    Layers:
-        ``w_q``: ``nn.Linear(D, D)``; ``w_k``, ``w_v``: ``nn.Linear(D, H_kv * D_k)``;
-        ``w_o``: ``nn.Linear(D, D)``. No dropout.
+    Layers: ``w_q``, ``w_o``: ``nn.Linear(D, D)``; ``w_k``, ``w_v``: ``nn.Linear(D, H_kv * D_k)``. No dropout.
 
     >>> layer = MultiHeadSelfAttention(d_model=16, num_heads=4, num_kv_heads=2)
     >>> out = layer(torch.randn(2, 5, 16), torch.tensor([[1, 1, 1, 0, 0], [1] * 5]), causal=True)
@@ -91,10 +89,9 @@ class MultiHeadSelfAttention(nn.Module):
 
         Args:
             hidden_states: ``[B, S, D]`` token vectors; queries, keys and values all come from it.
-            attention_mask: optional ``[B, S]``, Hugging Face style: 1 (or True) for a real token,
-                0 (or False) for padding. Not ``nn.MultiheadAttention``'s ``key_padding_mask``
-                (True = ignore): convert that with ``~key_padding_mask``. A sequence left with no
-                real token gets a ``UserWarning`` (see :mod:`attnlib.masks`).
+            attention_mask: optional ``[B, S]``, 1 (or True) for a real token, 0 for padding, as in
+                Hugging Face; ``nn.MultiheadAttention``'s ``key_padding_mask`` (True = ignore) must
+                be passed as ``~key_padding_mask``. A sequence with no real token gets a UserWarning.
             causal: if True, position ``i`` sees only positions ``0..i`` (decoder style).
             need_weights: if False, run PyTorch's fused ``scaled_dot_product_attention`` (faster,
                 less memory) and return ``attention_weights=None``.
@@ -104,7 +101,7 @@ class MultiHeadSelfAttention(nn.Module):
             ``attention_weights [B, H, S, S]`` (or ``None``). Both paths give the same result,
             also for ``B = 0`` or ``S = 0`` and for fully masked rows (zero attention output).
         """
-        x = _checks.hidden_states(hidden_states, self.d_model, self.w_q.weight)
+        x = _checks.module_inputs(hidden_states, attention_mask, self.d_model, self.w_q.weight)
         B, S, _ = x.shape
         mask = self._mask(attention_mask, B, S, causal, x.device)  # [B, 1, S, S], [B, 1, 1, S], [S, S] or None
 
@@ -118,6 +115,8 @@ class MultiHeadSelfAttention(nn.Module):
             context, weights = scaled_dot_product_attention(q, k, v, mask)  # [B, H, S, D_k], [B, H, S, S]
         else:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, S, D_k]
+            if mask is not None:  # a query that sees no key gets 0 as above (torch 2.1 CUDA gave NaN: pytorch#110213)
+                context = context.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
             weights = None
 
         merged = merge_heads(context)  # [B, S, D]
@@ -129,7 +128,7 @@ class MultiHeadSelfAttention(nn.Module):
             raise ValueError(f"causal must be True or False, got {type(causal).__name__}; pass masks as attention_mask")
         pad = None
         if attention_mask is not None:
-            pad = padding_mask(_checks.sequence_mask("attention_mask", attention_mask, B, S, device))  # [B, 1, 1, S]
+            pad = padding_mask(attention_mask)  # [B, 1, 1, S]
         future = causal_mask(S, device=device) if causal else None  # [S, S]
         return combine_masks(pad, future)  # [B, 1, S, S], [B, 1, 1, S], [S, S] or None
 
@@ -137,13 +136,12 @@ class MultiHeadSelfAttention(nn.Module):
     def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadSelfAttention":
         """Copy the weights of a ``torch.nn.MultiheadAttention`` into a new module.
 
-        The copy computes the same function (use it batch first, ``[B, S, D]``; a PyTorch module
-        built with ``batch_first=False`` expects ``[S, B, D]`` instead). Dropout is not copied:
-        compare the two in ``eval()`` mode or with ``dropout=0``.
+        The copy computes the same function, batch first (``[B, S, D]``; PyTorch's default
+        ``batch_first=False`` means ``[S, B, D]``). Dropout is not copied: compare in ``eval()``.
+        ``kdim``/``vdim``, ``add_bias_kv`` and ``add_zero_attn`` raise ``ValueError``.
 
-        Raises:
-            ValueError: for configurations this module does not have (separate key/value widths,
-                ``add_bias_kv`` or ``add_zero_attn``).
+        >>> MultiHeadSelfAttention.from_torch(nn.MultiheadAttention(16, 4, batch_first=True)).w_k
+        Linear(in_features=16, out_features=16, bias=True)
         """
         if not isinstance(m, nn.MultiheadAttention):
             raise ValueError(f"from_torch expects torch.nn.MultiheadAttention, got {type(m).__name__}")

@@ -1,7 +1,7 @@
 """A NumPy twin of (causal) multi-head self-attention, for readers who know NumPy but not PyTorch.
 
-It computes exactly what :class:`attnlib.MultiHeadSelfAttention` computes (without biases),
-and ``tests/test_numpy_reference.py`` checks that. Weights use the NumPy convention
+It computes exactly what :class:`attnlib.MultiHeadSelfAttention` computes (without biases);
+the tests check that. Weights use the NumPy convention
 ``y = x @ W`` with ``W`` of shape ``[D_in, D_out]``; ``torch.nn.Linear`` stores the transpose.
 """
 

@@ -62,7 +62,7 @@ MISTAKES: list[tuple[str, Callable[[], object], str]] = [
     ("an integer key_padding_mask", lambda: from_key_padding_mask((AM == 0).int()),
      r"key_padding_mask must be bool \(True = ignore\) or an additive float mask, got torch.int32"),
     ("a relative-position bias as an additive mask", lambda: from_additive_mask(torch.tensor([[0.0, -0.5, -1.0]])),
-     r"an additive mask must hold only 0 \(keep\) and -inf or values <= -10000 \(hide\), found \[-1.0, -0.5\]"),
+     r"an additive mask must hold only 0 \(keep\) and -inf or values <= -10000 \(hide\), found \[-1.0, -0.5\]; a bias is not a mask: add it to the scores"),
     ("an additive mask as a combine_masks input", lambda: combine_masks(causal_mask(3), torch.zeros(3, 3)),
      r"mask 1 must have dtype torch.bool"),
     # --- scale and temperature

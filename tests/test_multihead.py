@@ -129,7 +129,7 @@ def test_constructor_errors() -> None:
 
 def test_forward_errors() -> None:
     layer = MultiHeadSelfAttention(16, 4)
-    with pytest.raises(ValueError, match=r"last dim is 8 but d_model = 16.*\[B, S, 16\]"):
+    with pytest.raises(ValueError, match=r"last dim is 8 but d_model = 16 \(got shape \(1, 3, 8\)\)"):
         layer(torch.randn(1, 3, 8))
     with pytest.raises(ValueError, match=r"\[B, S, D\].*\(3, 16\)"):
         layer(torch.randn(3, 16))
