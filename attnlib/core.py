@@ -62,10 +62,14 @@ def softmax(scores: Tensor, dim: int = -1, temperature: float | Tensor = 1.0) ->
     if scores.dim() > 0 and scores.shape[dim] == 0:
         return scores / temperature  # an empty slice has nothing to normalise; keep shape and graph
     x = scores.to(torch.promote_types(scores.dtype, torch.float32))  # float16 -> float32 inside
-    hidden = x == float("-inf")
-    row_max = x.amax(dim=dim, keepdim=True).detach()  # a constant shift: changes nothing
-    shifted = (x - row_max).masked_fill(hidden, 0.0)  # largest entry -> 0; hidden ones kept finite
-    exps = torch.exp(shifted / temperature).masked_fill(hidden, 0.0)  # so d/dT is 0, not 0 * inf
+    row_max = x.amax(dim=dim, keepdim=True)  # the shift changes nothing, but exp(x - max) <= 1
+    row_max = row_max.masked_fill(row_max == float("-inf"), 0.0)  # a row that sees nothing
+    shifted = x - row_max  # [..., S], largest entry 0, hidden entries -inf
+    if isinstance(temperature, Tensor):  # learnable T: keep -inf out of d/dT (0 * inf = NaN)
+        hidden = shifted == float("-inf")
+        exps = torch.exp(shifted.masked_fill(hidden, 0.0) / temperature).masked_fill(hidden, 0.0)
+    else:
+        exps = torch.exp(shifted / temperature)  # exp(-inf) = 0: hidden entries get weight 0
     total = exps.sum(dim=dim, keepdim=True)
     return (exps / total.clamp_min(torch.finfo(x.dtype).tiny)).to(scores.dtype)  # 0 / tiny = 0 for empty rows
 
