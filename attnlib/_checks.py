@@ -41,6 +41,17 @@ def positive_int(name: str, value: object, *, minimum: int = 1) -> int:
     return value if isinstance(value, torch.SymInt) else int(value)
 
 
+def head_counts(d_model: object, num_heads: object, num_kv_heads: object = None) -> tuple[int, int, int]:
+    """``(D, H, H_kv)`` of a multi-head block: ``H`` divides ``D``, ``H_kv`` (default ``H``) divides ``H``."""
+    D, H = positive_int("d_model", d_model), positive_int("num_heads", num_heads)
+    H_kv = H if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
+    if D % H != 0:
+        raise ValueError(f"d_model = {D} is not divisible by num_heads = {H}")
+    if H % H_kv != 0:
+        raise ValueError(f"num_heads = {H} is not a multiple of num_kv_heads = {H_kv}")
+    return D, H, H_kv
+
+
 def positive_scalar(name: str, value: object) -> float | Tensor:
     """A finite real number > 0; a 0-d tensor comes back as it is, so gradients can flow into it."""
     if isinstance(value, np.ndarray) and value.ndim == 0:
@@ -89,8 +100,8 @@ def dim_index(t: Tensor, dim: object) -> int:
     return int(dim)
 
 
-def qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
-    """Queries ``[..., S_q, D_k]``, keys ``[..., S_k, D_k]``, values ``[..., S_k, D_v]``."""
+def qkv(q: Tensor, k: Tensor, v: Tensor, mask: object = None) -> None:
+    """Queries ``[..., S_q, D_k]``, keys ``[..., S_k, D_k]``, values ``[..., S_k, D_v]``, optional mask."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         float_tensor(name, t, min_dim=2)
     if not (q.dtype == k.dtype == v.dtype):
@@ -107,6 +118,8 @@ def qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
         )
     if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
         raise ValueError(f"q, k, v must share their leading (batch, head) dims: got q {shape(q)}, k {shape(k)}, v {shape(v)}")
+    if mask is not None:
+        mask_for(mask, (*shape(q)[:-1], k.shape[-2]), q.device)
 
 
 def bool_mask(mask: object, name: str = "mask") -> Tensor:

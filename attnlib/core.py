@@ -75,14 +75,9 @@ def softmax(scores: Tensor, dim: int = -1, temperature: float | Tensor = 1.0) ->
 
 
 def scaled_dot_product_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None = None,
-    *,
-    scale: float | Tensor | None = None,
-    temperature: float | Tensor = 1.0,
-) -> AttentionResult:
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
+    scale: float | Tensor | None = None, temperature: float | Tensor = 1.0,
+) -> AttentionResult:  # fmt: skip
     """Attention that also returns its weights: ``softmax(q k^T * scale / temperature) v``.
 
     With ``temperature=1`` the output equals
@@ -91,8 +86,8 @@ def scaled_dot_product_attention(
     (zeros) and ``D_k = 0`` (every score is 0, so uniform weights). Unlike PyTorch's fused
     kernel, this version materialises the ``[..., S_q, S_k]`` weights and hands them back.
 
-    float16 and bfloat16 inputs are computed in float32 and rounded back at the end, as PyTorch's
-    kernels accumulate in float32: ``q @ k^T`` of large activations cannot overflow.
+    float16 and bfloat16 are computed in float32 and rounded back at the end (PyTorch's kernels
+    accumulate in float32 too), so ``q @ k^T`` of large activations cannot overflow.
 
     Args:
         q: ``[..., S_q, D_k]`` queries (typically ``[B, H, S_q, D_k]``).
@@ -109,24 +104,22 @@ def scaled_dot_product_attention(
         in the dtype of ``q``. A query whose every key is masked gets all-zero weights and output.
 
     Raises:
-        ValueError: on mismatched shapes, dtypes or devices, a non-bool or mis-shaped mask,
-            or a ``scale`` or ``temperature`` that is not finite and > 0.
+        ValueError: for mismatched q, k, v, a non-bool or mis-shaped mask, or a bad scale or temperature.
 
     >>> q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 7, 8), torch.randn(2, 4, 7, 3)
     >>> out, w = scaled_dot_product_attention(q, k, v)
     >>> out.shape, w.shape
     (torch.Size([2, 4, 5, 3]), torch.Size([2, 4, 5, 7]))
     """
-    _checks.qkv(q, k, v)
+    _checks.qkv(q, k, v, mask)  # shapes, dtypes, devices; a bool mask that fits [..., S_q, S_k]
     temperature = _checks.positive_scalar("temperature", temperature)
-    D_k = q.shape[-1]
-    scale = (1.0 / math.sqrt(D_k) if D_k else 1.0) if scale is None else _checks.positive_scalar("scale", scale)
+    D_k = q.shape[-1]  # D_k = 0: every score is 0, whatever the scale
+    scale = 1.0 / math.sqrt(max(D_k, 1)) if scale is None else _checks.positive_scalar("scale", scale)
     dtype = q.dtype
     q, k, v = (t.to(torch.promote_types(dtype, torch.float32)) for t in (q, k, v))  # float16 -> float32
 
     scores = (q * scale) @ k.transpose(-2, -1)  # [..., S_q, D_k] @ [..., D_k, S_k] -> [..., S_q, S_k]
     if mask is not None:
-        mask = _checks.mask_for(mask, tuple(scores.shape), scores.device)
         scores = scores.masked_fill(~mask, float("-inf"))  # hidden keys get -inf -> weight 0
     weights = softmax(scores, dim=-1, temperature=temperature)  # [..., S_q, S_k], rows sum to 1
     output = weights @ v  # [..., S_q, S_k] @ [..., S_k, D_v] -> [..., S_q, D_v]

@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import torch
 
+from . import _checks
+
 __all__ = [
     "mha_param_count",
     "mha_matmul_flops",
@@ -19,12 +21,6 @@ __all__ = [
     "attention_weights_bytes",
     "kv_cache_bytes",
 ]
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def mha_param_count(d_model: int, num_heads: int, bias: bool = True, num_kv_heads: int | None = None) -> int:
@@ -43,13 +39,7 @@ def mha_param_count(d_model: int, num_heads: int, bias: bool = True, num_kv_head
     Returns:
         The number of scalars, as ``sum(p.numel() for p in MultiHeadSelfAttention(...).parameters())``.
     """
-    D = _positive_int("d_model", d_model)
-    H = _positive_int("num_heads", num_heads)
-    H_kv = H if num_kv_heads is None else _positive_int("num_kv_heads", num_kv_heads)
-    if D % H:
-        raise ValueError(f"d_model = {D} is not divisible by num_heads = {H}")
-    if H % H_kv:
-        raise ValueError(f"num_heads = {H} is not a multiple of num_kv_heads = {H_kv}")
+    D, H, H_kv = _checks.head_counts(d_model, num_heads, num_kv_heads)
     kv_width = H_kv * (D // H)
     weights = D * D + 2 * D * kv_width + D * D  # w_q, w_k + w_v, w_o
     biases = (D + 2 * kv_width + D) if bias else 0
@@ -64,9 +54,9 @@ def mha_matmul_flops(batch: int, seq_len: int, d_model: int) -> int:
     ``H`` does not appear. Biases, scaling, masking and softmax (elementwise work that grows as
     ``B H S^2``) are not included.
     """
-    B = _positive_int("batch", batch)
-    S = _positive_int("seq_len", seq_len)
-    D = _positive_int("d_model", d_model)
+    B = _checks.positive_int("batch", batch)
+    S = _checks.positive_int("seq_len", seq_len)
+    D = _checks.positive_int("d_model", d_model)
     return 8 * B * S * D * D + 4 * B * S * S * D
 
 
@@ -99,10 +89,10 @@ def attention_weights_bytes(
     batch: int, num_heads: int, seq_len: int, dtype: torch.dtype = torch.float32, *, seq_len_k: int | None = None
 ) -> int:
     """Bytes of a materialised ``[B, H, S_q, S_k]`` attention-weights tensor (``S_k = S_q`` by default)."""
-    B = _positive_int("batch", batch)
-    H = _positive_int("num_heads", num_heads)
-    S_q = _positive_int("seq_len", seq_len)
-    S_k = S_q if seq_len_k is None else _positive_int("seq_len_k", seq_len_k)
+    B = _checks.positive_int("batch", batch)
+    H = _checks.positive_int("num_heads", num_heads)
+    S_q = _checks.positive_int("seq_len", seq_len)
+    S_k = S_q if seq_len_k is None else _checks.positive_int("seq_len_k", seq_len_k)
     if dtype not in _DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(map(str, _DTYPE_BYTES))}, got {dtype!r}")
     return B * H * S_q * S_k * _DTYPE_BYTES[dtype]
@@ -141,5 +131,5 @@ def kv_cache_bytes(
     args = dict(num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, seq_len=seq_len,
                 batch=batch, dtype_bytes=dtype_bytes)
     for name, value in args.items():
-        _positive_int(name, value)
+        _checks.positive_int(name, value)
     return 2 * num_layers * num_kv_heads * head_dim * seq_len * batch * dtype_bytes

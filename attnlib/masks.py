@@ -111,7 +111,8 @@ def from_additive_mask(mask: Tensor) -> Tensor:
             [1, 0]], dtype=torch.int32)
     """
     mask = _checks.float_tensor("additive mask", mask)
-    expected, hint = f"0 (keep) and -inf or values <= {HIDE_BELOW:g} (hide)", "; a bias is not a mask: add it to the scores"
+    expected = f"0 (keep) and -inf or values <= {HIDE_BELOW:g} (hide)"
+    hint = "; a bias is not a mask: add it to the scores"
     _checks.only_values("an additive mask", mask, lambda m: (m == 0) | (m <= HIDE_BELOW), expected, hint)
     return mask == 0
 

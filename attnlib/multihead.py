@@ -58,13 +58,7 @@ class MultiHeadSelfAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, num_kv_heads: int | None = None) -> None:
         super().__init__()
-        d_model = _checks.positive_int("d_model", d_model)
-        num_heads = _checks.positive_int("num_heads", num_heads)
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
-        num_kv_heads = num_heads if num_kv_heads is None else _checks.positive_int("num_kv_heads", num_kv_heads)
-        if num_heads % num_kv_heads != 0:
-            raise ValueError(f"num_heads = {num_heads} is not a multiple of num_kv_heads = {num_kv_heads}")
+        d_model, num_heads, num_kv_heads = _checks.head_counts(d_model, num_heads, num_kv_heads)
         self.d_model = d_model
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads

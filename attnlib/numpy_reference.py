@@ -70,14 +70,7 @@ def merge_heads(x: Array) -> Array:
 
 
 def multi_head_attention(
-    x: Array,
-    w_q: Array,
-    w_k: Array,
-    w_v: Array,
-    w_o: Array,
-    num_heads: int,
-    *,
-    causal: bool = True,
+    x: Array, w_q: Array, w_k: Array, w_v: Array, w_o: Array, num_heads: int, *, causal: bool = True
 ) -> tuple[Array, Array]:
     """Multi-head self-attention on ``x``.
 
