@@ -2,7 +2,7 @@
 
 Everything here is exact and machine independent: a count, not a measurement.
 
-Shapes: ``B`` batch, ``S`` positions, ``D = d_model``, ``H`` query heads, ``H_kv`` key/value heads.
+Shapes follow the legend in :mod:`attnlib`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Multi-head self-attention as one readable ``nn.Module``.
 
-Shapes follow the legend in :mod:`attnlib`: ``B`` batch, ``S`` positions, ``D = d_model``,
-``H`` query heads, ``H_kv`` key/value heads (``H_kv = H`` is classic multi-head attention,
-``1 < H_kv < H`` is grouped-query attention, ``H_kv = 1`` is multi-query attention), ``D_k = D // H``.
+Shapes follow the legend in :mod:`attnlib`. ``H_kv = H`` is classic multi-head attention,
+``1 < H_kv < H`` grouped-query attention, ``H_kv = 1`` multi-query attention.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from attnlib import (
     split_heads,
 )
 from attnlib.numpy_reference import multi_head_attention as numpy_mha
+from attnlib.numpy_reference import softmax as numpy_softmax
 
 torch.manual_seed(0)
 Q = K = V = torch.randn(2, 8, 5, 4)  # [B, H, S, D_k]
@@ -106,6 +107,8 @@ MISTAKES: list[tuple[str, Callable[[], object], str]] = [
     ("a KV-cache causal mask with fewer keys than queries", lambda: causal_mask(4, S_k=2), r"S_k must be an int >= 4, got 2"),
     ("the NumPy twin with a wrong projection shape", lambda: numpy_mha(np.zeros((1, 3, 8)), *[np.eye(8)] * 3, np.eye(4), 2),
      r"w_o must be \[D, D\] = \(8, 8\), got \(4, 4\)"),
+    ("integer scores into the NumPy softmax", lambda: numpy_softmax(np.array([1, 2, 3], dtype=np.int64)),
+     r"scores must be a floating-point array, got dtype int64"),
     ("the NumPy twin with zero heads", lambda: numpy_mha(np.zeros((1, 3, 8)), *[np.eye(8)] * 4, 0),
      r"num_heads must be a positive int, got 0"),
     ("a device given as a number", lambda: get_device(1.5), r"prefer must be a device string such as 'cpu' or 'cuda:0', got float"),
