@@ -44,8 +44,8 @@ def softmax(scores: Tensor, dim: int = -1, temperature: float | Tensor = 1.0) ->
     ``exp(0) = 1`` and no ``T``, however small, can overflow ``exp`` or empty a row.
 
     Entries equal to ``-inf`` get weight exactly 0. A slice whose entries are *all* ``-inf``
-    (a query that may see nothing) gets all-zero weights instead of NaN, as PyTorch's
-    ``F.scaled_dot_product_attention`` does.
+    (a query that may see nothing) gets all-zero weights instead of NaN, as
+    ``F.scaled_dot_product_attention`` does (checked on torch 2.13.0).
 
     Args:
         scores: any shape, floating point; the result has the same shape and dtype.
@@ -82,7 +82,7 @@ def scaled_dot_product_attention(
 
     With ``temperature=1`` the output equals
     ``torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)``
-    to float tolerance, including its conventions for fully masked rows (zeros), ``S_k = 0``
+    to float tolerance, including torch 2.13.0's results for fully masked rows (zeros), ``S_k = 0``
     (zeros) and ``D_k = 0`` (every score is 0, so uniform weights). Unlike PyTorch's fused
     kernel, this version materialises the ``[..., S_q, S_k]`` weights and hands them back.
 
