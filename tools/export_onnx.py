@@ -15,6 +15,8 @@ writes into ``_build/html/_static/explorer/``:
 * ``ort/``: onnxruntime-web's WebAssembly build (``ort.wasm.min.mjs`` and the
   ``ort-wasm-simd-threaded`` glue and binary), copied from ``node_modules``.
 * ``manifest.json``: file names and sizes, read by the page to label its "Load model" button.
+* the explorer's own scripts and styles from ``book/_static/explorer/`` (Sphinx copies them as
+  well, but only when some page changed).
 
 The export takes a few seconds and is cached in ``_build/explorer-cache/``, keyed by the
 versions of everything that shapes the file (torch, transformers, onnxscript, the export
@@ -159,6 +161,9 @@ def write_site_files(html_dir: Path, runtime_dir: Path) -> dict[str, Any]:
     if missing:
         raise FileNotFoundError(f"onnxruntime-web files {missing} not found in {runtime_dir}: run `npm ci` first")
     out = html_dir / "_static" / "explorer"
+    for src in (ROOT / "book" / "_static" / "explorer").iterdir():
+        # Sphinx copies these too (html_static_path), but skips it when no page changed.
+        _copy(src, out / src.name)
     model = cached_export()
     _copy(model, out / MODEL_FILE)
     _copy(model_path() / "vocab.txt", out / "vocab.txt")

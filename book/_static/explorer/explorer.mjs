@@ -304,7 +304,7 @@ function buildUi(root) {
     const byWeight = topHeads(attentions.map((layer) => layer.map((w) => w[q][k])), 3);
     const what = `${tokens[q]} (${q}) to ${tokens[k]} (${k})`;
     el.link.innerHTML = (heads.length
-      ? `${heads.length} of 72 head${heads.length === 1 ? "" : "s"} put${heads.length === 1 ? "s" : ""} the largest weight of ${esc(tokens[q])} on ${esc(tokens[k])}: ${headList(heads)}.`
+      ? `${heads.length} of 72 heads put${heads.length === 1 ? "s" : ""} the largest weight of ${esc(tokens[q])} on ${esc(tokens[k])}: ${headList(heads)}.`
       : `No head puts the largest weight of ${esc(tokens[q])} on ${esc(tokens[k])}.`) +
       ` Largest weights from ${esc(what)}: ${headList(byWeight)}.`;
     return heads.length ? `${heads.length} head${heads.length === 1 ? " puts" : "s put"} the top weight of ${tokens[q]} on ${tokens[k]}, ` +
