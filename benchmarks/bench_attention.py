@@ -26,7 +26,6 @@ Targets (for a CPU; on a GPU they are printed for information only):
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 
@@ -34,8 +33,9 @@ import torch
 import torch.nn.functional as F
 
 import attnlib
+from attnbook.measure import median_seconds, peak_memory_bytes
 from attnlib import causal_mask, flash_attention, scaled_dot_product_attention
-from attnlib.cost import attention_weights_bytes, median_seconds, peak_memory_bytes
+from attnlib.cost import attention_weights_bytes
 
 B, H, D_K = 1, 8, 64
 MiB = 2**20
