@@ -33,9 +33,9 @@ $(NODE_STAMP): package.json package-lock.json
 	touch $(NODE_STAMP)
 
 # The attention explorer's files in the built site: the ONNX export of all-MiniLM-L6-v2 (cached
-# in _build/explorer-cache), its vocabulary and the runtime (tools/export_onnx.py).
+# in _build/explorer-cache), its vocabulary and the runtime (attnbook/explorer.py).
 explorer: setup $(NODE_STAMP)
-	$(BIN)/python tools/export_onnx.py _build/html
+	$(BIN)/python -m attnbook.explorer _build/html
 
 book: setup explorer
 	$(BIN)/jupyter-book build . -W -n --keep-going

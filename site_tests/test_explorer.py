@@ -13,17 +13,16 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any, Iterator
 from urllib.parse import urlparse
 
 import numpy as np
 import pytest
 
-from sitekit import PAGES, ROOT, SCREENSHOTS, SITE, Visit, open_page, unexpected_errors
+from sitekit import PAGES, SCREENSHOTS, SITE, Visit, open_page, unexpected_errors
 
-sys.path.insert(0, str(ROOT / "tools"))
-import export_onnx as ex  # noqa: E402
+from attnbook import explorer as ex
+
 
 PAGE = "book/explorer.html"
 EXPLORER = SITE / "_static" / "explorer"

@@ -1,12 +1,12 @@
 """The website's attention explorer, checked without a browser (part of ``make test``).
 
-* The ONNX export of all-MiniLM-L6-v2 (``tools/export_onnx.py``; cached under
+* The ONNX export of all-MiniLM-L6-v2 (``attnbook/explorer.py``; cached under
   ``_build/explorer-cache/``), run by onnxruntime, gives the attention weights of the Hugging Face
   model and of attnlib within 1e-4 on five sentences (one cut to 128 tokens) and a padded batch.
 * Its weights are the package's float32 weights, and its sequence axis is dynamic.
 * The JavaScript tokenizer (``book/_static/explorer/tokenizer.mjs``), run in Node, gives exactly the
   Python tokenizer's tokens and ids on every sentence of ``tests/data/tokenizer_cases.txt``.
-* The JavaScript head scores (``analysis.mjs``) equal ``attnlib.pretrained.head_pattern_scores``,
+* The JavaScript head scores (``analysis.mjs``) equal ``attnbook.ch07.head_pattern_scores``,
   and its colour table is matplotlib's viridis, with text contrast of at least 4.5:1 on every colour.
 
 Node.js is required (``.ci/run`` installs it when it is missing).
@@ -18,7 +18,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import export_onnx as ex  # noqa: E402
 
-from attnlib import pretrained  # noqa: E402
+from attnbook import ch07, explorer as ex
+from attnlib import pretrained
 
 ort = pytest.importorskip("onnxruntime")  # pinned in requirements.txt; skip only outside the book's venv
 JS = ROOT / "book" / "_static" / "explorer"
@@ -184,10 +182,10 @@ def test_js_head_scores_equal_attnlib() -> None:
     toks, weights, _ = ex.reference("The keys on the table are lost.")
     are, keys = toks.index("are"), toks.index("keys")
     got = node(ANALYSIS_JS, {"att": weights.tolist(), "query": are, "key": keys})
-    scores = pretrained.head_pattern_scores(weights, toks)
+    scores = ch07.head_pattern_scores(weights, toks)
     assert np.abs(np.array(got["prev"]) - scores["previous"].numpy()).max() < 1e-6
     assert np.abs(np.array(got["cls"]) - scores["[CLS]"].numpy()).max() < 1e-6
-    assert [(t["layer"], t["head"]) for t in got["topPrev"]] == [(l, h) for l, h, _ in pretrained.top_heads(scores["previous"], 3)]
+    assert [(t["layer"], t["head"]) for t in got["topPrev"]] == [(l, h) for l, h, _ in ch07.top_heads(scores["previous"], 3)]
     winners = [(l, h) for l in range(6) for h in range(12) if int(weights[l, h, are].argmax()) == keys]
     assert winners and [(t["layer"], t["head"]) for t in got["link"]] == winners
 

@@ -1,8 +1,8 @@
-"""Put the in-browser attention explorer's files into a built website (run by ``make book``).
+"""The website's attention explorer: the model exported to ONNX, and its files put into the built site.
 
-Usage::
+``make book`` runs::
 
-    .venv/bin/python tools/export_onnx.py _build/html [--runtime node_modules/onnxruntime-web/dist]
+    .venv/bin/python -m attnbook.explorer _build/html [--runtime node_modules/onnxruntime-web/dist]
 
 writes into ``_build/html/_static/explorer/``:
 
@@ -127,7 +127,8 @@ def reference(sentence: str) -> tuple[list[str], Any, Any]:
     """
     import torch
 
-    from attnlib.pretrained import layer_to_attnlib, load_minilm, run_model
+    from attnbook.ch07 import run_model
+    from attnlib.pretrained import layer_to_attnlib, load_minilm
 
     model, tokenizer = load_minilm()
     enc = tokenizer([sentence], return_tensors="pt", truncation=True, max_length=MAX_TOKENS)
