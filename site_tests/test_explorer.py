@@ -151,6 +151,10 @@ def test_reader_types_a_sentence_and_explores_with_the_keyboard(browser: Any, ba
         page.screenshot(path=str(SCREENSHOTS / "explorer-live.png"), full_page=True)
         page.evaluate("() => { document.documentElement.dataset.theme = 'dark'; }")
         page.screenshot(path=str(SCREENSHOTS / "explorer-live-dark.png"), full_page=True)
+        page.set_viewport_size({"width": 390, "height": 844})  # a phone: the wide parts scroll in their boxes
+        page.wait_for_timeout(300)
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+        page.set_viewport_size({"width": 1280, "height": 900})
         # A sentence over 128 tokens is cut, and the page says so.
         field.fill("word " * 140)
         field.press("Enter")
