@@ -2,6 +2,7 @@
 // kernel, no network beyond this site. Include it in a page with
 //     <div id="attnlib-explorer"></div>
 //     <script type="module" src="../_static/explorer/explorer.mjs"></script>
+// (the div takes data-heading-level="3" when it sits inside a section with an h2 heading).
 // Nothing heavy loads with the page: the runtime (about 14 MB) and the model (about 91 MB) are
 // fetched only when the reader presses "Load model" or a script calls window.attnlibLive.run.
 //
@@ -203,6 +204,8 @@ function headList(items, extra) {
 
 function buildUi(root) {
   root.classList.add("ax-root");
+  // Headings inside the explorer: h2 by default; data-heading-level="3" where it sits under an h2.
+  const hn = `h${Math.min(Math.max(Number(root.dataset.headingLevel) || 2, 2), 6)}`;
   root.innerHTML = `
   <form class="ax-form" novalidate>
     <label for="ax-sentence">Your sentence</label>
@@ -230,16 +233,16 @@ function buildUi(root) {
       <figcaption id="ax-lines-caption"></figcaption>
       <label>Lines from <select class="ax-from"></select></label>
     </figure>
-    <h3 class="ax-h">Which heads link two tokens?</h3>
+    <${hn} class="ax-h">Which heads link two tokens?</${hn}>
     <div class="ax-pick">
       <label>Query token <select class="ax-query"></select></label>
       <label>Key token <select class="ax-key"></select></label>
     </div>
     <p class="ax-link"></p>
-    <h3 class="ax-h">Previous-token heads</h3>
+    <${hn} class="ax-h">Previous-token heads</${hn}>
     <p class="ax-prev"></p>
     <div class="ax-scroll" tabindex="0" role="region" aria-label="Previous-token score of every head"></div>
-    <h3 class="ax-h">[CLS] heads</h3>
+    <${hn} class="ax-h">[CLS] heads</${hn}>
     <p class="ax-cls"></p>
     <div class="ax-scroll" tabindex="0" role="region" aria-label="[CLS] score of every head"></div>
   </div>`;
