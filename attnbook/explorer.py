@@ -90,18 +90,21 @@ def export_onnx(path: Path) -> Path:
     enc = encode(tokenizer, ["A short sentence.", "Two sentences pad the batch to a common length."])
     batch, seq = torch.export.Dim("B", min=1, max=64), torch.export.Dim("S", min=2, max=MAX_TOKENS)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.onnx.export(
+    program = torch.onnx.export(
         AttentionOutputs(model).eval(),
         (enc["input_ids"], enc["attention_mask"]),
-        str(path),
         dynamo=True,
         input_names=["input_ids", "attention_mask"],
         output_names=[f"attention_{i}" for i in range(layers)] + ["last_hidden_state"],
         dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}},
-        external_data=False,  # one file: the page fetches it in one request
         optimize=True,
         verbose=False,
     )
+    # Drop the exporter's per-node debugging metadata (about 0.4 MB of FX names and Python stack
+    # traces with this machine's paths): the file is then the same on every machine.
+    for node in program.model.graph.all_nodes():
+        node.metadata_props.clear()
+    program.save(str(path), external_data=False)  # one file: the page fetches it in one request
     return path
 
 
