@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NOTEBOOKS = $(shell $(BIN)/python tests/toc.py)
 
-.PHONY: setup book explorer test test-site lab bench clean help
+.PHONY: setup book explorer test test-site lab bench bench-explorer clean help
 
 help:
 	@echo "make book       build the website into _build/html (needs npm for the attention explorer)"
@@ -13,6 +13,7 @@ help:
 	@echo "make test-site  build the website, then open every page in headless Chromium, offline"
 	@echo "make lab        open the book in JupyterLab"
 	@echo "make bench      attention benchmark (timings and memory on this machine)"
+	@echo "make bench-explorer  the attention explorer's load and run times in headless Chromium"
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed (found %s)" % sys.version.split()[0])'
@@ -55,6 +56,9 @@ lab: setup
 
 bench: setup
 	$(BIN)/python benchmarks/bench_attention.py
+
+bench-explorer: book
+	$(BIN)/python benchmarks/bench_explorer.py
 
 clean:
 	rm -rf _build

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 import torch
 
@@ -30,7 +31,6 @@ ROOT = Path(__file__).resolve().parents[1]
 from attnbook import ch07, explorer as ex
 from attnlib import pretrained
 
-ort = pytest.importorskip("onnxruntime")  # pinned in requirements.txt; skip only outside the book's venv
 JS = ROOT / "book" / "_static" / "explorer"
 CASES = ROOT / "tests" / "data" / "tokenizer_cases.txt"
 ATOL = 1e-4  # float32; the measured differences are about 1e-6
