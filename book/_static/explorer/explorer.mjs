@@ -59,19 +59,18 @@ async function download(files, onProgress) {
     const r = await fetch(new URL(f.path, BASE));
     if (!r.ok) throw new Error(`HTTP ${r.status} for ${f.path}`);
     const reader = r.body.getReader();
-    const chunks = [];
-    let size = 0;
+    const bytes = new Uint8Array(f.bytes); // the size the manifest gives: one buffer, no copies
+    let at = 0;
     for (;;) {
       const { done: end, value } = await reader.read();
       if (end) break;
-      chunks.push(value);
-      size += value.length;
+      if (at + value.length > f.bytes) throw new Error(`${f.path} is larger than the ${f.bytes} bytes the manifest gives`);
+      bytes.set(value, at);
+      at += value.length;
       done += value.length;
       onProgress(done, total);
     }
-    const bytes = new Uint8Array(size);
-    let at = 0;
-    for (const c of chunks) { bytes.set(c, at); at += c.length; }
+    if (at !== f.bytes) throw new Error(`${f.path} has ${at} bytes, the manifest gives ${f.bytes}`);
     out.push(bytes);
   }
   return out;
