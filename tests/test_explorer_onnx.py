@@ -108,11 +108,15 @@ def tokenizer_cases() -> list[str]:
             for line in lines if line and not line.startswith("#")]
 
 
-def node(script: str, data: Any) -> Any:
-    """Run an ES module ``script`` in Node with ``data`` as JSON on stdin; return its JSON stdout."""
+def node_exe() -> str:
     exe = shutil.which("node")
     assert exe, "Node.js is needed for the explorer's JavaScript tests (apt-get install nodejs)"
-    done = subprocess.run([exe, "--input-type=module", "-e", script, JS.as_uri() + "/"],
+    return exe
+
+
+def node(script: str, data: Any) -> Any:
+    """Run an ES module ``script`` in Node with ``data`` as JSON on stdin; return its JSON stdout."""
+    done = subprocess.run([node_exe(), "--input-type=module", "-e", script, JS.as_uri() + "/"],
                           input=json.dumps(data), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -212,3 +216,10 @@ def _contrast(a: str, b: str) -> float:
         return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
     hi, lo = sorted((lum(a), lum(b)), reverse=True)
     return (hi + 0.05) / (lo + 0.05)
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in JS.glob("*.mjs")))
+def test_every_explorer_script_parses(script: str) -> None:
+    """explorer.mjs needs a page to run (site_tests run it); here Node checks that each file parses."""
+    done = subprocess.run([node_exe(), "--check", str(JS / script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
