@@ -21,6 +21,7 @@ from attnlib import (
     from_additive_mask,
     from_key_padding_mask,
     get_device,
+    kv_cache_bytes,
     merge_heads,
     padding_mask,
     repeat_kv,
@@ -111,6 +112,8 @@ MISTAKES: list[tuple[str, Callable[[], object], str]] = [
      r"scores must be a floating-point array, got dtype int64"),
     ("the NumPy twin with zero heads", lambda: numpy_mha(np.zeros((1, 3, 8)), *[np.eye(8)] * 4, 0),
      r"num_heads must be a positive int, got 0"),
+    ("bytes per number given as a float", lambda: kv_cache_bytes(32, 32, 128, dtype_bytes=2.0),
+     r"dtype_bytes must be a positive int, got 2.0"),
     ("a device given as a number", lambda: get_device(1.5), r"prefer must be a device string such as 'cpu' or 'cuda:0', got float"),
     ("a device name PyTorch does not know", lambda: get_device("gpu"), r"unknown device 'gpu'"),
 ]
@@ -149,7 +152,7 @@ def test_inverted_padding_mask_is_announced(call: Callable[[], object], message:
 
 def test_every_public_callable_appears_in_a_mistake_or_is_exempt() -> None:
     """Keeps the table growing with the API: a new public function needs a misuse line here."""
-    exempt = {"AttentionOutput", "AttentionResult", "flash_attention", "kv_cache_bytes"}  # no inputs / tested in their own files
+    exempt = {"AttentionOutput", "AttentionResult", "flash_attention"}  # results; flash has tests/test_flash.py
     used = {name for m in MISTAKES + WARNED for name in m[1].__code__.co_names}
     missing = [n for n in attnlib.__all__ if n not in exempt and n not in used]
     assert not missing, f"no misuse case for {missing}"
