@@ -1,15 +1,13 @@
-"""Input validation for attnlib, kept out of the reading path of the algorithms.
-
-Every check raises ``ValueError`` naming what it received and what it expected. Checks that look
-at tensor *values* (not shapes, dtypes or devices) are skipped while ``torch.compile`` or
-``torch.export`` traces, so that no traced path branches on data.
-"""
+"""Input validation for attnlib, out of the reading path. Each check raises ``ValueError`` naming
+what it got and what it expected. Checks of tensor *values* are skipped while ``torch.compile`` or
+``torch.export`` traces, so no traced path branches on data."""
 
 from __future__ import annotations
 
 import math
 import numbers
 import warnings
+from typing import Callable
 
 import numpy as np
 import torch
@@ -31,20 +29,31 @@ def shape(t: Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
+def is_int(value: object) -> bool:
+    """An ``int``, NumPy integer or symbolic size (under torch.export), but not a bool."""
+    return isinstance(value, (numbers.Integral, torch.SymInt)) and not isinstance(value, (bool, np.bool_))
+
+
 def positive_int(name: str, value: object, *, minimum: int = 1) -> int:
-    """An ``int`` (NumPy integer, or symbolic size under torch.export) ``>= minimum``; not a bool."""
-    integral = isinstance(value, (numbers.Integral, torch.SymInt)) and not isinstance(value, (bool, np.bool_))
-    if not integral or value < minimum:
+    if not is_int(value) or value < minimum:
         what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise ValueError(f"{name} must be {what}, got {value!r}")
     return value if isinstance(value, torch.SymInt) else int(value)
 
 
-def positive_scalar(name: str, value: object) -> float | Tensor:
-    """A finite real number > 0: int, float, NumPy scalar or 0-d array, or a 0-d real tensor.
+def head_counts(d_model: object, num_heads: object, num_kv_heads: object = None) -> tuple[int, int, int]:
+    """``(D, H, H_kv)`` of a multi-head block: ``H`` divides ``D``, ``H_kv`` (default ``H``) divides ``H``."""
+    D, H = positive_int("d_model", d_model), positive_int("num_heads", num_heads)
+    H_kv = H if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
+    if D % H != 0:
+        raise ValueError(f"d_model = {D} is not divisible by num_heads = {H}")
+    if H % H_kv != 0:
+        raise ValueError(f"num_heads = {H} is not a multiple of num_kv_heads = {H_kv}")
+    return D, H, H_kv
 
-    A tensor comes back unchanged so that gradients can flow into it (a learnable temperature).
-    """
+
+def positive_scalar(name: str, value: object) -> float | Tensor:
+    """A finite real number > 0; a 0-d tensor comes back as it is, so gradients can flow into it."""
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value[()]
     if isinstance(value, Tensor):
@@ -86,16 +95,15 @@ def tensor_with_dims(name: str, t: object, dims: int, layout: str) -> Tensor:
 def dim_index(t: Tensor, dim: object) -> int:
     """A valid axis of ``t`` (negative counts from the end)."""
     n = max(t.dim(), 1)
-    if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, numbers.Integral) or not -n <= dim < n:
+    if not is_int(dim) or not -n <= dim < n:
         raise ValueError(f"dim {dim!r} is out of range for a tensor of shape {shape(t)}")
     return int(dim)
 
 
-def qkv(q: object, k: object, v: object) -> None:
-    """Queries ``[..., S_q, D_k]``, keys ``[..., S_k, D_k]``, values ``[..., S_k, D_v]``."""
+def qkv(q: Tensor, k: Tensor, v: Tensor, mask: object = None) -> None:
+    """Queries ``[..., S_q, D_k]``, keys ``[..., S_k, D_k]``, values ``[..., S_k, D_v]``, optional mask."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         float_tensor(name, t, min_dim=2)
-    assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if not (q.device == k.device == v.device):
@@ -110,6 +118,8 @@ def qkv(q: object, k: object, v: object) -> None:
         )
     if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
         raise ValueError(f"q, k, v must share their leading (batch, head) dims: got q {shape(q)}, k {shape(k)}, v {shape(v)}")
+    if mask is not None:
+        mask_for(mask, (*shape(q)[:-1], k.shape[-2]), q.device)
 
 
 def bool_mask(mask: object, name: str = "mask") -> Tensor:
@@ -135,35 +145,18 @@ def mask_for(mask: object, scores_shape: tuple[int, ...], device: torch.device) 
     return mask
 
 
-def binary_values(name: str, t: Tensor) -> None:
-    """Only 0 and 1 in ``t`` (a value check: skipped while tracing)."""
-    if t.dtype == torch.bool or tracing():
-        return
-    bad = (t != 0) & (t != 1)
-    if bool(bad.any()):
-        values = sorted({float(x) for x in t[bad].flatten()[:5].tolist()})
-        raise ValueError(f"{name} must hold only 0 and 1, found {values}")
-
-
-def additive_values(t: Tensor, hide_below: float) -> None:
-    """Only 0 (keep) and values <= ``hide_below`` or -inf (hide) in ``t``; skipped while tracing."""
+def only_values(name: str, t: Tensor, allowed: Callable[[Tensor], Tensor], expected: str, hint: str = "") -> None:
+    """Every entry of ``t`` passes ``allowed`` (a value check: skipped while tracing)."""
     if tracing():
         return
-    bad = (t != 0) & ~(t <= hide_below)
+    bad = ~allowed(t)
     if bool(bad.any()):
         values = sorted({float(x) for x in t[bad].flatten()[:5].tolist()})
-        raise ValueError(
-            f"an additive mask must hold only 0 (keep) and -inf or values <= {hide_below:g} (hide), found {values}; "
-            "a bias with other values is not a mask: add it to the scores instead"
-        )
+        raise ValueError(f"{name} must hold only {expected}, found {values}{hint}")
 
 
 def warn_empty_sequences(keep: Tensor, source: str) -> None:
-    """Warn when a whole sequence of a ``[B, S]`` key mask lets nothing through (skipped while tracing).
-
-    That is what a key mask in the opposite convention looks like: in a batch padded to its longest
-    sequence, that sequence has no padding, so its inverted mask hides everything.
-    """
+    """Warn when a sequence of a ``[B, S]`` key mask lets nothing through: an inverted mask does that."""
     if tracing() or keep.numel() == 0:
         return
     empty = (~keep.any(dim=-1)).nonzero().flatten().tolist()
@@ -177,30 +170,26 @@ def warn_empty_sequences(keep: Tensor, source: str) -> None:
         )
 
 
-def hidden_states(x: object, d_model: int, weight: Tensor) -> Tensor:
-    """Token vectors ``[B, S, D]`` matching a module's width, dtype and device."""
+def module_inputs(x: object, attention_mask: object, d_model: int, weight: Tensor, past: int = 0) -> Tensor:
+    """Token vectors ``[B, S, D]`` matching a module's weights, and an optional ``[B, past + S]`` mask
+    (``past``: the positions a KV cache has already seen)."""
     x = tensor_with_dims("hidden_states", x, 3, f"[B, S, D] with D = {d_model}")
     if x.shape[-1] != d_model:
-        raise ValueError(
-            f"hidden_states last dim is {x.shape[-1]} but d_model = {d_model} "
-            f"(got shape {shape(x)}, expected [B, S, {d_model}])"
-        )
+        raise ValueError(f"hidden_states last dim is {x.shape[-1]} but d_model = {d_model} (got shape {shape(x)})")
     if x.dtype != weight.dtype or x.device != weight.device:
         raise ValueError(
             f"hidden_states is {x.dtype} on {x.device} but the module's weights are "
             f"{weight.dtype} on {weight.device}; use module.to(...) or hidden_states.to(...)"
         )
+    if attention_mask is not None:
+        B, S = shape(x)[:2]
+        expected, what = (B, past + S), "hidden_states [B, S]" if not past else f"[B, cache.length + S] = [{B}, {past} + {S}]"
+        m = tensor_with_dims("attention_mask", attention_mask, 2, f"[B, S] = {expected}")
+        if shape(m) != expected:
+            raise ValueError(f"attention_mask shape {shape(m)} does not match {what} = {expected}")
+        if m.device != x.device:
+            raise ValueError(f"attention_mask is on {m.device} but hidden_states is on {x.device}")
     return x
-
-
-def sequence_mask(name: str, m: object, B: int, S: int, device: torch.device, what: str = "hidden_states [B, S]") -> Tensor:
-    """A ``[B, S]`` per-token mask on ``device`` (values are checked by its converter)."""
-    m = tensor_with_dims(name, m, 2, f"[B, S] = {(B, S)}")
-    if shape(m) != (B, S):
-        raise ValueError(f"{name} shape {shape(m)} does not match {what} = {(B, S)}")
-    if m.device != device:
-        raise ValueError(f"{name} is on {m.device} but hidden_states is on {device}")
-    return m
 
 
 def cache_update(buffers: list[Tensor], new: tuple[Tensor, ...]) -> None:
@@ -209,6 +198,8 @@ def cache_update(buffers: list[Tensor], new: tuple[Tensor, ...]) -> None:
         tensor_with_dims("cache entry", t, 4, "[B, H_kv, S_new, D_k]")
     if len({(t.shape[:2], t.shape[-2]) for t in new}) != 1 or len({(t.dtype, t.device) for t in new}) != 1:
         raise ValueError(f"keys and values must share B, H_kv, S_new, dtype and device, got {[shape(t) for t in new]}")
+    if buffers and buffers[0].shape[0] != new[0].shape[0]:
+        raise ValueError(f"batch size changed mid-sequence: the cache holds B = {buffers[0].shape[0]}, the new positions have B = {new[0].shape[0]}")
     if buffers:
         got = [(shape(t)[:2] + shape(t)[3:], t.dtype, t.device) for t in new]
         cached = [(shape(b)[:2] + shape(b)[3:], b.dtype, b.device) for b in buffers]
@@ -219,7 +210,7 @@ def cache_update(buffers: list[Tensor], new: tuple[Tensor, ...]) -> None:
             )
 
 
-def cache_for(cache: object, owner: tuple, B: int) -> tuple[int, int]:
+def cache_for(cache: object, owner: tuple) -> tuple[int, int]:
     """A KVCache used by one layer and one batch; returns the positions it has seen and still holds."""
     from .kv_cache import KVCache
 
@@ -227,7 +218,5 @@ def cache_for(cache: object, owner: tuple, B: int) -> tuple[int, int]:
         raise ValueError(f"cache must be an attnlib.KVCache, got {type(cache).__name__}")
     if cache.owner is not None and cache.owner != owner:
         raise ValueError(f"this cache was filled by a layer {cache.owner} but is used by {owner}; use one KVCache per layer")
-    if cache.keys is not None and cache.keys.shape[0] != B:
-        raise ValueError(f"batch size changed mid-sequence: the cache holds B = {cache.keys.shape[0]}, hidden_states has B = {B}")
     cache.owner = owner
     return cache.length, 0 if cache.keys is None else cache.keys.shape[-2]

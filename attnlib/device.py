@@ -23,20 +23,9 @@ def _available(kind: str) -> bool:
 def get_device(prefer: str | torch.device | None = None) -> torch.device:
     """Return the device the book should run on.
 
-    Order of precedence:
-
-    1. the environment variable ``ATTNLIB_DEVICE`` (for example ``cpu`` or ``cuda:1``),
-    2. ``prefer``, when given,
-    3. the first available of ``cuda``, ``mps``, ``cpu``.
-
-    Args:
-        prefer: a device string such as ``"cpu"`` or ``"cuda"``; ``None`` means "best available".
-
-    Returns:
-        A ``torch.device``.
-
-    Raises:
-        ValueError: if the requested device type is unknown or not available on this machine.
+    Precedence: the environment variable ``ATTNLIB_DEVICE`` (e.g. ``cpu`` or ``cuda:1``), then
+    ``prefer`` (a device string or ``torch.device``), then the first available of ``cuda``,
+    ``mps``, ``cpu``. ``ValueError`` if the requested device is unknown or not available here.
 
     >>> get_device().type in ("cuda", "mps", "cpu")
     True

@@ -17,10 +17,7 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
     """``[B, S, D] -> [B, H, S, D_k]`` with ``D_k = D // H``.
 
     Head ``h`` gets features ``h*D_k .. (h+1)*D_k - 1`` of every position. The result is a
-    view (no copy) and is not contiguous.
-
-    Raises:
-        ValueError: if ``x`` is not 3-D or ``D`` is not divisible by ``num_heads``.
+    view (no copy), not contiguous. ``ValueError`` if ``x`` is not 3-D or ``H`` does not divide ``D``.
 
     >>> split_heads(torch.zeros(2, 5, 12), num_heads=4).shape
     torch.Size([2, 4, 5, 3])
@@ -35,10 +32,7 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
 
 
 def merge_heads(x: Tensor) -> Tensor:
-    """``[B, H, S, D_k] -> [B, S, H * D_k]``, the inverse of :func:`split_heads`.
-
-    Raises:
-        ValueError: if ``x`` is not 4-D.
+    """``[B, H, S, D_k] -> [B, S, H * D_k]``, the inverse of :func:`split_heads` (``x`` must be 4-D).
 
     >>> merge_heads(torch.zeros(2, 4, 5, 3)).shape
     torch.Size([2, 5, 12])
@@ -54,10 +48,8 @@ def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
 
     ``[B, H_kv, S, D_k] -> [B, H, S, D_k]``: query head ``h`` uses key/value head
     ``h // (H // H_kv)``. ``expand`` makes a broadcast view; the ``reshape`` after it copies,
-    once, into the ``[B, H, S, D_k]`` layout that matmul needs.
-
-    Raises:
-        ValueError: if ``x`` is not 4-D or ``num_heads`` is not a positive multiple of ``H_kv``.
+    once, into the ``[B, H, S, D_k]`` layout that matmul needs. ``ValueError`` if ``x`` is not
+    4-D or ``num_heads`` is not a positive multiple of ``H_kv``.
 
     >>> repeat_kv(torch.zeros(2, 2, 5, 3), num_heads=8).shape
     torch.Size([2, 8, 5, 3])

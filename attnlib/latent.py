@@ -57,10 +57,7 @@ class MultiHeadLatentAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, *, latent_dim: int, bias: bool = True) -> None:
         super().__init__()
-        d_model = _checks.positive_int("d_model", d_model)
-        num_heads = _checks.positive_int("num_heads", num_heads)
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
+        d_model, num_heads, _ = _checks.head_counts(d_model, num_heads)
         self.d_model, self.num_heads, self.d_k = d_model, num_heads, d_model // num_heads
         self.latent_dim = _checks.positive_int("latent_dim", latent_dim)
         self.w_q = nn.Linear(d_model, d_model, bias=bias)  # [D] -> [H * D_k]
@@ -93,11 +90,11 @@ class MultiHeadLatentAttention(nn.Module):
         >>> torch.allclose(a.hidden_states, b.hidden_states, atol=1e-6), b.attention_weights.shape
         (True, torch.Size([1, 4, 6, 6]))
         """
-        x = _checks.hidden_states(hidden_states, self.d_model, self.w_q.weight)
-        B, S, _ = x.shape
         owner = ("MultiHeadLatentAttention", self.d_model, self.num_heads, self.latent_dim)
-        past, kept = (0, 0) if cache is None else _checks.cache_for(cache, owner, B)
-        mask = scores_mask(attention_mask, B, S, past, kept + S, causal, None, x.device)  # [B, 1, S, S_k] or less
+        past, kept = (0, 0) if cache is None else _checks.cache_for(cache, owner)  # seen, still cached
+        x = _checks.module_inputs(hidden_states, attention_mask, self.d_model, self.w_q.weight, past)
+        S = x.shape[1]
+        mask = scores_mask(attention_mask, S, past, kept + S, causal, None, x.device)  # [B, 1, S, S_k] or less
 
         q = split_heads(self.w_q(x), self.num_heads)  # [B, H, S, D_k]
         latents = self.w_dkv(x)[:, None]  # [B, 1, S, L]: one "head" shared by all
@@ -107,6 +104,8 @@ class MultiHeadLatentAttention(nn.Module):
             context, weights = self._absorbed(q, latents, mask, need_weights)
         else:
             context, weights = self._decompressed(q, latents[:, 0], mask, need_weights)
+        if not need_weights and mask is not None:  # a query that sees no key gets 0, as on the explicit path
+            context = context.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
         return AttentionOutput(hidden_states=self.w_o(merge_heads(context)), attention_weights=weights)
 
     def _decompressed(self, q: Tensor, latents: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:

@@ -11,12 +11,10 @@ attnlib's masks are ``torch.bool`` with **True = may attend**. Other libraries d
 | Hugging Face attention_mask [B, S]              | 1          | 0 (padding)      | padding_mask(m)          |
 | additive float mask (HF 4-D, SDPA/nn.MHA float) | 0.0        | -inf or <= -1e4  | from_additive_mask(m)    |
 
-A key mask in the wrong convention inverts the padding without any error. attnlib cannot see
-which convention a bool ``[B, S]`` mask was meant in, so :func:`padding_mask` and
-:func:`from_key_padding_mask` warn (``UserWarning``) when a whole sequence comes out with no key
-to attend to. In a batch padded to its longest sequence, that is what an inverted mask does to
-the sequence without padding. (The check looks at values, so it is skipped under
-``torch.compile`` and ``torch.export``.)
+A bool ``[B, S]`` mask in the wrong convention inverts the padding without an error. So
+:func:`padding_mask` and :func:`from_key_padding_mask` warn (``UserWarning``) when a whole sequence
+is left with no key: inverted, the longest sequence of a padded batch (no padding) hides everything.
+The check reads values, so it is skipped under ``torch.compile`` and ``torch.export``.
 """
 
 from __future__ import annotations
@@ -37,19 +35,16 @@ def causal_mask(
     """Mask that lets query ``i`` see keys ``0..i`` and hides the future.
 
     Args:
-        S: number of query positions (0 allowed: an empty mask).
+        S: number of query positions (0 gives an empty mask).
         device: where to create the mask (default: CPU).
-        S_k: number of key positions, default ``S``. When ``S_k > S`` (queries are the last ``S``
-            positions of a longer sequence, as with a KV cache) the diagonal is shifted so that the
-            last query sees every key. PyTorch's ``is_causal`` keeps the diagonal at the top-left
-            corner instead, so the two agree only when ``S_k == S``.
-        window: if set, each query also stops seeing keys more than ``window - 1`` positions back:
-            it sees the last ``window`` positions, itself included (Mistral's sliding window;
-            the paper writes ``i - W .. i``, Hugging Face's Mistral code keeps ``window`` keys).
+        S_k: number of key positions, default ``S``. With ``S_k > S`` the queries are the last ``S``
+            positions (a KV cache), so the last query sees every key. PyTorch's ``is_causal`` aligns
+            the diagonal top-left instead: the two agree only when ``S_k == S``.
+        window: if set, each query sees only the last ``window`` positions, itself included
+            (Mistral's sliding window; the Mistral paper writes the span as ``i - W .. i``).
 
     Returns:
-        bool ``[S, S_k]``; entry ``[i, j]`` is True when ``j <= i + (S_k - S)`` (and, with a
-        window, ``j > i + (S_k - S) - window``).
+        bool ``[S, S_k]``, True where ``j <= i + (S_k - S)`` (and ``j > i + (S_k - S) - window``).
 
     >>> causal_mask(3).int()
     tensor([[1, 0, 0],
@@ -79,20 +74,15 @@ def padding_mask(attention_mask: Tensor) -> Tensor:
         attention_mask: ``[B, S]`` of 0/1 integers, 0.0/1.0 floats, or bools (True = real token).
 
     Returns:
-        bool ``[B, 1, 1, S]``: True where the key is a real token. The two singleton axes
-        broadcast over heads ``H`` and query positions ``S_q`` of scores ``[B, H, S_q, S]``.
-
-    Raises:
-        ValueError: if the input is not ``[B, S]`` or holds values other than 0 and 1.
-
-    Warns:
-        UserWarning: if a sequence has no real token (see the module docstring).
+        bool ``[B, 1, 1, S]``, True where the key is a real token; the singleton axes broadcast
+        over heads and queries. ``ValueError`` for other shapes or values; ``UserWarning`` if a
+        sequence has no real token (see above).
 
     >>> padding_mask(torch.tensor([[1, 1, 0], [1, 1, 1]])).shape
     torch.Size([2, 1, 1, 3])
     """
     attention_mask = _checks.tensor_with_dims("attention_mask", attention_mask, 2, "[B, S]")
-    _checks.binary_values("attention_mask", attention_mask)
+    _checks.only_values("attention_mask", attention_mask, lambda m: (m == 0) | (m == 1), "0 and 1")
     keep = attention_mask != 0  # [B, S]
     _checks.warn_empty_sequences(keep, "padding_mask")
     return keep[:, None, None, :]  # [B, 1, 1, S]
@@ -106,10 +96,8 @@ def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
             ``nn.MultiheadAttention`` adds to the scores (0 = keep, large negative/-inf = ignore).
 
     Returns:
-        bool ``[B, 1, 1, S]``: True where the key may be attended to.
-
-    Warns:
-        UserWarning: if a sequence has every key ignored.
+        bool ``[B, 1, 1, S]``, True where the key may be attended to (``UserWarning`` if a
+        sequence has every key ignored).
 
     >>> from_key_padding_mask(torch.tensor([[False, False, True]])).int()
     tensor([[[[1, 1, 0]]]], dtype=torch.int32)
@@ -126,32 +114,26 @@ def from_additive_mask(mask: Tensor) -> Tensor:
     """An additive float mask (added to the scores: 0 = keep, -inf or large negative = hide) to bool.
 
     Hugging Face's 4-D masks (``torch.finfo(dtype).min`` for hidden keys), the old BERT ``-10000``,
-    and float masks for ``F.scaled_dot_product_attention`` all have this form. Values ``<= -1e4``
-    hide a key; any other nonzero value is a bias, not a mask, and is refused.
-
-    Args:
-        mask: float tensor of any shape.
-
-    Returns:
-        bool tensor of the same shape, True where the value is 0 (may attend).
+    and float masks for ``F.scaled_dot_product_attention`` have this form. Returns a bool tensor
+    of the same shape, True where the value is 0. Values ``<= -1e4`` hide a key; any other
+    nonzero value is a bias, not a mask, and raises ``ValueError``.
 
     >>> from_additive_mask(torch.tensor([[0.0, float("-inf")], [0.0, -1e9]])).int()
     tensor([[1, 0],
             [1, 0]], dtype=torch.int32)
     """
     mask = _checks.float_tensor("additive mask", mask)
-    _checks.additive_values(mask, HIDE_BELOW)
+    expected = f"0 (keep) and -inf or values <= {HIDE_BELOW:g} (hide)"
+    hint = "; a bias is not a mask: add it to the scores"
+    _checks.only_values("an additive mask", mask, lambda m: (m == 0) | (m <= HIDE_BELOW), expected, hint)
     return mask == 0
 
 
 def combine_masks(*masks: Tensor | None) -> Tensor | None:
     """Logical AND of boolean masks, broadcast against each other.
 
-    ``None`` entries are skipped, so ``combine_masks(None, m)`` is ``m`` and
-    ``combine_masks()`` is ``None`` (no masking).
-
-    Raises:
-        ValueError: if a mask is not bool, the shapes cannot broadcast, or devices differ.
+    ``None`` entries are skipped: ``combine_masks(None, m)`` is ``m``, ``combine_masks()`` is
+    ``None``. ``ValueError`` if a mask is not bool, shapes cannot broadcast, or devices differ.
 
     >>> combine_masks(causal_mask(3), padding_mask(torch.tensor([[1, 1, 0], [1, 1, 1]]))).shape
     torch.Size([2, 1, 3, 3])

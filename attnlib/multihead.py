@@ -1,8 +1,7 @@
 """Multi-head self-attention as one readable ``nn.Module``.
 
-Shapes follow the legend in :mod:`attnlib`: ``B`` batch, ``S`` positions, ``D = d_model``,
-``H`` query heads, ``H_kv`` key/value heads (``H_kv = H`` is classic multi-head attention,
-``1 < H_kv < H`` is grouped-query attention, ``H_kv = 1`` is multi-query attention), ``D_k = D // H``.
+Shapes follow the legend in :mod:`attnlib`. ``H_kv = H`` is classic multi-head attention,
+``1 < H_kv < H`` grouped-query attention, ``H_kv = 1`` multi-query attention.
 """
 
 from __future__ import annotations
@@ -52,9 +51,7 @@ class MultiHeadSelfAttention(nn.Module):
         window: if set, a causal query sees only the last ``window`` positions, itself included
             (sliding-window attention as in Mistral 7B); a cache then keeps only those.
 
-    Layers:
-        ``w_q``: ``nn.Linear(D, D)``; ``w_k``, ``w_v``: ``nn.Linear(D, H_kv * D_k)``;
-        ``w_o``: ``nn.Linear(D, D)``. No dropout.
+    Layers: ``w_q``, ``w_o``: ``nn.Linear(D, D)``; ``w_k``, ``w_v``: ``nn.Linear(D, H_kv * D_k)``. No dropout.
 
     >>> layer = MultiHeadSelfAttention(d_model=16, num_heads=4, num_kv_heads=2)
     >>> out = layer(torch.randn(2, 5, 16), torch.tensor([[1, 1, 1, 0, 0], [1] * 5]), causal=True)
@@ -66,13 +63,7 @@ class MultiHeadSelfAttention(nn.Module):
         self, d_model: int, num_heads: int, *, bias: bool = True, num_kv_heads: int | None = None, window: int | None = None
     ) -> None:
         super().__init__()
-        d_model = _checks.positive_int("d_model", d_model)
-        num_heads = _checks.positive_int("num_heads", num_heads)
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
-        num_kv_heads = num_heads if num_kv_heads is None else _checks.positive_int("num_kv_heads", num_kv_heads)
-        if num_heads % num_kv_heads != 0:
-            raise ValueError(f"num_heads = {num_heads} is not a multiple of num_kv_heads = {num_kv_heads}")
+        d_model, num_heads, num_kv_heads = _checks.head_counts(d_model, num_heads, num_kv_heads)
         self.d_model = d_model
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -100,12 +91,10 @@ class MultiHeadSelfAttention(nn.Module):
 
         Args:
             hidden_states: ``[B, S, D]`` token vectors; queries, keys and values all come from it.
-                With a cache, only the ``S`` new positions.
-            attention_mask: optional ``[B, S]`` (with a cache ``[B, cache.length + S]``, every
-                position so far, as Hugging Face passes it), 1 (or True) for a real token,
-                0 (or False) for padding. Not ``nn.MultiheadAttention``'s ``key_padding_mask``
-                (True = ignore): convert that with ``~key_padding_mask``. A sequence left with no
-                real token gets a ``UserWarning`` (see :mod:`attnlib.masks`).
+            attention_mask: optional ``[B, S]`` (with a cache ``[B, cache.length + S]``, every position
+                so far), 1 (or True) for a real token, 0 for padding, as in Hugging Face;
+                ``nn.MultiheadAttention``'s ``key_padding_mask`` (True = ignore) must be passed as
+                ``~key_padding_mask``. A sequence with no real token gets a UserWarning.
             causal: if True, position ``i`` sees only positions ``0..i`` (decoder style).
             need_weights: if False, run PyTorch's fused ``scaled_dot_product_attention`` (faster,
                 less memory) and return ``attention_weights=None``.
@@ -126,10 +115,10 @@ class MultiHeadSelfAttention(nn.Module):
         >>> step.attention_weights.shape, cache.keys.shape  # [B, H, 1, 6], [B, H_kv, 6, D_k]
         (torch.Size([1, 4, 1, 6]), torch.Size([1, 2, 6, 4]))
         """
-        x = _checks.hidden_states(hidden_states, self.d_model, self.w_q.weight)
-        B, S, _ = x.shape
-        past, kept = (0, 0) if cache is None else _checks.cache_for(cache, self._owner(), B)  # seen, still cached
-        mask = scores_mask(attention_mask, B, S, past, kept + S, causal, self.window, x.device)  # [B, 1, S, S_k] or less
+        past, kept = (0, 0) if cache is None else _checks.cache_for(cache, self._owner())  # seen, still cached
+        x = _checks.module_inputs(hidden_states, attention_mask, self.d_model, self.w_q.weight, past)
+        S = x.shape[1]
+        mask = scores_mask(attention_mask, S, past, kept + S, causal, self.window, x.device)  # [B, 1, S, S_k] or less
 
         q = split_heads(self.w_q(x), self.num_heads)  # [B, H, S, D_k]
         k = split_heads(self.w_k(x), self.num_kv_heads)  # [B, H_kv, S, D_k]
@@ -143,6 +132,8 @@ class MultiHeadSelfAttention(nn.Module):
             context, weights = scaled_dot_product_attention(q, k, v, mask)  # [B, H, S, D_k], [B, H, S, S_k]
         else:  # a bottom-right mask: is_causal=True would align top-left when S != S_k
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, S, D_k]
+            if mask is not None:  # a query that sees no key gets 0 as above (torch 2.1 CUDA gave NaN: pytorch#110213)
+                context = context.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
             weights = None
 
         merged = merge_heads(context)  # [B, S, D]
@@ -155,13 +146,12 @@ class MultiHeadSelfAttention(nn.Module):
     def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadSelfAttention":
         """Copy the weights of a ``torch.nn.MultiheadAttention`` into a new module.
 
-        The copy computes the same function (use it batch first, ``[B, S, D]``; a PyTorch module
-        built with ``batch_first=False`` expects ``[S, B, D]`` instead). Dropout is not copied:
-        compare the two in ``eval()`` mode or with ``dropout=0``.
+        The copy computes the same function, batch first (``[B, S, D]``; PyTorch's default
+        ``batch_first=False`` means ``[S, B, D]``). Dropout is not copied: compare in ``eval()``.
+        ``kdim``/``vdim``, ``add_bias_kv`` and ``add_zero_attn`` raise ``ValueError``.
 
-        Raises:
-            ValueError: for configurations this module does not have (separate key/value widths,
-                ``add_bias_kv`` or ``add_zero_attn``).
+        >>> MultiHeadSelfAttention.from_torch(nn.MultiheadAttention(16, 4, batch_first=True)).w_k
+        Linear(in_features=16, out_features=16, bias=True)
         """
         if not isinstance(m, nn.MultiheadAttention):
             raise ValueError(f"from_torch expects torch.nn.MultiheadAttention, got {type(m).__name__}")
@@ -185,7 +175,7 @@ class MultiHeadSelfAttention(nn.Module):
 
 
 def scores_mask(
-    attention_mask: Tensor | None, B: int, S: int, past: int, S_k: int, causal: bool, window: int | None, device: torch.device
+    attention_mask: Tensor | None, S: int, past: int, S_k: int, causal: bool, window: int | None, device: torch.device
 ) -> Tensor | None:
     """The bool mask for scores ``[B, H, S, S_k]`` (True = may attend), or None for no mask.
 
@@ -195,10 +185,6 @@ def scores_mask(
         raise ValueError(f"causal must be True or False, got {type(causal).__name__}; pass masks as attention_mask")
     if window is not None and not causal:
         raise ValueError(f"a sliding window (window = {window}) needs causal=True")
-    pad = None
-    if attention_mask is not None:
-        what = "hidden_states [B, S]" if past == 0 else f"[B, cache.length + S] = [{B}, {past} + {S}]"
-        seen = _checks.sequence_mask("attention_mask", attention_mask, B, past + S, device, what)  # [B, past + S]
-        pad = padding_mask(seen[:, past + S - S_k :])  # [B, 1, 1, S_k]
+    pad = None if attention_mask is None else padding_mask(attention_mask[:, past + S - S_k :])  # [B, 1, 1, S_k]
     future = causal_mask(S, device=device, S_k=S_k, window=window) if causal else None  # [S, S_k]
     return combine_masks(pad, future)  # [B, 1, S, S_k], [B, 1, 1, S_k], [S, S_k] or None

@@ -1,7 +1,7 @@
 """A NumPy twin of (causal) multi-head self-attention, for readers who know NumPy but not PyTorch.
 
-It computes exactly what :class:`attnlib.MultiHeadSelfAttention` computes (without biases),
-and ``tests/test_numpy_reference.py`` checks that. Weights use the NumPy convention
+It computes exactly what :class:`attnlib.MultiHeadSelfAttention` computes (without biases);
+the tests check that. Weights use the NumPy convention
 ``y = x @ W`` with ``W`` of shape ``[D_in, D_out]``; ``torch.nn.Linear`` stores the transpose.
 """
 
@@ -24,6 +24,9 @@ def softmax(scores: Array, axis: int = -1) -> Array:
     array([[0.25, 0.75],
            [0.  , 0.  ]])
     """
+    scores = np.asarray(scores)
+    if not np.issubdtype(scores.dtype, np.floating):
+        raise ValueError(f"scores must be a floating-point array, got dtype {scores.dtype}")
     row_max = np.max(scores, axis=axis, keepdims=True)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
     exps = np.exp(scores - row_max)
@@ -70,14 +73,7 @@ def merge_heads(x: Array) -> Array:
 
 
 def multi_head_attention(
-    x: Array,
-    w_q: Array,
-    w_k: Array,
-    w_v: Array,
-    w_o: Array,
-    num_heads: int,
-    *,
-    causal: bool = True,
+    x: Array, w_q: Array, w_k: Array, w_v: Array, w_o: Array, num_heads: int, *, causal: bool = True
 ) -> tuple[Array, Array]:
     """Multi-head self-attention on ``x``.
 

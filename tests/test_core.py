@@ -320,3 +320,20 @@ def test_public_api_is_exported() -> None:
                  "padding_mask", "combine_masks", "split_heads", "merge_heads", "MultiHeadSelfAttention",
                  "AttentionOutput"]:
         assert hasattr(attnlib, name), name
+
+
+def test_float32_softmax_gradient_is_no_less_accurate_than_torch() -> None:
+    """Peaked rows (unscaled dot products of 1024-wide vectors) make float32 gradients fragile."""
+    gen = torch.Generator().manual_seed(1)
+    q, k = torch.randn(2000, 1, 1024, generator=gen), torch.randn(2000, 8, 1024, generator=gen)
+    scores, upstream = (q @ k.transpose(-2, -1)).squeeze(1), torch.randn(2000, 8, generator=gen)  # [N, 8]
+
+    def grad(f: object, x: torch.Tensor) -> torch.Tensor:
+        x = x.clone().requires_grad_(True)
+        (f(x) * upstream.to(x.dtype)).sum().backward()  # type: ignore[operator]
+        return x.grad
+
+    exact = grad(lambda x: torch.softmax(x, dim=-1), scores.double())
+    ours = (grad(softmax, scores).double() - exact).abs().mean()
+    theirs = (grad(lambda x: torch.softmax(x, dim=-1), scores).double() - exact).abs().mean()
+    assert ours <= theirs

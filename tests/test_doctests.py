@@ -26,16 +26,15 @@ def test_docstring_examples_run(name: str) -> None:
     torch.manual_seed(0)
     finder = doctest.DocTestFinder(exclude_empty=True)
     runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+    report: list[str] = []
     for test in finder.find(module, name, globs={"torch": torch, "np": np, **vars(module)}):
-        runner.run(test, out=lambda text: print(text, end=""))
-    assert runner.failures == 0, f"{runner.failures} docstring example(s) in {name} failed (see the captured output)"
+        runner.run(test, out=report.append)
+    assert runner.failures == 0, "".join(report)
 
 
-# Book machinery that is moving out to the attnbook package (issue 11); it matches nothing after.
-LEAVING = ("attnlib.learn", "attnlib.exercises", "attnlib.toy_lm", "attnlib.examples")
 # Modules whose public names still lack examples; their owners add them and delete the entry
 # here (strict: the test fails once the examples exist, so the list cannot go stale).
-PENDING = {"attnlib.flash", "attnlib.cost", "attnlib.pretrained"}
+PENDING = {"attnlib.flash", "attnlib.pretrained"}
 
 
 @pytest.mark.parametrize(
@@ -43,7 +42,6 @@ PENDING = {"attnlib.flash", "attnlib.cost", "attnlib.pretrained"}
     [
         pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="examples pending")) if n in PENDING else n
         for n in MODULES
-        if not n.startswith(LEAVING)
     ],
 )
 def test_every_public_function_and_class_has_an_example(name: str) -> None:

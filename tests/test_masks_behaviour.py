@@ -223,3 +223,19 @@ def test_value_checks_are_skipped_while_compiling() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert torch.equal(compiled(torch.tensor([[0, 0], [1, 0]])), torch.tensor([[0, 0], [1, 0]]).bool()[:, None, None])
+
+
+def test_fully_masked_query_conventions_differ_between_torch_apis() -> None:
+    """torch 2.13.0: F.scaled_dot_product_attention gives a query that sees nothing a zero output,
+    nn.MultiheadAttention gives it NaN; attnlib follows the former on both of its paths."""
+    ref, ours, x = _mha_and_ours()
+    key_padding_mask = torch.tensor([[True] * 4, [False] * 4])  # sequence 0: every key ignored
+    expected, _ = ref(x, x, x, key_padding_mask=key_padding_mask)
+    assert torch.isnan(expected[0]).all() and torch.isfinite(expected[1]).all()
+    q = k = v = torch.randn(1, 2, 3, 4)
+    assert torch.equal(F.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(3, 3, dtype=torch.bool)), torch.zeros(1, 2, 3, 4))
+    with pytest.warns(UserWarning, match=r"sequence\(s\) \[0\]"):
+        for need_weights in (True, False):
+            got = ours(x, ~key_padding_mask, need_weights=need_weights).hidden_states
+            torch.testing.assert_close(got[0], ours.w_o.bias.expand(4, 8))  # zero attention output, then w_o
+            torch.testing.assert_close(got[1], expected[1])

@@ -138,3 +138,11 @@ def test_get_device_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("ATTNLIB_DEVICE", "cuda")
         with pytest.raises(ValueError, match=r"'cuda' \(from ATTNLIB_DEVICE\) is not available"):
             get_device()
+
+
+def test_gradcheck_through_split_merge_and_repeat_kv() -> None:
+    x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
+    kv = torch.randn(2, 2, 3, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: split_heads(t, 3), (x,))
+    assert torch.autograd.gradcheck(lambda t: merge_heads(split_heads(t, 2) * 2.0), (x,))
+    assert torch.autograd.gradcheck(lambda t: repeat_kv(t, 6), (kv,))  # each key/value head feeds 3 query heads

@@ -23,6 +23,7 @@ from attnlib import (
     from_additive_mask,
     from_key_padding_mask,
     get_device,
+    kv_cache_bytes,
     merge_heads,
     padding_mask,
     repeat_kv,
@@ -31,6 +32,7 @@ from attnlib import (
     split_heads,
 )
 from attnlib.numpy_reference import multi_head_attention as numpy_mha
+from attnlib.numpy_reference import softmax as numpy_softmax
 
 torch.manual_seed(0)
 Q = K = V = torch.randn(2, 8, 5, 4)  # [B, H, S, D_k]
@@ -64,7 +66,7 @@ MISTAKES: list[tuple[str, Callable[[], object], str]] = [
     ("an integer key_padding_mask", lambda: from_key_padding_mask((AM == 0).int()),
      r"key_padding_mask must be bool \(True = ignore\) or an additive float mask, got torch.int32"),
     ("a relative-position bias as an additive mask", lambda: from_additive_mask(torch.tensor([[0.0, -0.5, -1.0]])),
-     r"an additive mask must hold only 0 \(keep\) and -inf or values <= -10000 \(hide\), found \[-1.0, -0.5\]"),
+     r"an additive mask must hold only 0 \(keep\) and -inf or values <= -10000 \(hide\), found \[-1.0, -0.5\]; a bias is not a mask: add it to the scores"),
     ("an additive mask as a combine_masks input", lambda: combine_masks(causal_mask(3), torch.zeros(3, 3)),
      r"mask 1 must have dtype torch.bool"),
     # --- scale and temperature
@@ -108,8 +110,12 @@ MISTAKES: list[tuple[str, Callable[[], object], str]] = [
     ("a KV-cache causal mask with fewer keys than queries", lambda: causal_mask(4, S_k=2), r"S_k must be an int >= 4, got 2"),
     ("the NumPy twin with a wrong projection shape", lambda: numpy_mha(np.zeros((1, 3, 8)), *[np.eye(8)] * 3, np.eye(4), 2),
      r"w_o must be \[D, D\] = \(8, 8\), got \(4, 4\)"),
+    ("integer scores into the NumPy softmax", lambda: numpy_softmax(np.array([1, 2, 3], dtype=np.int64)),
+     r"scores must be a floating-point array, got dtype int64"),
     ("the NumPy twin with zero heads", lambda: numpy_mha(np.zeros((1, 3, 8)), *[np.eye(8)] * 4, 0),
      r"num_heads must be a positive int, got 0"),
+    ("bytes per number given as a float", lambda: kv_cache_bytes(32, 32, 128, dtype_bytes=2.0),
+     r"dtype_bytes must be a positive int, got 2.0"),
     ("a device given as a number", lambda: get_device(1.5), r"prefer must be a device string such as 'cpu' or 'cuda:0', got float"),
     ("a device name PyTorch does not know", lambda: get_device("gpu"), r"unknown device 'gpu'"),
     ("keys and values of different lengths appended to a KVCache", lambda: KVCache().update(Q[:, :, :3], V),
@@ -151,7 +157,7 @@ def test_inverted_padding_mask_is_announced(call: Callable[[], object], message:
 
 def test_every_public_callable_appears_in_a_mistake_or_is_exempt() -> None:
     """Keeps the table growing with the API: a new public function needs a misuse line here."""
-    exempt = {"AttentionOutput", "AttentionResult", "flash_attention", "kv_cache_bytes"}  # no inputs / tested in their own files
+    exempt = {"AttentionOutput", "AttentionResult", "flash_attention"}  # results; flash has tests/test_flash.py
     used = {name for m in MISTAKES + WARNED for name in m[1].__code__.co_names}
     missing = [n for n in attnlib.__all__ if n not in exempt and n not in used]
     assert not missing, f"no misuse case for {missing}"

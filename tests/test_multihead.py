@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlib import MultiHeadSelfAttention
+from attnlib import MultiHeadSelfAttention, split_heads
 from attnlib.numpy_reference import multi_head_attention as numpy_mha
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float64: dict(atol=1e-10, rtol=1e-10)}
@@ -129,7 +129,7 @@ def test_constructor_errors() -> None:
 
 def test_forward_errors() -> None:
     layer = MultiHeadSelfAttention(16, 4)
-    with pytest.raises(ValueError, match=r"last dim is 8 but d_model = 16.*\[B, S, 16\]"):
+    with pytest.raises(ValueError, match=r"last dim is 8 but d_model = 16 \(got shape \(1, 3, 8\)\)"):
         layer(torch.randn(1, 3, 8))
     with pytest.raises(ValueError, match=r"\[B, S, D\].*\(3, 16\)"):
         layer(torch.randn(3, 16))
@@ -235,3 +235,17 @@ def test_key_padding_mask_passed_as_attention_mask_warns() -> None:
 def test_forward_rejects_bad_masks(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         MultiHeadSelfAttention(16, 4)(torch.randn(1, 3, 16), **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_module_with_large_activations_stays_finite_on_both_paths(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention(64, 4).to(dtype)
+    x = (300 * torch.randn(2, 16, 64)).to(dtype)
+    q, k = split_heads(layer.w_q(x), 4), split_heads(layer.w_k(x), 4)
+    if dtype == torch.float16:
+        assert torch.isinf(q @ k.transpose(-2, -1)).any()  # unscaled q @ k^T overflows float16 here
+    am = torch.tensor([[1] * 10 + [0] * 6, [1] * 16])
+    for need_weights in (True, False):
+        out = layer(x, am, causal=True, need_weights=need_weights).hidden_states
+        assert out.dtype == dtype and torch.isfinite(out).all()
