@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnlib import KVCache, MultiHeadLatentAttention, MultiHeadSelfAttention, causal_mask, kv_cache_bytes
 
@@ -150,3 +152,24 @@ def test_latent_attention_matches_an_explicit_mha_with_low_rank_keys() -> None:
         mha.w_o.weight.copy_(mla.w_o.weight)
     x = torch.randn(2, 7, 16)
     torch.testing.assert_close(mla(x, causal=True).hidden_states, mha(x, causal=True).hidden_states)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.integers(1, 5), min_size=1, max_size=6),
+    st.sampled_from([1, 2, 4]),
+    st.one_of(st.none(), st.integers(1, 6)),
+    st.booleans(),
+    st.integers(0, 2**16),
+)
+def test_any_chunking_equals_one_causal_pass(chunks, num_kv_heads, window, fused, seed) -> None:
+    torch.manual_seed(seed)
+    layer = MultiHeadSelfAttention(16, 4, num_kv_heads=num_kv_heads, window=window).to(torch.float64)
+    x = torch.randn(2, sum(chunks), 16, dtype=torch.float64)
+    full = layer(x, causal=True).hidden_states
+    cache, outs, pos = KVCache(), [], 0
+    for n in chunks:
+        outs.append(layer(x[:, pos : pos + n], causal=True, need_weights=not fused, cache=cache).hidden_states)
+        pos += n
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, atol=1e-12, rtol=1e-12)
+    assert cache.keys.shape[2] == (pos if window is None else min(pos, window))
