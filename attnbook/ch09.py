@@ -264,7 +264,7 @@ def _generation_panel(step: int, window: int | None) -> tuple[Panel, str]:
     hidden = np.array([i < first or i >= step for i in range(S)])[None]  # [1, S]
     name = "full cache" if window is None else f"window W = {window}"
     caption = (
-        f"{name}: the cache held {row.numel() - 1} positions before this step, afterwards positions {first}-{step - 1}"
+        f"{name[0].upper() + name[1:]}: the cache held {row.numel() - 1} positions before this step, afterwards positions {first}-{step - 1}"
         + (f" (positions 0-{first - 1} have left the rolling buffer)." if first else ".")
     )
     title = f"{name}: weights of the newest query (hatched: not generated yet" + ("" if window is None else ", or outside the window") + ")"

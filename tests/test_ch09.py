@@ -80,8 +80,8 @@ def test_window_cache_checker() -> None:
 def test_generation_frames() -> None:
     frame = ch09.generation_frame(12)
     full, windowed = frame.panels
-    assert "full cache: the cache held 11 positions before this step, afterwards positions 0-11." in frame.caption
-    assert "window W = 4: the cache held 4 positions before this step, afterwards positions 8-11 (positions 0-7 have left" in frame.caption
+    assert "Full cache: the cache held 11 positions before this step, afterwards positions 0-11." in frame.caption
+    assert "Window W = 4: the cache held 4 positions before this step, afterwards positions 8-11 (positions 0-7 have left" in frame.caption
     for p in (full, windowed):
         assert abs(p.matrix.sum() - 1) < 1e-6
     assert windowed.masked[0, :8].all() and not windowed.masked[0, 8:].any() and not full.masked.any()
