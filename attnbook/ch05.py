@@ -1,12 +1,15 @@
-"""Checkers for chapter 5, *Multi-head attention*.
+"""Chapter 5, *Multi-head attention*: the two-relation example, the attention paths compared, checkers.
 
+* :func:`relation_subspaces`, :func:`best_single_head_error`, :func:`two_head_module`: the example
+  in which one head cannot serve two relations that need different value subspaces.
+* :func:`softmax_attention`, :func:`core_paths`: one attention core three ways (attnlib,
+  ``torch.softmax``, fused SDPA), for timing and saved-tensor counts.
 * :func:`check_param_count`: the reader's number for the parameters of one attention block.
 * :func:`check_per_head_loop`: the reader writes multi-head attention as a loop over heads.
 * :func:`check_weights_bytes`: the reader computes the bytes of the ``[B, H, S, S]`` weights.
 
-Each checker compares a wrong answer with the usual mistakes (forgetting biases or ``W_O``,
-scaling by ``sqrt(D)``, softmax over the wrong axis, forgetting ``H`` or a factor ``S``, ...)
-to say which one it looks like.
+Each checker keeps its known mistakes in one table (:class:`attnbook.feedback.Mistake`), tried by
+:func:`attnbook.feedback.diagnose`; the tests iterate over the same tables.
 """
 
 from __future__ import annotations
@@ -15,15 +18,134 @@ import math
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+import attnlib
 from attnlib.cost import attention_weights_bytes, mha_param_count
 from attnlib.heads import merge_heads, split_heads
 from attnlib.multihead import MultiHeadSelfAttention
 
-from .feedback import Feedback, correct, run_reader_code, wrong
+from .feedback import Feedback, Mistake, close, correct, diagnose, run_reader_code, wrong
 
-__all__ = ["check_param_count", "check_per_head_loop", "check_weights_bytes"]
+__all__ = [
+    "relation_subspaces", "relation_batch", "best_single_head_error", "two_head_module", "relative_error",
+    "softmax_attention", "core_paths", "softmax_block",
+    "check_param_count", "PARAM_MISTAKES", "check_per_head_loop", "LOOP_MISTAKES",
+    "check_weights_bytes", "BYTES_MISTAKES",
+]
+
+# --- one head cannot serve two relations that need different value subspaces -----------------
+
+
+def relation_subspaces(generator: torch.Generator, d: int = 12, r: int = 6) -> tuple[Tensor, Tensor]:
+    """Two orthonormal bases ``U, W: [d, r]`` of orthogonal subspaces, in a random rotation of ``R^d``.
+
+    Relation A ("which noun is meant") needs the part of the antecedent's content in ``span(U)``;
+    relation B ("what is said about it") needs the part of the predicate's content in ``span(W)``.
+    """
+    if 2 * r > d:
+        raise ValueError(f"two orthogonal {r}-dimensional subspaces need d >= {2 * r}, got d = {d}")
+    q, _ = torch.linalg.qr(torch.randn(d, d, generator=generator, dtype=torch.float64))  # random rotation
+    return q[:, :r], q[:, r:2 * r]
+
+
+def relation_batch(n: int, S: int, d: int, generator: torch.Generator) -> Tensor:
+    """``[n, S, S + d]`` float64 sentences: token ``j`` is ``[one-hot(j), content_j]``, content random."""
+    ident = torch.eye(S, dtype=torch.float64).expand(n, S, S)  # [n, S, S]: which token this is
+    content = torch.randn(n, S, d, generator=generator, dtype=torch.float64)  # [n, S, d]
+    return torch.cat([ident, content], dim=-1)  # [n, S, S + d]
+
+
+def relative_error(got: Tensor, target: Tensor) -> float:
+    """``||got - target||^2 / ||target||^2`` over the whole batch."""
+    return float((got - target).pow(2).sum() / target.pow(2).sum())
+
+
+def best_single_head_error(U: Tensor, W: Tensor, *, n: int = 4000, shares: int = 21, generator: torch.Generator) -> tuple[float, float]:
+    """The smallest relative error any single head can reach on ``y = P_U c_a + P_W c_t``, and the share of ``a`` there.
+
+    One head adds ``M (sum_j w_j c_j)`` to the query (``M = W_O W_V`` restricted to the content, the
+    same map for every key). For each share ``w_a`` of the antecedent (the rest on the other target;
+    weight on other tokens only adds noise), ``M`` is fitted by least squares *on the very samples it
+    is scored on*, which can only flatter the head. Theory: the optimum is exactly 0.5 for every
+    ``w_a`` when ``span(U)`` and ``span(W)`` are orthogonal and of equal dimension.
+    """
+    d = U.shape[0]
+    c_a = torch.randn(n, d, generator=generator, dtype=torch.float64)  # [n, d]: antecedent's content
+    c_t = torch.randn(n, d, generator=generator, dtype=torch.float64)  # [n, d]: predicate's content
+    y = c_a @ U @ U.T + c_t @ W @ W.T  # [n, d]: what "it" should receive
+    best = (math.inf, 0.0)
+    for w_a in torch.linspace(0, 1, shares, dtype=torch.float64).tolist():
+        z = w_a * c_a + (1 - w_a) * c_t  # [n, d]: the head's weighted average
+        M = torch.linalg.lstsq(z, y).solution  # [d, d], the best shared map for this share
+        best = min(best, (relative_error(z @ M, y), w_a))
+    return best
+
+
+def two_head_module(U: Tensor, W: Tensor, S: int, query: int, antecedent: int, predicate: int, s: float = 16.0) -> MultiHeadSelfAttention:
+    """``H = 2`` module on ``[one-hot(S), content(d)]`` tokens: head 0 brings ``P_U c_antecedent``, head 1 ``P_W c_predicate``.
+
+    Each head's query/key pick its target (score ``s``), its ``W_V`` reads the content through its
+    own basis (``U^T`` or ``W^T``) and its block of ``W_O`` writes it back (``U`` or ``W``) into the
+    content features of the output. Positions and bases are arguments, so nothing depends on where
+    the tokens or the features sit.
+    """
+    d, r = U.shape
+    D = S + d
+    if D % 2:
+        raise ValueError(f"D = S + d = {D} must be even for two heads")
+    m = MultiHeadSelfAttention(D, 2, bias=False).double()
+    d_k = D // 2
+    with torch.no_grad():
+        for p in m.parameters():
+            p.zero_()
+        for h, (target, basis) in enumerate(((antecedent, U), (predicate, W))):
+            rows = slice(h * d_k, h * d_k + r)
+            m.w_q.weight[h * d_k, query] = 1.0  # "I am the query token"
+            m.w_k.weight[h * d_k, target] = s * math.sqrt(d_k)  # score s on the head's target, 0 elsewhere
+            m.w_v.weight[rows, S:] = basis.T  # [r, d]: the head's value = coordinates in its subspace
+            m.w_o.weight[S:, rows] = basis  # [d, r]: written back into the content features
+    return m
+
+
+# --- one attention core three ways ----------------------------------------------------------
+
+
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """``softmax(q k^T / sqrt(D_k)) v`` with ``torch.softmax``: ``[B, H, S, D_k]`` in and out (weights materialised)."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, H, S, S]
+    return torch.softmax(scores, dim=-1) @ v  # [B, H, S, D_k]
+
+
+def core_paths() -> dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]]:
+    """``{name: fn(q, k, v) -> [B, H, S, D_k]}``: attnlib (its own stable softmax), ``torch.softmax``, fused SDPA."""
+    return {
+        "attnlib": lambda q, k, v: attnlib.scaled_dot_product_attention(q, k, v).output,
+        "torch.softmax": softmax_attention,
+        "fused SDPA": F.scaled_dot_product_attention,
+    }
+
+
+# --- exercise 1: the parameter count ---------------------------------------------------------
+
+#: The known mistakes of :func:`check_param_count`: ``compute(D, H)`` is the number such an answer gives.
+PARAM_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("weights only", lambda D, H: 4 * D * D,
+            "that is the four weight matrices only: each of the four projections also has a bias vector of D numbers."),
+    Mistake("no W_O", lambda D, H: 3 * D * D + 3 * D,
+            "that covers W_Q, W_K and W_V: the output projection W_O (D×D plus its bias) belongs to the block too."),
+    Mistake("no W_O, no biases", lambda D, H: 3 * D * D,
+            "that is W_Q, W_K and W_V without biases: add the output projection W_O and the four bias vectors."),
+    Mistake("one head's width", lambda D, H: 4 * D * (D // H) + 4 * (D // H),
+            "that is the block for one head's width D_k: the projections map D to H·D_k = D, so each is D×D."),
+    Mistake("one head's share", lambda D, H: 4 * D * (D // H),
+            "that is one head's share (D×D_k per projection): the projections map D to H·D_k = D, so each is D×D (plus biases)."),
+    Mistake("times H", lambda D, H: H * (4 * D * D + 4 * D),
+            "you multiplied by H: the heads share the D×D projections (each head owns D_k of their output columns), so H does not multiply the count."),
+    Mistake("one bias", lambda D, H: 4 * D * D + D, "you have one bias vector: each of the four projections has its own bias of D numbers."),
+    Mistake("scalar biases", lambda D, H: 4 * (D * D + 1), "each bias is a vector of D numbers, not one number."),
+)
 
 
 def check_param_count(answer: object, *, d_model: int = 1024, num_heads: int = 16, bias: bool = True) -> Feedback:
@@ -36,7 +158,6 @@ def check_param_count(answer: object, *, d_model: int = 1024, num_heads: int = 1
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
         return wrong(f"the answer should be a number (an int), got {type(answer).__name__}.")
     D, H = d_model, num_heads
-    d_k = D // H
     right = mha_param_count(D, H, bias=bias)
     if answer == right:
         extra = " Note that H never entered the formula." if bias else ""
@@ -44,20 +165,13 @@ def check_param_count(answer: object, *, d_model: int = 1024, num_heads: int = 1
                        else f"{right:,} = 4·D²: four D×D weight matrices, no biases.")
     if answer != int(answer):
         return wrong("a parameter count is a whole number.")
-    a = int(answer)
-    guesses = {
-        4 * D * D: "that is the four weight matrices only: each of the four projections also has a bias vector of D numbers.",
-        3 * D * D + 3 * D: "that covers W_Q, W_K and W_V: the output projection W_O (D×D plus its bias) belongs to the block too.",
-        3 * D * D: "that is W_Q, W_K and W_V without biases: add the output projection W_O and the four bias vectors.",
-        4 * D * d_k + 4 * d_k: "that is the block for one head's width D_k: the projections map D to H·D_k = D, so each is D×D.",
-        4 * D * d_k: "that is one head's share (D×D_k per projection): the projections map D to H·D_k = D, so each is D×D (plus biases).",
-        H * (4 * D * D + 4 * D): "you multiplied by H: the heads share the D×D projections (each head owns D_k of their output columns), so H does not multiply the count.",
-        4 * D * D + D: "you have one bias vector: each of the four projections has its own bias of D numbers.",
-        4 * (D * D + 1): "each bias is a vector of D numbers, not one number.",
-    }
-    if a in guesses:
-        return wrong(guesses[a])
-    return wrong(f"{a:,} is not it. Count the weight matrices (how many, what shape?) and the bias vectors; D = {D}, H = {H}.")
+    for m in PARAM_MISTAKES:
+        if int(answer) == m.compute(D, H):
+            return wrong(m.hint)
+    return wrong(f"{int(answer):,} is not it. Count the weight matrices (how many, what shape?) and the bias vectors; D = {D}, H = {H}.")
+
+
+# --- exercise 2: multi-head attention as a loop over heads ------------------------------------
 
 
 def _reference_module() -> tuple[MultiHeadSelfAttention, Tensor]:
@@ -70,34 +184,58 @@ def _reference_module() -> tuple[MultiHeadSelfAttention, Tensor]:
     return module, x
 
 
-def _variant(module: MultiHeadSelfAttention, x: Tensor, *, scale: float | None = None, dim: int = -1,
-             use_wo: bool = True, reverse: bool = False) -> Tensor:
-    """The reference with one thing changed (a typical mistake)."""
-    H = module.num_heads
-    q = split_heads(module.w_q(x), H)  # [B, H, S, D_k]
-    k = split_heads(module.w_k(x), H)  # [B, H, S, D_k]
-    v = split_heads(module.w_v(x), H)  # [B, H, S, D_k]
-    s = 1.0 / math.sqrt(module.d_k) if scale is None else scale
-    weights = torch.softmax(q @ k.transpose(-2, -1) * s, dim=dim)  # [B, H, S, S]
-    context = weights @ v  # [B, H, S, D_k]
-    if reverse:
-        context = context.flip(1)  # heads concatenated in reverse order
-    merged = merge_heads(context)  # [B, S, D]
-    return module.w_o(merged) if use_wo else merged
-
-
-def _columns_variant(module: MultiHeadSelfAttention, x: Tensor) -> Tensor:
-    """Per-head loop that slices weight *columns* (``W[:, sl]``) as if nn.Linear stored ``[in, out]``."""
-    d_k = module.d_k
+def _loop(module: MultiHeadSelfAttention, x: Tensor, *, scale: float | None = None, dim: int = -1, use_wo: bool = True,
+          qkv_bias: bool = True, wo_bias: bool = True, columns: bool = False, merge: str = "cat") -> Tensor:
+    """The per-head loop with one thing changed (a typical mistake); the defaults give the right answer."""
+    d_k, H = module.d_k, module.num_heads
     heads = []
-    for h in range(module.num_heads):
+    for h in range(H):
         sl = slice(h * d_k, (h + 1) * d_k)
-        q = x @ module.w_q.weight[:, sl] + module.w_q.bias[sl]  # [B, S, D_k]
-        k = x @ module.w_k.weight[:, sl] + module.w_k.bias[sl]  # [B, S, D_k]
-        v = x @ module.w_v.weight[:, sl] + module.w_v.bias[sl]  # [B, S, D_k]
-        w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1)  # [B, S, S]
-        heads.append(w @ v)  # [B, S, D_k]
-    return module.w_o(torch.cat(heads, dim=-1))  # [B, S, D]
+
+        def project(lin: torch.nn.Linear) -> Tensor:
+            w = lin.weight[:, sl] if columns else lin.weight[sl].T  # [D, D_k]
+            return x @ w + (lin.bias[sl] if qkv_bias else 0.0)  # [B, S, D_k]
+
+        q, k, v = project(module.w_q), project(module.w_k), project(module.w_v)  # each [B, S, D_k]
+        s = 1.0 / math.sqrt(d_k) if scale is None else scale
+        heads.append(torch.softmax(q @ k.transpose(-2, -1) * s, dim=dim) @ v)  # [B, S, D_k]
+    if merge == "cat":
+        merged = torch.cat(heads, dim=-1)  # [B, S, D]
+    elif merge == "reverse":
+        merged = torch.cat(heads[::-1], dim=-1)  # [B, S, D], heads in reverse order
+    else:  # "stack": stack(-1).flatten(-2) interleaves the heads' features
+        merged = torch.stack(heads, dim=-1).flatten(-2)  # [B, S, D_k, H] -> [B, S, D]
+    if not use_wo:
+        return merged
+    return merged @ module.w_o.weight.T + (module.w_o.bias if wo_bias else 0.0)  # [B, S, D]
+
+
+#: The known mistakes of :func:`check_per_head_loop`: ``compute(module, x)`` is what such a loop returns.
+LOOP_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("no W_O", lambda m, x: _loop(m, x, use_wo=False),
+            "this is the concatenation of the heads without the output projection: finish with module.w_o(...)."),
+    Mistake("no q/k/v biases", lambda m, x: _loop(m, x, qkv_bias=False),
+            "you left out the biases of the q, k and v projections: head h adds the slice module.w_q.bias[h·D_k:(h+1)·D_k] "
+            "(and likewise for w_k and w_v) to x @ W[rows].T."),
+    Mistake("no W_O bias", lambda m, x: _loop(m, x, wo_bias=False),
+            "everything is right except the output projection's bias: module.w_o(...) adds it, a bare @ module.w_o.weight.T does not."),
+    Mistake("no biases at all", lambda m, x: _loop(m, x, qkv_bias=False, wo_bias=False),
+            "you left out every bias: the q, k and v projections (the slice of each bias that belongs to head h) and W_O's."),
+    Mistake("stack + flatten", lambda m, x: _loop(m, x, merge="stack"),
+            "you merged the heads with torch.stack(heads, -1).flatten(-2): that interleaves them (feature 0 of every head, then "
+            "feature 1, ...). Head h's output must fill features h·D_k .. (h+1)·D_k - 1: use torch.cat(heads, dim=-1)."),
+    Mistake("scaled by sqrt(D)", lambda m, x: _loop(m, x, scale=1.0 / math.sqrt(m.d_model)),
+            "you scaled by 1/sqrt(D); each head scales by 1/sqrt(D_k), D_k = D / H."),
+    Mistake("not scaled", lambda m, x: _loop(m, x, scale=1.0), "the scores are not scaled: divide q_h k_h^T by sqrt(D_k)."),
+    Mistake("divided by D_k", lambda m, x: _loop(m, x, scale=1.0 / m.d_k), "you divided by D_k; divide by its square root."),
+    Mistake("softmax over queries", lambda m, x: _loop(m, x, dim=-2),
+            "your softmax normalises over the queries (dim=-2): each query's weights over the keys must sum to 1, so use dim=-1."),
+    Mistake("reversed heads", lambda m, x: _loop(m, x, merge="reverse"),
+            "the heads are concatenated in reverse order: head h's output goes to features h·D_k .. (h+1)·D_k - 1."),
+    Mistake("weight columns", lambda m, x: _loop(m, x, columns=True),
+            "you sliced the columns of the weight matrices: nn.Linear stores weight as [out, in], so head h "
+            "uses rows h·D_k .. (h+1)·D_k - 1 (module.w_q.weight[sl]) and computes x @ W[sl].T + b[sl]."),
+)
 
 
 class _NoForward(MultiHeadSelfAttention):
@@ -128,39 +266,44 @@ def check_per_head_loop(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor]) 
             return wrong(f"your result has shape {tuple(got.shape)}: concatenate the heads' outputs along the "
                          "last axis (torch.cat(heads, dim=-1)) and apply w_o.")
         return wrong(f"your result has shape {tuple(got.shape)}, expected [B, S, D] = {tuple(expected.shape)}.")
-    got64 = got.detach().to(torch.float64)
-
-    def same(t: Tensor) -> bool:
-        return bool(torch.allclose(got64, t.detach().to(torch.float64), atol=1e-5, rtol=1e-4))
-
     with torch.no_grad():
-        if same(expected):
+        if close(got, expected):
             return correct("your loop matches the batched module: the heads are independent until W_O mixes them.")
-        D, H = module.d_model, module.num_heads
-        mistakes = [
-            (dict(use_wo=False), "this is the concatenation of the heads without the output projection: finish with module.w_o(...)."),
-            (dict(scale=1.0 / math.sqrt(D)), f"you scaled by 1/sqrt(D) = 1/sqrt({D}); each head scales by 1/sqrt(D_k) = 1/sqrt({D // H})."),
-            (dict(scale=1.0), "the scores are not scaled: divide q_h k_h^T by sqrt(D_k)."),
-            (dict(scale=1.0 / module.d_k), "you divided by D_k; divide by its square root."),
-            (dict(dim=-2), "your softmax normalises over the queries (dim=-2): each query's weights over the keys must sum to 1, so use dim=-1."),
-            (dict(reverse=True), "the heads are concatenated in reverse order: head h's output goes to features h·D_k .. (h+1)·D_k - 1."),
-        ]
-        for kwargs, message in mistakes:
-            if same(_variant(ref, x, **kwargs)):  # type: ignore[arg-type]
-                return wrong(message)
-        if same(_columns_variant(ref, x)):
-            return wrong(
-                "you sliced the columns of the weight matrices: nn.Linear stores weight as [out, in], so head h "
-                "uses rows h·D_k .. (h+1)·D_k - 1 (module.w_q.weight[sl]) and computes x @ W[sl].T + b[sl]."
-            )
-    if not torch.isfinite(got64).all():
+        hint = diagnose(got, LOOP_MISTAKES, ref, x)
+    if hint is not None:
+        return hint
+    if not torch.isfinite(got.detach()).all():
         return wrong("your result contains NaN or inf.")
-    worst = float((got64 - expected.to(torch.float64)).abs().max())
+    worst = float((got.detach().to(torch.float64) - expected.to(torch.float64)).abs().max())
     return wrong(
         "the shape is right but the numbers differ (largest difference "
         f"{worst:.3g}). Head h uses rows h·D_k .. (h+1)·D_k - 1 of each weight matrix (nn.Linear stores "
         "[out, in]) and the same slice of each bias; check the slicing first."
     )
+
+
+# --- exercise 3: the bytes of the weights ----------------------------------------------------
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+#: The known mistakes of :func:`check_weights_bytes`: ``compute(B, H, S, dtype)`` is what such a formula returns.
+BYTES_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("elements", lambda B, H, S, dt: B * H * S * S,
+            "That is the number of elements: multiply by the bytes per element (torch.empty((), dtype=dtype).element_size())."),
+    Mistake("always 4 bytes", lambda B, H, S, dt: B * H * S * S * 4,
+            "You used 4 bytes per element for every dtype; use torch.empty((), dtype=dtype).element_size() "
+            "(4 for float32, 2 for float16 and bfloat16)."),
+    Mistake("always 2 bytes", lambda B, H, S, dt: B * H * S * S * 2,
+            "You hard-coded 2 bytes per element: right for float16 and bfloat16, not for float32 (4). "
+            "Use torch.empty((), dtype=dtype).element_size()."),
+    Mistake("no H", lambda B, H, S, dt: B * S * S * _size(dt), "Each of the H heads has its own S×S weights: multiply by H."),
+    Mistake("S, not S²", lambda B, H, S, dt: B * H * S * _size(dt), "Each head stores one weight per (query, key) pair: S·S, not S."),
+    Mistake("no B", lambda B, H, S, dt: H * S * S * _size(dt), "Every sequence in the batch has its own weights: multiply by B."),
+    Mistake("bits", lambda B, H, S, dt: B * H * S * S * _size(dt) * 8, "A factor 8 too large: bytes, not bits."),
+)
 
 
 def check_weights_bytes(fn: Callable[[int, int, int, torch.dtype], int]) -> Feedback:
@@ -180,19 +323,15 @@ def check_weights_bytes(fn: Callable[[int, int, int, torch.dtype], int]) -> Feed
             return wrong(f"return a number of bytes (an int), got {type(got).__name__}.")
         if got == expected:
             continue
-        size = torch.empty((), dtype=dtype).element_size()
         where = f"for B={B}, H={H}, S={S}, {dtype}: you returned {got:,}, expected {expected:,}."
-        if got == B * H * S * S:
-            return wrong(f"{where} That is the number of elements: multiply by the bytes per element ({size} for {dtype}).")
-        if got == B * H * S * S * 4 and size != 4:
-            return wrong(f"{where} {dtype} takes {size} bytes per element, not 4: use torch.empty((), dtype=dtype).element_size().")
-        if got == B * S * S * size:
-            return wrong(f"{where} Each of the H heads has its own S×S weights: multiply by H.")
-        if got == B * H * S * size:
-            return wrong(f"{where} Each head stores one weight per (query, key) pair: S·S, not S.")
-        if got == H * S * S * size:
-            return wrong(f"{where} Every sequence in the batch has its own weights: multiply by B.")
-        if got == B * H * S * S * size * 8 or got == B * H * S * S * size / 8:
-            return wrong(f"{where} A factor 8 off: bytes, not bits.")
+        for m in BYTES_MISTAKES:
+            if got == m.compute(B, H, S, dtype):
+                return wrong(f"{where} {m.hint}")
         return wrong(where)
     return correct("B·H·S²·(bytes per element): linear in H, quadratic in S. At S = 4096 and H = 32 in float16 that is already 1 GiB per sequence and layer.")
+
+
+def softmax_block(module: MultiHeadSelfAttention, x: Tensor) -> Tensor:
+    """``module``'s computation with :func:`softmax_attention` (``torch.softmax``) as its core: ``[B, S, D] -> [B, S, D]``."""
+    q, k, v = (split_heads(lin(x), module.num_heads) for lin in (module.w_q, module.w_k, module.w_v))  # [B, H, S, D_k]
+    return module.w_o(merge_heads(softmax_attention(q, k, v)))  # [B, S, D]

@@ -11,20 +11,24 @@
   ones; it is run against a zoo of implementations (exercise 3).
 * :func:`check_repeat_kv`: the reader expands key/value heads for grouped-query attention
   (exercise 4).
+* :func:`pack_qkv`, :func:`split_blocks`, :func:`split_groups`, :func:`packed_split_is_right`:
+  packed q/k/v projections (GPT-2's blocks, Falcon's groups) and a test that tells a right split
+  from a wrong one.
 
 Shapes: ``B`` batch, ``S`` positions, ``H`` heads, ``D_k`` per-head width, ``D = H * D_k``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from attnlib.heads import split_heads
 
-from .feedback import Feedback, correct, run_reader_code, todo, wrong
+from .feedback import Feedback, Mistake, close, correct, diagnose, run_reader_code, todo, wrong
 
 __all__ = [
     "memory_layout",
@@ -37,6 +41,12 @@ __all__ = [
     "SPLIT_ZOO",
     "check_split_test",
     "check_repeat_kv",
+    "REPEAT_KV_MISTAKES",
+    "STRIDE_MISTAKES",
+    "pack_qkv",
+    "split_blocks",
+    "split_groups",
+    "packed_split_is_right",
 ]
 
 #: The shapes each split/merge check runs on, ``(B, S, H, D_k)``. The first is the small example
@@ -183,6 +193,26 @@ def check_split_merge(split_fn: Callable[[Tensor, int], Tensor], merge_fn: Calla
     return correct("split_heads and merge_heads are right (checked on position-tagged data, two shapes, B = 2).")
 
 
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(torch.zeros(shape).stride())
+
+
+def _transposed(shape: tuple[int, ...], dims: tuple[int, int]) -> tuple[int, ...]:
+    return tuple(torch.zeros(shape).transpose(*dims).shape)
+
+
+#: The known mistakes of :func:`check_transposed_strides`: ``compute(shape, dims)`` is the tuple such an answer gives.
+STRIDE_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("strides before the transpose", lambda shape, dims: _strides(shape),
+            "those are the strides before the transpose. transpose keeps the memory and swaps two strides."),
+    Mistake("fresh contiguous tensor", lambda shape, dims: _strides(_transposed(shape, dims)),
+            "those are the strides of a fresh contiguous tensor of the new shape. A transpose is a view: "
+            "the numbers stay where they are, so the strides are the old ones, swapped."),
+    Mistake("bytes", lambda shape, dims: tuple(4 * st for st in torch.zeros(shape).transpose(*dims).stride()),
+            "those are bytes (float32 has 4 bytes per number); PyTorch counts strides in elements."),
+)
+
+
 def check_transposed_strides(answer: object, shape: tuple[int, ...] = (2, 5, 4, 3), dims: tuple[int, int] = (1, 2)) -> Feedback:
     """Exercise 2: the strides of ``torch.zeros(shape).transpose(*dims)``.
 
@@ -201,14 +231,9 @@ def check_transposed_strides(answer: object, shape: tuple[int, ...] = (2, 5, 4, 
         return wrong(f"a tensor with {len(shape)} axes has {len(shape)} strides, you gave {len(answer)}.")
     if answer == right:
         return correct(f"{right}: transpose moved no data, it swapped strides {dims[0]} and {dims[1]} of {tuple(base.stride())}.")
-    new_shape = tuple(base.transpose(*dims).shape)
-    if answer == tuple(base.stride()):
-        return wrong(f"{answer} are the strides before the transpose. transpose keeps the memory and swaps two strides.")
-    if answer == tuple(torch.zeros(new_shape).stride()):
-        return wrong(f"{answer} are the strides of a fresh contiguous tensor of shape {new_shape}. A transpose is a view: "
-                     "the numbers stay where they are, so the strides are the old ones, swapped.")
-    if answer == tuple(4 * s for s in right):
-        return wrong("those are bytes (float32 has 4 bytes per number); PyTorch counts strides in elements.")
+    for m in STRIDE_MISTAKES:
+        if answer == m.compute(shape, dims):
+            return wrong(m.hint)
     if sorted(answer) == sorted(right):
         return wrong("the right numbers in the wrong order: which two axes did transpose swap?")
     return wrong("stride i is how many elements you skip in memory to move one step along axis i. "
@@ -299,12 +324,66 @@ def check_split_test(test_fn: Callable[[Callable[[Tensor, int], Tensor]], bool])
 # --- exercise 4: expand key/value heads for grouped-query attention -----------------------------
 
 
+@contextmanager
+def _calls(*names: str) -> Iterator[set[str]]:
+    """Record which of ``torch.<name>`` / ``Tensor.<name>`` the code in the block calls (the originals still run)."""
+    used: set[str] = set()
+    saved = [(owner, name, getattr(owner, name)) for name in names for owner in (torch, torch.Tensor) if hasattr(owner, name)]
+
+    def spy(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            used.add(name)
+            return fn(*args, **kwargs)
+        return wrapper
+
+    try:
+        for owner, name, fn in saved:
+            setattr(owner, name, spy(name, fn))
+        yield used
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+
+
+def _only_if(condition: bool, t: Tensor) -> Tensor:
+    if not condition:
+        raise LookupError("this mistake needs another call")  # diagnose skips a mistake that cannot be computed
+    return t
+
+
+#: The known mistakes of :func:`check_repeat_kv`: ``compute(kv [B, H_kv, S, D_k], H, used)`` is what
+#: such an answer returns; ``used`` is the set of the calls it made (``repeat``, ``expand``, ...).
+REPEAT_KV_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("tiled with .repeat", lambda kv, H, used: _only_if("repeat" in used, kv.repeat(1, H // kv.shape[1], 1, 1)),
+            "query head 1 got key/value head 1, expected 0: you tiled the heads with .repeat (0, 1, 0, 1, ...); "
+            "grouped-query attention gives consecutive query heads the same key/value head (0, 0, 0, 1, 1, 1): "
+            "expand on a new axis right after the head axis, kv[:, :, None]."),
+    Mistake("group axis before the heads", lambda kv, H, used: _only_if(
+                "repeat" not in used, kv[:, None].expand(kv.shape[0], H // kv.shape[1], *kv.shape[1:]).reshape(kv.shape[0], H, *kv.shape[2:])),
+            "you expanded on a new axis *before* the head axis (kv[:, None]): merging (G, H_kv) gives the heads 0, 1, 0, 1, ... "
+            "Put the group axis right after the head axis, kv[:, :, None].expand(B, H_kv, G, S, D_k), so that the G copies "
+            "of a head are neighbours."),
+    Mistake("group axis after the positions", lambda kv, H, used: kv[:, :, :, None].expand(
+                *kv.shape[:3], H // kv.shape[1], kv.shape[3]).reshape(kv.shape[0], H, *kv.shape[2:]),
+            "you expanded on a new axis after the positions (kv[:, :, :, None]): reshaping then mixes positions into the "
+            "heads (query head 0 gets position 0 three times). Put the group axis right after the head axis: kv[:, :, None]."),
+    Mistake("H copies of each", lambda kv, H, used: kv.repeat_interleave(H, dim=1)[:, :H],
+            "the first query heads all got key/value head 0: you made H copies of each key/value head instead of "
+            "G = H // H_kv."),
+)
+
+
 def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> Feedback:
     """Exercise 4: ``fn(kv [B, H_kv, S, D_k], H) -> [B, H, S, D_k]`` where query head ``h`` gets
-    key/value head ``h // (H // H_kv)`` (consecutive query heads share a key/value head)."""
+    key/value head ``h // (H // H_kv)`` (consecutive query heads share a key/value head).
+
+    The exercise asks for ``expand`` (then ``reshape``); an answer that calls ``repeat_interleave``
+    is told so, even when its numbers are right.
+    """
     B, H_kv, S, d_k, H = 2, 2, 3, 4, 6
     kv = torch.arange(B * H_kv * S * d_k, dtype=torch.float64).view(B, H_kv, S, d_k)  # [B, H_kv, S, D_k]
-    result, fb = _call(fn, kv.clone(), H)
+    with _calls("repeat_interleave", "repeat", "expand") as used:
+        result, fb = _call(fn, kv.clone(), H)
     if fb is not None:
         return fb
     if not isinstance(result, Tensor):
@@ -313,19 +392,78 @@ def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> Feedback:
         if tuple(result.shape) == (B, H_kv * H, S, d_k):
             return wrong(f"the result has {H_kv * H} heads: repeat each key/value head H // H_kv = {H // H_kv} times, not H times.")
         return wrong(f"the result has shape {tuple(result.shape)}, expected [B, H, S, D_k] = {(B, H, S, d_k)}.")
-    got = result.detach().to("cpu", torch.float64)
     expected = kv.repeat_interleave(H // H_kv, dim=1)  # [B, H, S, D_k]
-    if torch.equal(got, expected):
+    if close(result, expected):
+        if "repeat_interleave" in used:
+            return wrong("the numbers are right, but the exercise asks for expand (then reshape), not repeat_interleave: "
+                         "insert a group axis after the head axis, kv[:, :, None], expand it to G = H // H_kv (a view, "
+                         "no copy), and merge (H_kv, G) into H with reshape.")
         return correct("each group of H // H_kv consecutive query heads reads the same key/value head.")
-    if torch.equal(got, kv.repeat(1, H // H_kv, 1, 1)):
-        return wrong("query head 1 got key/value head 1, expected 0: you tiled the heads (repeat gives 0, 1, 0, 1, ...); "
-                     "grouped-query attention gives consecutive query heads the same key/value head "
-                     "(repeat_interleave, or expand on a new axis after the head axis: 0, 0, 0, 1, 1, 1).")
+    hint = diagnose(result, REPEAT_KV_MISTAKES, kv, H, used)
+    if hint is not None:
+        return hint
+    got = result.detach().to("cpu", torch.float64)
     for h in range(H):
         for g in range(H_kv):
             if torch.equal(got[:, h], kv[:, g]) and g != h // (H // H_kv):
                 return wrong(f"query head {h} got key/value head {g}, expected {h // (H // H_kv)} = h // (H // H_kv).")
     return wrong("the result has the right shape but its heads are not copies of the key/value heads.")
+
+
+# --- packed projections: one matmul for q, k and v ----------------------------------------------
+
+
+def pack_qkv(w_q: Tensor, w_k: Tensor, w_v: Tensor, num_heads: int, num_kv_heads: int, layout: str) -> Tensor:
+    """One ``[(H + 2 H_kv) D_k, D]`` weight (``nn.Linear``'s ``[out, in]``) holding ``W_Q``, ``W_K``, ``W_V``.
+
+    ``layout="blocks"`` (GPT-2's ``c_attn``): all query features, then all key features, then all
+    value features. ``layout="groups"`` (Falcon's ``query_key_value`` with the new decoder
+    architecture): for each key/value head ``g``, its ``G = H / H_kv`` query heads, then key head
+    ``g``, then value head ``g``.
+    """
+    if layout == "blocks":
+        return torch.cat([w_q, w_k, w_v])  # [(H + 2 H_kv) D_k, D]
+    if layout != "groups":
+        raise ValueError(f"layout must be 'blocks' or 'groups', got {layout!r}")
+    d_k = w_q.shape[0] // num_heads
+    G, D = num_heads // num_kv_heads, w_q.shape[1]
+    q = w_q.view(num_kv_heads, G * d_k, D)  # [H_kv, G D_k, D]: the query heads of each group
+    k = w_k.view(num_kv_heads, d_k, D)  # [H_kv, D_k, D]
+    v = w_v.view(num_kv_heads, d_k, D)  # [H_kv, D_k, D]
+    return torch.cat([q, k, v], dim=1).reshape(-1, D)  # [H_kv (G + 2) D_k, D]
+
+
+def split_blocks(fused: Tensor, num_heads: int, num_kv_heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Split ``[B, S, (H + 2 H_kv) D_k]`` packed as blocks (GPT-2): ``q [B, H, S, D_k]``, ``k, v [B, H_kv, S, D_k]``."""
+    d_k = fused.shape[-1] // (num_heads + 2 * num_kv_heads)
+    q, k, v = fused.split([num_heads * d_k, num_kv_heads * d_k, num_kv_heads * d_k], dim=-1)  # [B, S, H D_k], ...
+    return split_heads(q, num_heads), split_heads(k, num_kv_heads), split_heads(v, num_kv_heads)
+
+
+def split_groups(fused: Tensor, num_heads: int, num_kv_heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Split ``[B, S, (H + 2 H_kv) D_k]`` packed in groups (Falcon): ``q [B, H, S, D_k]``, ``k, v [B, H_kv, S, D_k]``."""
+    B, S, F = fused.shape
+    G = num_heads // num_kv_heads
+    d_k = F // (num_heads + 2 * num_kv_heads)
+    qkv = fused.view(B, S, num_kv_heads, G + 2, d_k)  # [B, S, H_kv, G + 2, D_k]
+    q = qkv[:, :, :, :G].reshape(B, S, num_heads, d_k)  # [B, S, H, D_k], group after group
+    k, v = qkv[:, :, :, G], qkv[:, :, :, G + 1]  # each [B, S, H_kv, D_k]
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, D_k], [B, H_kv, S, D_k] x 2
+
+
+def packed_split_is_right(split: Callable[[Tensor, int, int], tuple[Tensor, Tensor, Tensor]], layout: str,
+                          num_heads: int = 4, num_kv_heads: int = 2, d_k: int = 3, seed: int = 0) -> bool:
+    """A test for a packed-QKV split: pack random ``W_Q, W_K, W_V`` in ``layout``, project once, split,
+    and compare with the three separate projections (with ``H_kv > 1``: for ``H_kv = 1`` the two
+    layouts coincide and a wrong split cannot show)."""
+    gen = torch.Generator().manual_seed(seed)
+    D = num_heads * d_k
+    w_q, w_k, w_v = (torch.randn(h * d_k, D, generator=gen, dtype=torch.float64) for h in (num_heads, num_kv_heads, num_kv_heads))
+    x = torch.randn(2, 5, D, generator=gen, dtype=torch.float64)  # [B, S, D]
+    fused = x @ pack_qkv(w_q, w_k, w_v, num_heads, num_kv_heads, layout).T  # [B, S, (H + 2 H_kv) D_k]: one matmul
+    got = split(fused, num_heads, num_kv_heads)
+    want = (split_heads(x @ w_q.T, num_heads), split_heads(x @ w_k.T, num_kv_heads), split_heads(x @ w_v.T, num_kv_heads))
+    return all(g.shape == w.shape and torch.allclose(g, w) for g, w in zip(got, want))
 
 
 # --- the memory-layout figure ---------------------------------------------------------------

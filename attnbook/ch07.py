@@ -12,7 +12,8 @@ The right answers are computed from the model itself (:mod:`attnlib.pretrained`)
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -22,9 +23,12 @@ from attnlib.multihead import MultiHeadSelfAttention
 
 from .feedback import (
     Feedback,
+    Mistake,
     as_cpu_float64,
+    close,
     compare_tensors,
     correct,
+    diagnose,
     run_reader_code,
     wrong,
 )
@@ -36,13 +40,31 @@ __all__ = [
     "check_layer",
     "head_pattern_scores",
     "top_heads",
+    "value_through_head",
     "weighted_value_norms",
+    "head_contributions",
+    "norm_shares",
+    "layer0_input",
+    "mean_pool",
+    "attnlib_layers",
+    "encoder_layer",
+    "head_removed",
+    "SentencePairs",
+    "load_sentence_pairs",
+    "Ablation",
+    "head_ablation",
+    "line_view_svg",
+    "svg_slider",
+    "live_line_view",
     "LINK_CASES",
     "link_case",
     "reference_strongest_link",
     "reference_previous_token_score",
+    "LINK_MISTAKES",
+    "PREVIOUS_MISTAKES",
     "check_strongest_link",
     "check_previous_token_score",
+    "COPY_MISTAKES",
     "check_copy_layer",
 ]
 
@@ -175,27 +197,41 @@ def top_heads(score: Tensor, k: int = 3) -> list[tuple[int, int, float]]:
 
 
 @torch.no_grad()
-def weighted_value_norms(model: nn.Module, run: ModelRun, layer_index: int, head: int, batch_index: int = 0) -> Tensor:
-    """How much each key actually moves each query in one head: ``||w_ij * f(x_j)||``.
+def value_through_head(model: nn.Module, run: ModelRun, layer_index: int, head: int, batch_index: int = 0) -> Tensor:
+    """``[S, D]``: row ``j`` is ``f_h(x_j) = (x_j W_v + b_v)_h W_o,h``, what key ``j`` would add through head ``h``.
 
-    ``f(x_j) = (x_j W_v + b_v)_h W_o,h`` is what key ``j`` would add to the layer's output through
-    head ``h`` (its value, pushed through that head's slice of the output projection). A large
-    weight on a key whose ``f(x_j)`` is tiny changes little (Kobayashi et al., 2020,
-    *Attention is Not Only a Weight*).
-
-    Returns:
-        ``[S, S]``: entry ``[i, j]`` is ``weights[i, j] * ||f(x_j)||`` for the sentence ``batch_index``.
+    That is key ``j``'s value in head ``h``, pushed through that head's slice of the output projection.
     """
     mine = P.layer_to_attnlib(model, layer_index)
     if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < mine.num_heads:
         raise ValueError(f"head must be an int in 0..{mine.num_heads - 1}, got {head!r}")
     x = run.layer_inputs[layer_index][batch_index]  # [S, D]
-    d_k = mine.d_k
-    cols = slice(head * d_k, (head + 1) * d_k)
+    cols = slice(head * mine.d_k, (head + 1) * mine.d_k)
     v = mine.w_v(x)[:, cols]  # [S, D_k], head h's values
-    f = v @ mine.w_o.weight[:, cols].T  # [S, D_k] @ [D_k, D] -> [S, D]
+    return v @ mine.w_o.weight[:, cols].T  # [S, D_k] @ [D_k, D] -> [S, D]
+
+
+@torch.no_grad()
+def weighted_value_norms(model: nn.Module, run: ModelRun, layer_index: int, head: int, batch_index: int = 0) -> Tensor:
+    """How much each key actually moves each query in one head: ``||w_ij * f(x_j)||``.
+
+    ``f`` is :func:`value_through_head`. A large weight on a key whose ``f(x_j)`` is tiny changes
+    little (Kobayashi et al., 2020, *Attention is Not Only a Weight*).
+
+    Returns:
+        ``[S, S]``: entry ``[i, j]`` is ``weights[i, j] * ||f(x_j)||`` for the sentence ``batch_index``.
+    """
+    f = value_through_head(model, run, layer_index, head, batch_index)  # [S, D]
     w = run.attentions[layer_index, batch_index, head]  # [S, S]
     return w * f.norm(dim=-1)[None, :]  # [S, S]
+
+
+@torch.no_grad()
+def head_contributions(model: nn.Module, run: ModelRun, layer_index: int, head: int, query: int, batch_index: int = 0) -> Tensor:
+    """``[S, D]``: row ``j`` is ``w_ij f_h(x_j)``, what key ``j`` adds to query ``query`` through one head."""
+    f = value_through_head(model, run, layer_index, head, batch_index)  # [S, D]
+    w = run.attentions[layer_index, batch_index, head, query]  # [S]
+    return w[:, None] * f  # [S, D]
 
 
 # --- checkers -------------------------------------------------------------------------------
@@ -235,6 +271,23 @@ def _as_pair(result: Any) -> tuple[int, int] | None:
     return None
 
 
+def _link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
+    return torch.tensor(reference_strongest_link(weights, toks, query, key))  # [2]: (layer, head)
+
+
+#: The known mistakes of :func:`check_strongest_link`: ``compute(weights, toks, query, key)`` gives
+#: the ``(layer, head)`` such an answer returns, as a tensor ``[2]``.
+LINK_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("counted from 1", lambda w, t, q, k: _link(w, t, q, k) + 1,
+            "layers and heads are counted from 0 in PyTorch (and in this book); you counted from 1."),
+    Mistake("key's row", lambda w, t, q, k: _link(w.transpose(-1, -2), t, q, k),
+            "you found where the key token attends to the query token. weights[l, h, i, j] is how much query i "
+            "takes from key j: read the query's row and the key's column."),
+    Mistake("swapped", lambda w, t, q, k: _link(w, t, q, k).flip(0),
+            "layer and head are swapped: weights is [L, H, S, S], so return (layer, head)."),
+)
+
+
 def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Feedback:
     """Check ``fn(weights [L, H, S, S], tokens, query, key) -> (layer, head)`` on both :data:`LINK_CASES`."""
     for case in range(len(LINK_CASES)):
@@ -252,17 +305,12 @@ def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Fe
         expected = reference_strongest_link(weights, toks, query, key)
         if got == expected:
             continue
-        sentence = LINK_CASES[case][0]
-        if got == (expected[0] + 1, expected[1] + 1):
-            return wrong("layers and heads are counted from 0 in PyTorch (and in this book); you counted from 1.")
-        if got == reference_strongest_link(weights.transpose(-1, -2), toks, query, key):
-            return wrong(f"you found where {key!r} attends to {query!r}. weights[l, h, i, j] is how much query i "
-                         f"takes from key j: read the row of {query!r} and its column {key!r}.")
-        if got == (expected[1], expected[0]):
-            return wrong("layer and head are swapped: weights is [L, H, S, S], so return (layer, head).")
+        hint = diagnose(torch.tensor(got), LINK_MISTAKES, weights, toks, query, key)
+        if hint is not None:
+            return hint
         if not (0 <= got[0] < L and 0 <= got[1] < H):
             return wrong(f"({got[0]}, {got[1]}) is not a head of this model: layers are 0..{L - 1}, heads 0..{H - 1}.")
-        return wrong(f"for {sentence!r} (query {query!r}, key {key!r}) you returned {got}; the weight there is "
+        return wrong(f"for {LINK_CASES[case][0]!r} (query {query!r}, key {key!r}) you returned {got}; the weight there is "
                      f"{float(weights[got[0], got[1], toks.index(query), toks.index(key)]):.2f}, but another head "
                      f"puts more on {key!r}. Did you find the tokens' positions with tokens.index(...), counting [CLS]?")
     return correct("you found the head from the data, for the book's sentence and for a second one.")
@@ -273,6 +321,17 @@ def reference_previous_token_score(weights: Tensor) -> Tensor:
     return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)  # [L, H, S-1] -> [L, H]
 
 
+#: The known mistakes of :func:`check_previous_token_score`: ``compute(weights [L, H, S, S]) -> [L, H]``.
+PREVIOUS_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("next token", lambda w: w.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1),
+            "that is the weight on the next token (i+1). Entry [i, i-1] lies just below the diagonal: diagonal(offset=-1)."),
+    Mistake("divided by S", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / w.shape[-1],
+            "you divided by S; only S - 1 queries have a previous token."),
+    Mistake("the diagonal", lambda w: w.diagonal(dim1=-2, dim2=-1).mean(-1),
+            "that is the weight on the token itself (the diagonal); the previous token is offset -1."),
+)
+
+
 def check_previous_token_score(fn: Callable[[Tensor], Any]) -> Feedback:
     """Check ``fn(weights [L, H, S, S]) -> [L, H]`` on the book's sentence."""
     weights, _, _, _ = link_case(0)
@@ -280,23 +339,58 @@ def check_previous_token_score(fn: Callable[[Tensor], Any]) -> Feedback:
     if fb is not None:
         return fb
     expected = reference_previous_token_score(weights)
-    if isinstance(result, Tensor) and tuple(result.shape) == tuple(expected.shape):
-        r = as_cpu_float64(result)
-
-        def same(t: Tensor) -> bool:
-            return torch.allclose(r, as_cpu_float64(t), atol=1e-5)
-
-        if same(expected):
-            return correct("that is the previous-token score of all 72 heads.")
-        if same(weights.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1)):
-            return wrong("that is the weight on the next token (i+1). Entry [i, i-1] lies just below the "
-                         "diagonal: diagonal(offset=-1).")
-        if same(weights.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / weights.shape[-1]):
-            return wrong(f"you divided by S = {weights.shape[-1]}; only S - 1 queries have a previous token.")
-        if same(weights.diagonal(dim1=-2, dim2=-1).mean(-1)):
-            return wrong("that is the weight on the token itself (the diagonal); the previous token is offset -1.")
+    if close(result, expected):
+        return correct("that is the previous-token score of all 72 heads.")
+    hint = diagnose(result, PREVIOUS_MISTAKES, weights)
+    if hint is not None:
+        return hint
     mismatch = compare_tensors(result, expected, name="your score")
     return mismatch if mismatch is not None else correct("that is the previous-token score of all 72 heads.")
+
+
+def _copied(model: nn.Module, layer_index: int, *, transpose: bool = False, bias: bool = True,
+            swap: tuple[str, str] | None = None) -> MultiHeadSelfAttention:
+    """Layer ``layer_index`` copied into attnlib with one mistake (the defaults copy it right)."""
+    attn = P.encoder_layers(model)[layer_index].attention
+    src = {"w_q": attn.self.query, "w_k": attn.self.key, "w_v": attn.self.value, "w_o": attn.output.dense}
+    if swap is not None:
+        a, b = swap
+        src[a], src[b] = src[b], src[a]
+    mine = MultiHeadSelfAttention(384, 12, bias=bias).to(attn.self.query.weight)
+    with torch.no_grad():
+        for name, theirs in src.items():
+            ours = getattr(mine, name)
+            ours.weight.copy_(theirs.weight.T if transpose else theirs.weight)
+            if bias:
+                ours.bias.copy_(theirs.bias)
+    return mine
+
+
+#: The known whole-module mistakes of :func:`check_copy_layer`: ``compute(model, layer_index)`` is the
+#: module such an answer builds. Partial slips (one projection, one bias) get the per-parameter
+#: diagnosis of :func:`_diagnose_copy`.
+COPY_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("transposed", lambda m, i: _copied(m, i, transpose=True),
+            "every weight is transposed. nn.Linear stores weight as [out, in] in both libraries, so copy it as it is "
+            "(no .T); with D x D weights the shapes cannot warn you."),
+    Mistake("no biases", lambda m, i: _copied(m, i, bias=False),
+            "your module has no biases; BERT's projections have one each: build the module with bias=True and copy .bias as well."),
+    Mistake("key and value swapped", lambda m, i: _copied(m, i, swap=("w_k", "w_v")),
+            "w_k holds the weights of attention.self.value and w_v those of attention.self.key; match w_q/w_k/w_v/w_o "
+            "to query/key/value/output.dense."),
+    Mistake("query and key swapped", lambda m, i: _copied(m, i, swap=("w_q", "w_k")),
+            "w_q holds the weights of attention.self.key and w_k those of attention.self.query. The scores q k^T would "
+            "only be transposed, but the weights are not: match w_q/w_k/w_v/w_o to query/key/value/output.dense."),
+    Mistake("next layer", lambda m, i: _copied(m, (i + 1) % len(P.encoder_layers(m))),
+            "your weights come from the next layer: model.encoder.layer[layer_index] is the layer asked for (counted from 0)."),
+    Mistake("previous layer", lambda m, i: _copied(m, (i - 1) % len(P.encoder_layers(m))),
+            "your weights come from the previous layer: model.encoder.layer[layer_index] is the layer asked for (counted from 0)."),
+)
+
+
+def _same_module(a: MultiHeadSelfAttention, b: MultiHeadSelfAttention) -> bool:
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    return pa.keys() == pb.keys() and all(_same(pa[k], pb[k]) for k in pa)
 
 
 def _same(a: Tensor, b: Tensor) -> bool:
@@ -355,6 +449,9 @@ def check_copy_layer(fn: Callable[[nn.Module, int], Any], layers: Sequence[int] 
         if (result.d_model, result.num_heads) != (384, 12):
             return wrong(f"the model has D = 384 and H = 12 heads; your module has d_model = {result.d_model}, "
                          f"num_heads = {result.num_heads}.")
+        for m in COPY_MISTAKES:
+            if _same_module(result, m.compute(model, layer_index)):
+                return wrong(m.hint)
         hint = _diagnose_copy(result, model, layer_index)
         if hint is not None:
             return hint
@@ -367,3 +464,257 @@ def check_copy_layer(fn: Callable[[nn.Module, int], Any], layers: Sequence[int] 
                          f"(weights by {float(w.max()):.1e}, output by {float(o.max()):.1e}).")
     return correct(f"your copies of layers {', '.join(map(str, layers))} reproduce the model's attention "
                    "weights and dense outputs to within 1e-5 on a padded batch.")
+
+
+# --- the input of layer 0, sentence embeddings and the head ablation -------------------------
+
+
+@torch.no_grad()
+def layer0_input(model: nn.Module, enc: dict[str, Tensor]) -> Tensor:
+    """``[B, S, D]``: LayerNorm(token + position + token-type embeddings), from the model's own modules.
+
+    BERT's embedding block adds three learned tables (word piece, absolute position ``0..S-1``
+    and segment, all 0 for a single sentence), normalises the sum and applies dropout (a no-op in
+    ``eval()``). The result is ``hidden_states[0]``, the input of layer 0.
+    """
+    emb = model.embeddings
+    ids = enc["input_ids"]  # [B, S]
+    positions = torch.arange(ids.shape[1], device=ids.device)[None, :]  # [1, S]
+    total = emb.word_embeddings(ids) + emb.position_embeddings(positions) + emb.token_type_embeddings(enc["token_type_ids"])
+    return emb.LayerNorm(total)  # [B, S, D]
+
+
+def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
+    """``[B, D]`` sentence embeddings: mean of the real tokens' vectors, then L2-normalised.
+
+    This is the pooling all-MiniLM-L6-v2 ships with (``1_Pooling/config.json``:
+    ``pooling_mode_mean_tokens``, then a ``Normalize`` module), so a dot product of two
+    embeddings is their cosine similarity.
+    """
+    m = attention_mask.to(hidden.dtype)[..., None]  # [B, S, 1]
+    mean = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)  # [B, D]
+    return torch.nn.functional.normalize(mean, dim=-1)  # [B, D]
+
+
+def attnlib_layers(model: nn.Module) -> list[MultiHeadSelfAttention]:
+    """The attention of every layer copied into ``attnlib.MultiHeadSelfAttention`` (:func:`layer_to_attnlib`)."""
+    return [P.layer_to_attnlib(model, i) for i in range(len(P.encoder_layers(model)))]
+
+
+@torch.no_grad()
+def encoder_layer(model: nn.Module, layer_index: int, attention: MultiHeadSelfAttention, x: Tensor, attention_mask: Tensor) -> Tensor:
+    """One BERT layer with its attention replaced by ``attention`` (an attnlib module): ``[B, S, D] -> [B, S, D]``.
+
+    ``LayerNorm(x + attention(x))``, then the layer's own feed-forward block with its residual and LayerNorm.
+    """
+    layer = P.encoder_layers(model)[layer_index]
+    dense = attention(x, attention_mask, need_weights=False).hidden_states  # [B, S, D]
+    after_attention = layer.attention.output.LayerNorm(x + dense)  # [B, S, D]
+    return layer.output(layer.intermediate(after_attention), after_attention)  # [B, S, D]
+
+
+@contextmanager
+def head_removed(attention: MultiHeadSelfAttention, head: int) -> Iterator[MultiHeadSelfAttention]:
+    """Inside the ``with`` block, head ``head`` of ``attention`` adds nothing: its ``D_k`` input columns of ``W_O`` are zero.
+
+    ``Concat(heads) W_O = sum_h head_h W_O^(h)``, so zeroing the block ``W_O^(h)`` removes exactly head
+    ``h``'s contribution, as a head mask of 0 does (Michel et al., 2019); ``W_O``'s bias stays. The
+    weights are restored on exit.
+    """
+    if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < attention.num_heads:
+        raise ValueError(f"head must be an int in 0..{attention.num_heads - 1}, got {head!r}")
+    cols = slice(head * attention.d_k, (head + 1) * attention.d_k)
+    with torch.no_grad():
+        saved = attention.w_o.weight[:, cols].clone()  # [D, D_k]
+        attention.w_o.weight[:, cols] = 0.0
+    try:
+        yield attention
+    finally:
+        with torch.no_grad():
+            attention.w_o.weight[:, cols] = saved
+
+
+class SentencePairs(NamedTuple):
+    """The book's sentence pairs (``attnbook/data/sentence_pairs.tsv``)."""
+
+    kinds: list[str]
+    first: list[str]
+    second: list[str]
+
+
+def load_sentence_pairs() -> SentencePairs:
+    """Read ``attnbook/data/sentence_pairs.tsv`` (``kind<TAB>sentence_a<TAB>sentence_b``, ``#`` comments)."""
+    from .toy_lm import DATA_DIR
+
+    kinds, first, second = [], [], []
+    for line in (DATA_DIR / "sentence_pairs.tsv").read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            kind, a, b = line.split("\t")
+            kinds.append(kind)
+            first.append(a)
+            second.append(b)
+    return SentencePairs(kinds, first, second)
+
+
+class Ablation(NamedTuple):
+    """Cosine similarities of the pairs' sentence embeddings, with all heads and with one head removed.
+
+    Attributes:
+        baseline: ``[P]`` similarity of each pair, attnlib copy with every head.
+        model_baseline: ``[P]`` the same from the Hugging Face model itself (must equal ``baseline``).
+        ablated: ``[L, H, P]`` similarity of each pair with head ``(l, h)`` removed.
+        paraphrase: ``[P]`` bool, True for the paraphrase pairs.
+    """
+
+    baseline: Tensor
+    model_baseline: Tensor
+    ablated: Tensor
+    paraphrase: Tensor
+
+    def effect(self) -> Tensor:
+        """``[L, H]``: mean over pairs of ``|similarity without the head - with it|``."""
+        return (self.ablated - self.baseline).abs().mean(-1)
+
+    def margin(self, sims: Tensor) -> Tensor:
+        """Mean similarity of paraphrase pairs minus that of unrelated pairs (``[...]`` for ``[..., P]``)."""
+        return sims[..., self.paraphrase].mean(-1) - sims[..., ~self.paraphrase].mean(-1)
+
+
+@torch.no_grad()
+def head_ablation(model: nn.Module, tokenizer: Any, pairs: SentencePairs | None = None) -> Ablation:
+    """Remove each of the L x H heads in turn (through the attnlib copy) and re-embed every sentence.
+
+    Every distinct sentence goes through the model once per ablation, all in one padded batch. For head ``(l, h)`` the layers before
+    ``l`` are unchanged, so their output is computed once and reused; layer ``l`` runs again with ``W_O^(h)``
+    zeroed (:func:`head_removed`), and the ``H`` results go through layers ``l+1 .. L-1`` as one batch.
+    """
+    pairs = load_sentence_pairs() if pairs is None else pairs
+    sentences = sorted(set(pairs.first + pairs.second), key=lambda t: len(tokenizer.tokenize(t)))  # each once, short first
+    index = {t: i for i, t in enumerate(sentences)}
+    a = torch.tensor([index[t] for t in pairs.first])
+    b = torch.tensor([index[t] for t in pairs.second])
+    n = len(pairs.first)
+    device = next(model.parameters()).device
+    enc = P.encode(tokenizer, sentences, device)
+    mask = enc["attention_mask"]
+    copies = attnlib_layers(model)
+
+    def similarity(hidden: Tensor) -> Tensor:  # [N, S, D] -> [P]
+        e = mean_pool(hidden, mask)  # [N, D]
+        return (e[a] * e[b]).sum(-1)
+
+    inputs = [layer0_input(model, enc)]  # inputs[l]: the input of layer l with every head
+    for l, attention in enumerate(copies):
+        inputs.append(encoder_layer(model, l, attention, inputs[l], mask))
+    baseline = similarity(inputs[-1])
+    model_baseline = similarity(model(**enc).last_hidden_state)
+    L, H = len(copies), copies[0].num_heads
+    ablated = torch.empty(L, H, n, device=device)
+    for l in range(L):
+        outs = []
+        for h in range(H):
+            with head_removed(copies[l], h) as reduced:
+                outs.append(encoder_layer(model, l, reduced, inputs[l], mask))  # [N, S, D]
+        x = torch.cat(outs)  # [H * N, S, D]: the H ablations of layer l as one batch
+        for later in range(l + 1, L):
+            x = encoder_layer(model, later, copies[later], x, mask.repeat(H, 1))
+        ablated[l] = torch.stack([similarity(part) for part in x.chunk(H)])  # [H, P]
+    paraphrase = torch.tensor([k == "paraphrase" for k in pairs.kinds], device=device)
+    return Ablation(baseline.cpu(), model_baseline.cpu(), ablated.cpu(), paraphrase.cpu())
+
+
+def norm_shares(contributions: Tensor) -> dict[str, Tensor]:
+    """Two different "shares" of each key in what one head adds to one query.
+
+    Args:
+        contributions: ``[S, D]``, row ``j`` is ``w_j f(x_j)``, key ``j``'s vector in the head's output.
+
+    Returns:
+        ``"of_sum_of_norms"``: ``||w_j f(x_j)|| / sum_k ||w_k f(x_k)||`` (sums to 1, but norms do not add);
+        ``"projection"``: ``<w_j f(x_j), total> / ||total||^2`` with ``total = sum_k w_k f(x_k)``, the part of
+        the head's actual output vector that key ``j`` accounts for along that vector (also sums to 1,
+        and can be negative: a key can pull against the total).
+    """
+    norms = contributions.norm(dim=-1)  # [S]
+    total = contributions.sum(0)  # [D]
+    return {"of_sum_of_norms": norms / norms.sum(), "projection": contributions @ total / total.dot(total)}
+
+
+# --- a line view of one head (BertViz style), kernel-free -------------------------------------
+
+
+def line_view_svg(weights: Tensor, toks: Sequence[str], *, title: str, query: int | None = None,
+                  min_weight: float = 0.01) -> str:
+    """One head as an SVG: queries on the left, keys on the right, a line per pair, opacity = weight.
+
+    ``weights`` is ``[S, S]`` (rows are queries). With ``query`` set, only that query's lines are
+    drawn. Lines below ``min_weight`` are left out (invisible anyway). The SVG has ``role="img"``, an
+    ``aria-label`` and a ``<title>``, and its ``<desc>`` lists every query's strongest key, so a screen
+    reader gets the same content as the picture.
+    """
+    import html as _html
+
+    w = as_cpu_float64(weights)
+    S = w.shape[0]
+    if tuple(w.shape) != (S, S) or len(toks) != S:
+        raise ValueError(f"weights must be [S, S] with S = len(toks) = {len(toks)}, got {tuple(w.shape)}")
+    row_h, width, left, right, top = 22, 360, 110, 250, 30
+    height = top + S * row_h + 6
+    ys = [top + i * row_h + row_h / 2 for i in range(S)]
+    rows = range(S) if query is None else [query]
+    strongest = "; ".join(f"{toks[i]} to {toks[int(w[i].argmax())]} {float(w[i].max()):.2f}" for i in rows)
+    label = f"{title}. Line view: each query on the left is joined to each key on the right, darker lines carry more weight."
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{_html.escape(label)}" '
+        f'viewBox="0 0 {width} {height}" style="max-width:{width}px;width:100%;height:auto;font-family:sans-serif">',
+        f"<title>{_html.escape(title)}</title><desc>{_html.escape('Strongest key of each query: ' + strongest)}</desc>",
+        f'<text x="{left - 8}" y="16" text-anchor="end" font-size="13" fill="currentColor">query</text>',
+        f'<text x="{right + 8}" y="16" font-size="13" fill="currentColor">key</text>',
+    ]
+    for i in rows:
+        for j in range(S):
+            if float(w[i, j]) >= min_weight:
+                parts.append(f'<line x1="{left}" y1="{ys[i]:.1f}" x2="{right}" y2="{ys[j]:.1f}" stroke="#0072B2" '
+                             f'stroke-width="3" stroke-opacity="{float(w[i, j]):.3f}"/>')
+    for i, t in enumerate(toks):
+        weight = "bold" if i == query else "normal"
+        parts.append(f'<text x="{left - 8}" y="{ys[i] + 5:.1f}" text-anchor="end" font-size="14" font-weight="{weight}" '
+                     f'fill="currentColor">{_html.escape(t)}</text>')
+        parts.append(f'<text x="{right + 8}" y="{ys[i] + 5:.1f}" font-size="14" fill="currentColor">{_html.escape(t)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def svg_slider(svgs: Sequence[str], labels: Sequence[str], *, slider_label: str, title: str, initial: int = 0) -> Any:
+    """A kernel-free slider over pre-rendered SVGs (each carries its own ``role="img"`` and text alternative)."""
+    import hashlib
+    import html as _html
+
+    from IPython.display import HTML
+
+    if len(svgs) != len(labels) or not svgs or not 0 <= initial < len(svgs):
+        raise ValueError(f"need as many labels as SVGs (got {len(labels)} and {len(svgs)}) and 0 <= initial < {len(svgs)}")
+    uid = "attnbook-lines-" + hashlib.sha1("".join(svgs).encode()).hexdigest()[:10]
+    frames = "".join(f'<div class="attnbook-lines-frame" data-index="{i}"{"" if i == initial else " hidden"}>{s}</div>'
+                     for i, s in enumerate(svgs))
+    names = "[" + ",".join('"' + _html.escape(lab).replace('"', "&quot;") + '"' for lab in labels) + "]"
+    script = (f'<script>(function(){{var r=document.getElementById("{uid}");if(!r)return;'
+              f'var i=r.querySelector("input"),o=r.querySelector("output"),n={names};'
+              'function s(){var k=Number(i.value);r.querySelectorAll(".attnbook-lines-frame").forEach(function(f){'
+              'f.hidden=Number(f.dataset.index)!==k;});o.textContent=n[k];}i.addEventListener("input",s);s();})();</script>')
+    return HTML(
+        f'<div id="{uid}" class="attnbook-lines"><div style="font-weight:bold">{_html.escape(title)}</div>'
+        f'<label style="display:block;margin:6px 0">{_html.escape(slider_label)}: <input type="range" min="0" '
+        f'max="{len(svgs) - 1}" step="1" value="{initial}" aria-label="{_html.escape(slider_label)}" style="width:16em;vertical-align:middle"> '
+        f"<output>{_html.escape(labels[initial])}</output></label>{frames}{script}</div>"
+    )
+
+
+def live_line_view(svg_fn: Callable[..., str], **controls: Any) -> Any:
+    """``svg_fn(**values)`` redrawn under ipywidgets controls (needs a kernel; the book tags the cell like a live slider)."""
+    import ipywidgets
+    from IPython.display import HTML, display
+
+    widget = ipywidgets.interactive(lambda **values: display(HTML(svg_fn(**values))), **controls)
+    display(widget)
+    return widget

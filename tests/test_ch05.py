@@ -8,7 +8,15 @@ import pytest
 import torch
 from torch import Tensor
 
-from attnbook.ch05 import check_param_count, check_per_head_loop, check_weights_bytes
+from attnbook import ch05
+from attnbook.ch05 import (
+    BYTES_MISTAKES,
+    LOOP_MISTAKES,
+    PARAM_MISTAKES,
+    check_param_count,
+    check_per_head_loop,
+    check_weights_bytes,
+)
 from attnlib import MultiHeadSelfAttention
 
 # --- parameter count -------------------------------------------------------------------------
@@ -19,15 +27,22 @@ def test_param_count_right_and_stub() -> None:
     assert check_param_count(None).status == "todo"
 
 
+@pytest.mark.parametrize("mistake", PARAM_MISTAKES, ids=lambda m: m.name)
+def test_param_count_gives_each_table_hint(mistake) -> None:  # type: ignore[no-untyped-def]
+    fb = check_param_count(mistake.compute(1024, 16))
+    assert fb.status == "wrong" and fb.message == mistake.hint
+
+
+def test_param_count_table_entries_are_distinct_and_wrong() -> None:
+    values = [m.compute(1024, 16) for m in PARAM_MISTAKES]
+    assert len(set(values)) == len(values) and 4 * 1024**2 + 4 * 1024 not in values
+
+
 @pytest.mark.parametrize(
     "answer, hint",
     [
-        (4 * 1024**2, "bias"),
-        (3 * 1024**2 + 3 * 1024, "W_O"),
-        (3 * 1024**2, "W_O"),
-        (16 * (4 * 1024**2 + 4 * 1024), "H does not multiply"),
-        (4 * 1024 * 64, "one head"),
         ("many", "number"),
+        (1.5, "whole number"),
         (123, "not it"),
     ],
 )
@@ -72,19 +87,32 @@ def test_per_head_loop_stub_and_crash() -> None:
     assert fb.status == "wrong" and "per-head loop" in fb.message
 
 
+@pytest.mark.parametrize("mistake", LOOP_MISTAKES, ids=lambda m: m.name)
+def test_per_head_loop_gives_each_table_hint(mistake) -> None:  # type: ignore[no-untyped-def]
+    fb = check_per_head_loop(lambda x, m: mistake.compute(m, x))
+    assert fb.status == "wrong" and fb.message == mistake.hint, fb.message
+
+
+def test_loop_mistakes_differ_from_the_right_answer_and_from_each_other() -> None:
+    ref, x = ch05._reference_module()
+    with torch.no_grad():
+        results = [ref(x).hidden_states] + [m.compute(ref, x) for m in LOOP_MISTAKES]
+        assert torch.allclose(ch05._loop(ref, x), results[0], atol=1e-5)
+    for i in range(len(results)):
+        for j in range(i):
+            assert not torch.allclose(results[i], results[j], atol=1e-3), (i, j)
+
+
 @pytest.mark.parametrize(
     "kwargs, hint",
     [
         (dict(use_wo=False), "output projection"),
         (dict(scale_by="D"), "1/sqrt(D)"),
-        (dict(scale_by="none"), "not scaled"),
-        (dict(scale_by="d_k_plain"), "square root"),
-        (dict(dim=-2), "dim=-1"),
         (dict(reverse=True), "reverse order"),
         (dict(columns=True), "columns"),
     ],
 )
-def test_per_head_loop_hints(kwargs: dict, hint: str) -> None:
+def test_per_head_loop_hints_for_an_independent_loop(kwargs: dict, hint: str) -> None:
     fb = check_per_head_loop(lambda x, m: loop(x, m, **kwargs))
     assert fb.status == "wrong" and hint in fb.message, fb.message
 
@@ -121,15 +149,16 @@ def test_weights_bytes_right_and_stub() -> None:
     assert check_weights_bytes(stub).status == "todo"
 
 
+@pytest.mark.parametrize("mistake", BYTES_MISTAKES, ids=lambda m: m.name)
+def test_weights_bytes_gives_each_table_hint(mistake) -> None:  # type: ignore[no-untyped-def]
+    fb = check_weights_bytes(mistake.compute)
+    assert fb.status == "wrong" and fb.message.endswith(mistake.hint), fb.message
+
+
 @pytest.mark.parametrize(
     "fn, hint",
     [
-        (lambda B, H, S, dt: B * H * S * S, "number of elements"),
-        (lambda B, H, S, dt: B * H * S * S * 4, "not 4"),
-        (lambda B, H, S, dt: B * S * S * torch.empty((), dtype=dt).element_size(), "multiply by H"),
-        (lambda B, H, S, dt: B * H * S * torch.empty((), dtype=dt).element_size(), "S·S"),
-        (lambda B, H, S, dt: H * S * S * torch.empty((), dtype=dt).element_size(), "multiply by B"),
-        (lambda B, H, S, dt: 8 * right_bytes(B, H, S, dt), "bits"),
+        (lambda B, H, S, dt: B * H * S * S * 2, "hard-coded 2 bytes"),
         (lambda B, H, S, dt: "big", "an int"),
         (lambda B, H, S, dt: right_bytes(B, H, S, dt) + 1, "expected"),
     ],
@@ -137,3 +166,34 @@ def test_weights_bytes_right_and_stub() -> None:
 def test_weights_bytes_hints(fn, hint: str) -> None:  # type: ignore[no-untyped-def]
     fb = check_weights_bytes(fn)
     assert fb.status == "wrong" and hint in fb.message, fb.message
+
+
+# --- the two-relation example and the three attention paths ----------------------------------
+
+
+def test_best_single_head_leaves_half_the_target_for_any_rotation() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        U, W = ch05.relation_subspaces(gen)
+        assert torch.allclose(U.T @ W, torch.zeros(6, 6, dtype=torch.float64), atol=1e-12)
+        err, _ = ch05.best_single_head_error(U, W, n=3000, generator=gen)
+        assert 0.48 < err < 0.5  # in-sample least squares can only flatter the head, by about d / n
+
+
+def test_two_heads_serve_both_relations_wherever_the_tokens_and_features_sit() -> None:
+    gen = torch.Generator().manual_seed(1)
+    S = 12
+    for query, antecedent, predicate in ((8, 1, 10), (8, 10, 1), (0, 5, 6)):
+        U, W = ch05.relation_subspaces(gen)
+        x = ch05.relation_batch(64, S, 12, gen)  # [n, S, S + d]
+        with torch.no_grad():
+            out = ch05.two_head_module(U, W, S, query, antecedent, predicate)(x).hidden_states[:, query, S:]  # [n, d]
+        target = x[:, antecedent, S:] @ U @ U.T + x[:, predicate, S:] @ W @ W.T
+        assert ch05.relative_error(out, target) < 1e-4
+
+
+def test_the_three_core_paths_agree() -> None:
+    q, k, v = (torch.randn(2, 4, 7, 8, dtype=torch.float64) for _ in range(3))
+    results = [fn(q, k, v) for fn in ch05.core_paths().values()]
+    for r in results[1:]:
+        torch.testing.assert_close(r, results[0])

@@ -11,6 +11,11 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from attnbook.ch06 import (
+    REPEAT_KV_MISTAKES,
+    STRIDE_MISTAKES,
+    packed_split_is_right,
+    split_blocks,
+    split_groups,
     SPLIT_ZOO,
     check_merge_heads,
     check_repeat_kv,
@@ -70,12 +75,19 @@ def test_strides_right_and_stub() -> None:
     assert check_transposed_strides(None).status == "todo"
 
 
+@pytest.mark.parametrize("mistake", STRIDE_MISTAKES, ids=lambda m: m.name)
+def test_strides_gives_each_table_hint(mistake) -> None:  # type: ignore[no-untyped-def]
+    fb = check_transposed_strides(mistake.compute((2, 5, 4, 3), (1, 2)))
+    assert fb.status == "wrong" and fb.message == mistake.hint, fb.message
+
+
+def test_stride_mistakes_are_the_expected_tuples() -> None:
+    assert [m.compute((2, 5, 4, 3), (1, 2)) for m in STRIDE_MISTAKES] == [(60, 12, 3, 1), (60, 15, 3, 1), (240, 12, 48, 4)]
+
+
 @pytest.mark.parametrize(
     "answer, hint",
     [
-        ((60, 12, 3, 1), "before the transpose"),
-        ((60, 15, 3, 1), "fresh contiguous tensor"),
-        ((240, 12, 48, 4), "bytes"),
         ((3, 60, 12, 1), "wrong order"),
         ((60, 3, 12), "has 4 strides"),
         ("60, 3, 12, 1", "tuple of ints"),
@@ -151,14 +163,41 @@ def test_split_zoo_has_right_and_wrong_members() -> None:
 
 def test_repeat_kv_right_and_stub() -> None:
     assert check_repeat_kv(repeat_kv).status == "correct"
-    assert check_repeat_kv(lambda kv, H: kv.repeat_interleave(H // kv.shape[1], dim=1)).status == "correct"
     assert check_repeat_kv(stub).status == "todo"
+
+
+def test_repeat_kv_refuses_repeat_interleave_even_when_the_numbers_are_right() -> None:
+    for fn in (lambda kv, H: kv.repeat_interleave(H // kv.shape[1], dim=1),
+               lambda kv, H: torch.repeat_interleave(kv, H // kv.shape[1], dim=1)):
+        fb = check_repeat_kv(fn)
+        assert fb.status == "wrong" and "not repeat_interleave" in fb.message, fb.message
+    assert torch.Tensor.repeat_interleave.__name__ == "repeat_interleave"  # the spy is removed again
+
+
+def _expand_at(axis: int):  # type: ignore[no-untyped-def]
+    def fn(kv: Tensor, H: int) -> Tensor:
+        B, H_kv, S, d_k = kv.shape
+        shape = [B, H_kv, S, d_k]
+        shape.insert(axis, H // H_kv)
+        return kv.unsqueeze(axis).expand(*shape).reshape(B, H, S, d_k)
+    return fn
+
+
+@pytest.mark.parametrize("mistake", REPEAT_KV_MISTAKES, ids=lambda m: m.name)
+def test_repeat_kv_gives_each_table_hint(mistake) -> None:  # type: ignore[no-untyped-def]
+    reader = {  # an answer a reader would write for each mistake
+        "tiled with .repeat": lambda kv, H: kv.repeat(1, H // kv.shape[1], 1, 1),
+        "group axis before the heads": _expand_at(1),
+        "group axis after the positions": _expand_at(3),
+        "H copies of each": lambda kv, H: kv.repeat_interleave(H, dim=1)[:, :H],
+    }[mistake.name]
+    fb = check_repeat_kv(reader)
+    assert fb.status == "wrong" and fb.message == mistake.hint, fb.message
 
 
 @pytest.mark.parametrize(
     "fn, hint",
     [
-        (lambda kv, H: kv.repeat(1, H // kv.shape[1], 1, 1), "you tiled the heads"),
         (lambda kv, H: kv.repeat_interleave(H, dim=1), "not H times"),
         (lambda kv, H: kv, "expected [B, H, S, D_k]"),
         (lambda kv, H: kv.repeat_interleave(H // kv.shape[1], dim=1).flip(1), "query head 0 got key/value head 1"),
@@ -378,3 +417,28 @@ def test_memory_layout_figure_shows_the_real_strides() -> None:
         memory_layout(3, 2, 2, tokens=["a", "b"])
     with pytest.raises(ValueError, match="at most 8 positions"):
         memory_layout(9, 2, 2)
+
+
+# --- packed q/k/v projections -----------------------------------------------------------------
+
+
+def test_packed_splits_are_right_for_their_own_layout_only() -> None:
+    assert packed_split_is_right(split_blocks, "blocks") and packed_split_is_right(split_groups, "groups")
+    assert not packed_split_is_right(split_blocks, "groups")  # Falcon's groups read as GPT-2 blocks: wrong, silently
+    assert not packed_split_is_right(split_groups, "blocks")
+    # with one key/value head (multi-query, Falcon-7B) the two layouts coincide, so the test must use H_kv > 1
+    assert packed_split_is_right(split_blocks, "groups", num_kv_heads=1)
+
+
+def test_split_groups_matches_transformers_falcon() -> None:
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.falcon.modeling_falcon import FalconAttention
+
+    cfg = transformers.FalconConfig(hidden_size=24, num_attention_heads=6, num_kv_heads=2, new_decoder_architecture=True)
+    attn = FalconAttention(cfg)
+    fused = torch.randn(2, 5, (6 + 2 * 2) * 4)
+    q, k, v = split_groups(fused, 6, 2)
+    q_hf, k_hf, v_hf = attn._split_heads(fused)  # [B, S, H, D_k] each (k, v broadcast to H heads)
+    torch.testing.assert_close(q, q_hf.transpose(1, 2), rtol=0, atol=0)
+    torch.testing.assert_close(repeat_kv(k, 6), k_hf.transpose(1, 2), rtol=0, atol=0)
+    torch.testing.assert_close(repeat_kv(v, 6), v_hf.transpose(1, 2), rtol=0, atol=0)

