@@ -136,7 +136,9 @@ class MultiHeadSelfAttention(nn.Module):
         if need_weights:
             context, weights = scaled_dot_product_attention(q, k, v, mask)  # [B, H, S, D_k], [B, H, S, S]
         else:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, S, D_k]
+            is_causal = causal and attention_mask is None  # an explicit mask rules out the flash backend on CUDA
+            mask = None if is_causal else mask
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)  # [B, H, S, D_k]
             weights = None
 
         merged = merge_heads(context)  # [B, S, D]
