@@ -51,7 +51,7 @@ def _scores(qs: Tensor, k: Tensor, rows: slice, cols: slice, causal: bool, offse
     if causal and cols.stop - 1 > rows.start + offset:  # the tile crosses the diagonal
         i = torch.arange(rows.start + offset, rows.stop + offset, device=s.device)[:, None]  # [bq, 1]
         j = torch.arange(cols.start, cols.stop, device=s.device)[None, :]  # [1, bk]
-        s = s.masked_fill(j > i, float("-inf"))  # [N, bq, bk]
+        s.masked_fill_(j > i, float("-inf"))  # [N, bq, bk], in place: s is this tile's own buffer
     return s
 
 
@@ -73,10 +73,10 @@ class _FlashAttention(torch.autograd.Function):
             for cols in col_blocks:
                 s = _scores(qs, kw, rows, cols, causal, S_k - S_q)  # [N, bq, bk]
                 m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # [N, bq, 1]
-                p = torch.exp(s - m_new)  # [N, bq, bk]
+                p = s.sub_(m_new).exp_()  # [N, bq, bk] exp(score - m_new), in place over s
                 alpha = torch.exp(m - m_new)  # [N, bq, 1] rescales what was summed relative to m
-                l = l * alpha + p.sum(dim=-1, keepdim=True)  # [N, bq, 1]
-                acc = torch.baddbmm(acc * alpha, p, vw[:, cols])  # [N, bq, D_v] += [N, bq, bk] @ [N, bk, D_v]
+                l = l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))  # [N, bq, 1]
+                acc = acc.mul_(alpha).baddbmm_(p, vw[:, cols])  # [N, bq, D_v] += [N, bq, bk] @ [N, bk, D_v]
                 m = m_new
             out[:, rows] = acc / l  # [N, bq, D_v]
             lse[:, rows] = (m + torch.log(l)).squeeze(-1)  # [N, bq]
@@ -98,10 +98,10 @@ class _FlashAttention(torch.autograd.Function):
         for rows, col_blocks in _tiles(S_q, S_k, block_q, block_k, causal):
             for cols in col_blocks:
                 s = _scores(qs, kw, rows, cols, causal, S_k - S_q)  # [N, bq, bk] recomputed
-                p = torch.exp(s - lse[:, rows, None])  # [N, bq, bk] the tile's weights, exactly
+                p = s.sub_(lse[:, rows, None]).exp_()  # [N, bq, bk] the tile's weights, exactly
                 dv[:, cols] += p.transpose(1, 2) @ d_out[:, rows]  # [N, bk, D_v]
                 dp = d_out[:, rows] @ vw[:, cols].transpose(1, 2)  # [N, bq, bk]
-                ds = p * (dp - delta[:, rows, None])  # [N, bq, bk] gradient of the scores
+                ds = dp.sub_(delta[:, rows, None]).mul_(p)  # [N, bq, bk] gradient of the scores
                 dq[:, rows] += (ds @ kw[:, cols]) * scale  # [N, bq, D_k]
                 dk[:, cols] += ds.transpose(1, 2) @ qs[:, rows]  # [N, bk, D_k]
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
