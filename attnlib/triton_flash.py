@@ -24,13 +24,12 @@ from .flash import BLOCK_K as TORCH_BLOCK_K, BLOCK_Q as TORCH_BLOCK_Q, _FlashAtt
 try:
     import triton
     import triton.language as tl
-except ImportError as error:  # attnlib itself never needs Triton; only this module does
-    raise ImportError("attnlib.triton_flash_attention needs Triton: pip install triton") from error
+except ImportError:  # attnlib never needs Triton; without it, triton_flash_attention says how to get it
+    triton = None
 
 __all__ = ["triton_flash_attention"]
 
 
-@triton.jit
 def _forward_kernel(Q, K, V, Out, Lse,  # pointers to [N, S_q, D_k], [N, S_k, D_k], [N, S_k, D_v], [N, S_q, D_v], [N, S_q]
                     S_q, S_k, D_k, D_v, scale,
                     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -69,6 +68,10 @@ def _forward_kernel(Q, K, V, Out, Lse,  # pointers to [N, S_q, D_k], [N, S_k, D_
     tl.store(Out + n * S_q * D_v + rows[:, None] * D_v + dv[None, :], out.to(Out.dtype.element_ty),
              mask=(rows[:, None] < S_q) & (dv[None, :] < D_v))
     tl.store(Lse + n * S_q + rows, m + tl.log(l), mask=rows < S_q)  # [BLOCK_Q] for the backward pass
+
+
+if triton is not None:  # compile the kernel (or interpret it, under TRITON_INTERPRET=1)
+    _forward_kernel = triton.jit(_forward_kernel)
 
 
 class _TritonFlashAttention(_FlashAttention):
@@ -110,6 +113,8 @@ def triton_flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Fa
     >>> triton_flash_attention(q, k, v, causal=True).shape  # doctest: +SKIP
     torch.Size([2, 4, 100, 32])
     """
+    if triton is None:
+        raise ImportError("attnlib.triton_flash_attention needs Triton: pip install triton")
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {b!r}")

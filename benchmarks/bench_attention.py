@@ -40,8 +40,9 @@ import torch
 import torch.nn.functional as F
 
 import attnlib
+from attnbook.measure import median_seconds, peak_memory_bytes
 from attnlib import causal_mask, flash_attention, scaled_dot_product_attention
-from attnlib.cost import attention_weights_bytes, median_seconds, peak_memory_bytes
+from attnlib.cost import attention_weights_bytes
 
 B, H, D_K = 1, 8, 64
 MiB = 2**20
@@ -202,7 +203,7 @@ def fresh_peak(name: str, S: int, causal: bool, backward: bool) -> int | None:
         return None
     code = (
         "import sys, torch; sys.path.insert(0, 'benchmarks'); import bench_attention as b; "
-        "from attnlib.cost import peak_memory_bytes; "
+        "from attnbook.measure import peak_memory_bytes; "
         f"g = torch.Generator().manual_seed({S}); "
         f"q, k, v, d = (torch.randn(b.B, b.H, {S}, b.D_K, generator=g) for _ in range(4)); "
         f"q, k, v = (t.requires_grad_({backward}) for t in (q, k, v)); "

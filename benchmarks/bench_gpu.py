@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import attnlib
-from attnlib.cost import aten_ops_called, interleaved_median_ms, peak_memory_bytes
+from attnbook.measure import aten_ops_called, interleaved_median_ms, peak_memory_bytes
 
 BACKENDS = {  # ATen operator -> SDPA backend name
     "_scaled_dot_product_flash_attention": "flash",

@@ -11,8 +11,17 @@ import re
 from typing import Any, Iterator
 
 import pytest
+from sitekit import (
+    CONFIG,
+    PAGES,
+    ROOT,
+    SCREENSHOTS,
+    TocPage,
+    Visit,
+    open_page,
+    unexpected_errors,
+)
 
-from sitekit import CONFIG, PAGES, ROOT, SCREENSHOTS, TocPage, Visit, open_page, unexpected_errors
 
 @pytest.fixture(scope="module", params=PAGES, ids=str)
 def visit(request: pytest.FixtureRequest, browser: Any, base_url: str) -> Iterator[tuple[TocPage, Visit]]:
@@ -78,7 +87,7 @@ def test_math_is_rendered(visit: tuple[TocPage, Visit]) -> None:
 
 
 def _quiz_questions(toc_page: TocPage) -> list[dict[str, Any]]:
-    path = ROOT / "book" / "quizzes" / f"{toc_page.source.stem}.json"
+    path = ROOT / "attnbook" / "quizzes" / f"{toc_page.source.stem}.json"
     return json.loads(path.read_text(encoding="utf-8"))
 
 

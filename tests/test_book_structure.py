@@ -7,9 +7,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
-from attnlib.learn.quiz import validate_quiz
 from toc import ROOT, toc_files, toc_notebooks
+
+from attnbook.quiz import validate_quiz
 
 NOTEBOOKS = toc_notebooks()
 
@@ -54,7 +54,7 @@ def test_chapter_has_the_parts_every_chapter_needs(path: Path) -> None:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=str)
 def test_quiz_file_is_valid(path: Path) -> None:
-    quiz = ROOT / "book" / "quizzes" / f"{path.stem}.json"
+    quiz = ROOT / "attnbook" / "quizzes" / f"{path.stem}.json"
     questions = validate_quiz(json.loads(quiz.read_text(encoding="utf-8")), quiz.name)
     assert len(questions) >= 4, f"{quiz.name} has {len(questions)} questions, the book asks for at least 4"
     kinds = {q["type"] for q in questions}

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import re
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
+import tomllib
 import yaml
 from IPython.core.inputtransformer2 import TransformerManager
-
 from toc import ROOT, toc_notebooks
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -103,7 +102,7 @@ def test_cell_in_colab_clones_config_repo_and_installs_only_what_colab_lacks(ste
     for p in installed:
         name, version = p.split("==")
         assert pins[name] == version, f"{p} is not the version pinned in requirements.txt"
-    assert calls[3] == ("%", "cd", f"{clone}/book"), "the quizzes are looked up in ./quizzes, so the cell must cd into book/"
+    assert calls[3] == ("%", "cd", f"{clone}/book"), "the notebooks run from book/, as in JupyterLab and nbval, so the cell must cd into book/"
     assert len(calls) == 4
 
 

@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnlib
-from attnlib import causal_mask, combine_masks, padding_mask, scaled_dot_product_attention, softmax
+from attnlib import (
+    causal_mask,
+    combine_masks,
+    padding_mask,
+    scaled_dot_product_attention,
+    softmax,
+)
 
 DTYPES = [torch.float32, torch.float64]
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float64: dict(atol=1e-10, rtol=1e-10)}

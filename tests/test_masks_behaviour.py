@@ -10,7 +10,14 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlib import MultiHeadSelfAttention, causal_mask, combine_masks, padding_mask, scaled_dot_product_attention, softmax
+from attnlib import (
+    MultiHeadSelfAttention,
+    causal_mask,
+    combine_masks,
+    padding_mask,
+    scaled_dot_product_attention,
+    softmax,
+)
 
 
 @settings(max_examples=40, deadline=None)

@@ -8,7 +8,14 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlib import causal_mask, combine_masks, get_device, merge_heads, padding_mask, split_heads
+from attnlib import (
+    causal_mask,
+    combine_masks,
+    get_device,
+    merge_heads,
+    padding_mask,
+    split_heads,
+)
 from attnlib.heads import repeat_kv
 
 

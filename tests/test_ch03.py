@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from attnlib.exercises.scaling import check_entropy, check_scaled_weights, entropy
+from attnbook.ch03 import check_entropy, check_scaled_weights, entropy
 
 
 def _raw(q: Tensor, k: Tensor) -> Tensor:

@@ -16,12 +16,10 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..learn.check import Feedback, compare_tensors, correct, run_reader_code, wrong
+from .feedback import Feedback, close, compare_tensors, correct, run_reader_code, wrong
 
 __all__ = ["check_scaled_weights", "check_entropy", "entropy"]
 
-_ATOL = 1e-5
-_RTOL = 1e-4
 
 
 def entropy(weights: Tensor) -> Tensor:
@@ -35,13 +33,6 @@ def entropy(weights: Tensor) -> Tensor:
     """
     return -torch.special.xlogy(weights, weights).sum(dim=-1)  # [..., S_k] -> [...]
 
-
-def _close(got: Tensor, expected: Tensor) -> bool:
-    if not isinstance(got, Tensor) or tuple(got.shape) != tuple(expected.shape):
-        return False
-    g = got.detach().to(torch.float64).cpu()
-    e = expected.detach().to(torch.float64).cpu()
-    return bool(torch.allclose(g, e, atol=_ATOL, rtol=_RTOL))
 
 
 def _qk() -> tuple[Tensor, Tensor]:
@@ -70,7 +61,7 @@ def check_scaled_weights(fn: Callable[[Tensor, Tensor, float], Tensor]) -> Feedb
     if fb is not None:
         if fb.status == "wrong":  # maybe it only works without the batch axis (k.T on a 3-D tensor)
             got2, fb2 = run_reader_code(fn, q[0].clone(), k[0].clone(), 1.0)
-            if fb2 is None and _close(got2, sm(raw[0] / math.sqrt(d_k))):
+            if fb2 is None and close(got2, sm(raw[0] / math.sqrt(d_k))):
                 return wrong(
                     "it works on 2-D inputs but not with a batch axis: transpose the last two axes "
                     "with k.transpose(-2, -1) (k.T reverses *all* axes)."
@@ -80,7 +71,7 @@ def check_scaled_weights(fn: Callable[[Tensor, Tensor, float], Tensor]) -> Feedb
     expected = sm(raw / math.sqrt(d_k))  # [B, S_q, S_k]
     if isinstance(got, Tensor) and tuple(got.shape) == (2, s_k, s_q):
         return wrong("your result is [S_k, S_q]: compute q @ k^T so that each row is one query, not k @ q^T.")
-    generic = compare_tensors(got, expected, name="the weights", atol=_ATOL, rtol=_RTOL)
+    generic = compare_tensors(got, expected, name="the weights")
     if generic is not None and (not isinstance(got, Tensor) or tuple(got.shape) != tuple(expected.shape)):
         return generic  # not a tensor, or the wrong shape: the generic message says which
     if generic is not None:
@@ -96,7 +87,7 @@ def check_scaled_weights(fn: Callable[[Tensor, Tensor, float], Tensor]) -> Feedb
              "the softmax runs over the wrong axis: each of your columns sums to 1. Normalise over the keys (dim=-1)."),
         ]
         for candidate, hint in mistakes:
-            if _close(got, candidate):
+            if close(got, candidate):
                 return wrong(hint)
         sums = got.detach().to(torch.float64).sum(dim=-1)
         if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
@@ -108,7 +99,7 @@ def check_scaled_weights(fn: Callable[[Tensor, Tensor, float], Tensor]) -> Feedb
     if fb is not None:
         return fb
     expected_t = sm(raw / math.sqrt(d_k) / temperature)
-    if _close(got_t, expected_t):
+    if close(got_t, expected_t):
         return correct("softmax(q k^T / sqrt(D_k) / T), normalised over the keys.")
     t_mistakes: list[tuple[Tensor, str]] = [
         (expected, "right for T = 1, but your function ignores the temperature: divide the scaled scores by T too."),
@@ -117,9 +108,9 @@ def check_scaled_weights(fn: Callable[[Tensor, Tensor, float], Tensor]) -> Feedb
         (sm(raw / math.sqrt(d_k) / temperature**2), "you divided by T twice (or by T squared)."),
     ]
     for candidate, hint in t_mistakes:
-        if _close(got_t, candidate):
+        if close(got_t, candidate):
             return wrong(hint)
-    return compare_tensors(got_t, expected_t, name="the weights for T = 2.5", atol=_ATOL, rtol=_RTOL) or correct()
+    return compare_tensors(got_t, expected_t, name="the weights for T = 2.5") or correct()
 
 
 def _weights_for_entropy() -> tuple[Tensor, Tensor]:
@@ -142,7 +133,7 @@ def check_entropy(fn: Callable[[Tensor], Tensor]) -> Feedback:
     if fb is not None:
         return fb
     expected = entropy(w)  # [7]
-    if _close(got, expected):
+    if close(got, expected):
         return correct("-sum p ln p per row, with 0 ln 0 = 0; it runs from 0 (one-hot) to ln S (uniform).")
     if not isinstance(got, Tensor):
         return compare_tensors(got, expected, name="the entropy") or correct()
@@ -156,7 +147,7 @@ def check_entropy(fn: Callable[[Tensor], Tensor]) -> Feedback:
     g = got.detach().to(torch.float64)
     e = expected.to(torch.float64)
     ok = ~has_zero
-    if torch.allclose(g[ok], e[ok], atol=_ATOL, rtol=_RTOL):
+    if torch.allclose(g[ok], e[ok]):
         if not torch.isfinite(g[has_zero]).all():
             return wrong("rows that contain a 0 give NaN: 0 * ln 0 must count as 0. Use torch.special.xlogy(p, p) or clamp p before the log.")
         return wrong("right for rows without zeros, but wrong where a weight is 0: a zero weight contributes nothing (0 ln 0 = 0).")
@@ -168,8 +159,8 @@ def check_entropy(fn: Callable[[Tensor], Tensor]) -> Feedback:
         (e / math.log(w.shape[-1]), "you divided by ln S (a normalised entropy); return the entropy itself, in nats."),
     ]
     for candidate, hint in mistakes:
-        if torch.allclose(g[ok], candidate[ok], atol=_ATOL, rtol=_RTOL):
+        if torch.allclose(g[ok], candidate[ok]):
             return wrong(hint)
-    if torch.allclose(g[ok], plain, atol=1e-4, rtol=_RTOL):
+    if torch.allclose(g[ok], plain, atol=1e-4, rtol=1e-4):
         return wrong("you summed -ln p without weighting each term by p: the entropy is -sum p ln p.")
-    return compare_tensors(got, expected, name="the entropy", atol=_ATOL, rtol=_RTOL) or correct()
+    return compare_tensors(got, expected, name="the entropy") or correct()

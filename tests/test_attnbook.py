@@ -13,9 +13,17 @@ import numpy as np
 import pytest
 import torch
 
-from attnlib.learn import Frame, Panel, attention_heatmap, compare_tensors, redraw_ms, run_reader_code, static_slider
-from attnlib.learn.check import Feedback
-from attnlib.learn.quiz import show_quiz, validate_quiz
+from attnbook import (
+    Frame,
+    Panel,
+    compare_tensors,
+    redraw_ms,
+    run_reader_code,
+    static_slider,
+)
+from attnbook.feedback import Feedback
+from attnbook.figures import attention_heatmap
+from attnbook.quiz import show_quiz, validate_quiz
 
 
 def test_feedback_repr_and_truth() -> None:
@@ -63,12 +71,10 @@ def test_validate_quiz_requires_feedback_and_a_correct_answer() -> None:
 
 
 def test_show_quiz_output_is_deterministic(tmp_path, monkeypatch, capsys) -> None:
-    quizzes = tmp_path / "quizzes"
-    quizzes.mkdir()
-    (quizzes / "demo.json").write_text(json.dumps(
+    (tmp_path / "demo.json").write_text(json.dumps(
         [{"question": "2+2?", "type": "numeric", "answers": [{"type": "value", "value": 4, "correct": True, "feedback": "yes"}]}]
     ))
-    monkeypatch.setenv("ATTNLIB_BOOK_DIR", str(tmp_path))
+    monkeypatch.setattr("attnbook.quiz.QUIZ_DIR", tmp_path)
     shown = []
     monkeypatch.setattr("IPython.display.display", lambda obj, *a, **k: shown.append(obj))
     monkeypatch.setattr("jupyterquiz.dynamic.display.display", lambda obj, *a, **k: shown.append(obj), raising=False)
@@ -84,41 +90,66 @@ def test_show_quiz_output_is_deterministic(tmp_path, monkeypatch, capsys) -> Non
     assert first, "nothing was displayed"
 
 
+def demo_frame(t: int) -> Frame:
+    return Frame(label=f"T = {t}", panels=[Panel(np.array([[0.25 * t, 1 - 0.25 * t]]), ["q"], ["a", "b"], title="w")],
+                 caption=f"entropy {t:.2f}")
+
+
+SETTINGS = [{"t": t} for t in (1, 2, 3)]
+
+
 def test_static_slider_renders_every_frame_and_hides_all_but_one() -> None:
-    frames = [
-        Frame(label=f"T = {t}", panels=[Panel(np.array([[0.25 * t, 1 - 0.25 * t]]), ["q"], ["a", "b"], title="w")],
-              caption=f"entropy {t:.2f}")
-        for t in (1, 2, 3)
-    ]
-    html = static_slider(frames, slider_label="temperature", title="Demo", alt="a demo", initial=1).data
+    html = static_slider(demo_frame, SETTINGS, slider_label="temperature", title="Demo", alt="a demo", initial=1).data
     assert html.count('class="attnlib-frame"') == 3
     assert html.count('style="display:none"') == 2
     assert 'max="2"' in html and 'value="1"' in html
     assert "0.75" in html and "entropy 3.00" in html
     uid = re.search(r'id="(attnlib-slider-[0-9a-f]+)"', html).group(1)
-    assert static_slider(frames, slider_label="temperature", title="Demo", alt="a demo", initial=1).data.count(uid) == 2
+    assert static_slider(demo_frame, SETTINGS, slider_label="temperature", title="Demo", alt="a demo", initial=1).data.count(uid) == 2
     with pytest.raises(ValueError, match="out of range"):
-        static_slider(frames, slider_label="t", title="x", alt="y", initial=3)
+        static_slider(demo_frame, SETTINGS, slider_label="t", title="x", alt="y", initial=3)
+    with pytest.raises(ValueError, match="at least one setting"):
+        static_slider(demo_frame, [], slider_label="t", title="x", alt="y")
 
 
 def test_static_slider_draws_masked_cells_without_numbers() -> None:
     p = Panel(np.array([[1.0, 0.0]]), masked=np.array([[False, True]]))
-    html = static_slider([Frame("one", [p])], slider_label="s", title="t", alt="a").data
+    html = static_slider(lambda: Frame("one", [p]), [{}], slider_label="s", title="t", alt="a").data
     assert html.count("attnlib-masked") == 1 and "1.00" in html and "0.00" not in html
 
 
-def test_heatmap_checks_labels_and_redraw_timer() -> None:
+def test_heatmap_checks_labels() -> None:
     with pytest.raises(ValueError, match="2 row labels and 2 column labels do not match weights of shape \\(3, 3\\)"):
         attention_heatmap(np.eye(3), ["a", "b"], title="x")
-    ms = redraw_ms(lambda n: attention_heatmap(np.eye(n), [str(i) for i in range(n)], title="t"), [{"n": 3}, {"n": 4}])
-    assert ms > 0
+
+
+def test_redraw_ms_times_one_redraw_per_setting() -> None:
+    calls = []
+
+    def frame(t: int) -> Frame:
+        calls.append(t)
+        return demo_frame(t)
+
+    ms = redraw_ms(frame, SETTINGS)
+    assert len(ms) == 3 and all(m > 0 for m in ms) and calls == [1, 2, 3]
+
+
+def test_live_slider_draws_the_frame_function(monkeypatch) -> None:
+    from attnbook import live_slider
+
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, *a, **k: shown.append(obj))
+    widget = live_slider(demo_frame, t=(1, 3))
+    widget.update()  # what moving the slider does
+    markup = [getattr(o, "data", "") for o in shown if isinstance(getattr(o, "data", None), str)]
+    assert any("entropy 2.00" in m for m in markup), markup
 
 
 def test_frame_html_shows_one_frame_like_the_static_slider() -> None:
-    from attnlib.learn import frame_html
+    from attnbook import frame_html
 
     frame = Frame("T = 1", [Panel(np.array([[0.25, 0.75]]), ["q"], ["a", "b"], title="w", vmin=0, vmax=1)], caption="H = 0.56")
     markup = frame_html(frame).data
     assert "H = 0.56" in markup and "0.75" in markup and ">a<" in markup
     assert "input" not in markup  # no slider around a single frame
-    assert markup.split('class="attnlib-caption"')[1] in static_slider([frame], slider_label="T", title="t", alt="a").data
+    assert markup.split('class="attnlib-caption"')[1] in static_slider(lambda: frame, [{}], slider_label="T", title="t", alt="a").data

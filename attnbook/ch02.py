@@ -16,7 +16,15 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ..learn.check import Feedback, compare_tensors, correct, run_reader_code, wrong
+from .feedback import (
+    Feedback,
+    as_cpu_float64,
+    close,
+    compare_tensors,
+    correct,
+    run_reader_code,
+    wrong,
+)
 
 __all__ = ["qkv_inputs", "reference_attention", "check_self_attention", "check_cross_attention"]
 
@@ -54,11 +62,6 @@ def reference_attention(x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tensor, w_v
     weights = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1)  # [S_q, S_k]
     return weights @ v, weights  # [S_q, D_v], [S_q, S_k]
 
-
-def _close(got: Tensor, expected: Tensor) -> bool:
-    return tuple(got.shape) == tuple(expected.shape) and torch.allclose(
-        got.detach().double().cpu(), expected.double(), atol=1e-5, rtol=1e-5
-    )
 
 
 def _unpack(result: Any) -> tuple[tuple[Tensor, Tensor] | None, Feedback | None]:
@@ -98,34 +101,34 @@ def _diagnose_weights(got: Tensor, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: 
                 f"Queries come from x_q, so the weights are [S_q, S_k] = {(S_q, S_k)}."
             )
         return wrong(f"your weights have shape {shape}, expected [S_q, S_k] = {(S_q, S_k)}: one row per query, one column per key.")
-    if _close(got, expected):
+    if close(got, expected):
         return None
-    g = got.detach().double().cpu()
-    if _close(got, scores) or _close(got, raw):
+    g = as_cpu_float64(got)
+    if close(got, scores) or close(got, raw):
         return wrong("your weights are the raw scores: apply softmax over each row (dim=-1) so that every row sums to 1.")
     row_sums = g.sum(dim=-1)
     worst = int((row_sums - 1).abs().argmax())
     if not torch.allclose(row_sums, torch.ones_like(row_sums), atol=1e-4):
-        axis = " (your columns sum to 1 instead)" if _close(got, torch.softmax(scores, dim=0)) else ""
+        axis = " (your columns sum to 1 instead)" if close(got, torch.softmax(scores, dim=0)) else ""
         return wrong(
             f"your rows sum to {float(row_sums[worst]):.2f} (row {worst}){axis}: did you apply softmax over "
             "the right axis? Normalise over the keys, the last axis (dim=-1)."
         )
-    if _close(got, torch.softmax(raw, dim=-1)):
+    if close(got, torch.softmax(raw, dim=-1)):
         return wrong(
             f"you forgot to divide by sqrt(D_k): your weights are too peaked (largest weight "
             f"{float(g.max()):.2f} instead of {float(expected.max()):.2f})."
         )
-    if _close(got, torch.softmax(raw / d_k, dim=-1)):
+    if close(got, torch.softmax(raw / d_k, dim=-1)):
         return wrong(
             f"you divided by D_k = {d_k} instead of sqrt(D_k) = {math.sqrt(d_k):.0f}: your weights are too flat."
         )
-    if d != d_k and _close(got, torch.softmax(raw / math.sqrt(d), dim=-1)):
+    if d != d_k and close(got, torch.softmax(raw / math.sqrt(d), dim=-1)):
         return wrong(
             f"you divided by sqrt(D) with D = {d}, the width of x. The scale uses D_k = {d_k}, the width "
             "of the query and key vectors: divide by sqrt(D_k)."
         )
-    if S_q == S_k and _close(got, torch.softmax(scores.T, dim=-1)):
+    if S_q == S_k and close(got, torch.softmax(scores.T, dim=-1)):
         return wrong(
             "your weights are those of K @ Q.T: row i must hold query i's scores against every key, Q @ K.T."
         )
@@ -133,7 +136,7 @@ def _diagnose_weights(got: Tensor, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: 
         if plain is None:
             continue
         for s in (1.0, math.sqrt(d_k), math.sqrt(d)):
-            if _close(got, torch.softmax(plain / s, dim=-1)):
+            if close(got, torch.softmax(plain / s, dim=-1)):
                 return wrong(
                     "your scores do not compare queries with keys. Project first, Q = x_q @ w_q and "
                     "K = x_kv @ w_k, then score Q @ K.T / sqrt(D_k)."
@@ -147,19 +150,19 @@ def _diagnose_output(got: Tensor, weights: Tensor, x_kv: Tensor, w_k: Tensor, w_
     expected = weights @ v  # [S_q, D_v]
     S_q, S_k = weights.shape
     shape = tuple(got.shape)
-    if _close(got, expected):
+    if close(got, expected):
         return None
     if shape == (S_q, S_k):
         return wrong(
             f"your output has shape {shape} = [S_q, S_k], the shape of the weights: did you forget to multiply by V?"
         )
-    if _close(got, weights @ x_kv):
+    if close(got, weights @ x_kv):
         return wrong("you mixed the rows of x itself. Mix the values instead: V = x @ w_v, output = weights @ V.")
-    if _close(got, weights @ (x_kv @ w_k)):
+    if close(got, weights @ (x_kv @ w_k)):
         return wrong("you mixed the keys. Keys are for scoring; the output mixes the values: weights @ V.")
-    if S_q == S_k and _close(got, weights.T @ v):
+    if S_q == S_k and close(got, weights.T @ v):
         return wrong("you multiplied weights.T @ V. Row i of the output mixes the values with row i of the weights: weights @ V.")
-    if _close(got, v):
+    if close(got, v):
         return wrong("your output equals V: no mixing happened. Multiply by the weights: weights @ V.")
     return compare_tensors(got, expected, name="your output")
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["Feedback", "run_reader_code", "compare_tensors"]
+__all__ = ["Feedback", "Mistake", "run_reader_code", "compare_tensors", "close", "diagnose", "as_cpu_float64", "ATOL", "RTOL"]
+
+#: The tolerance every checker uses to call a float answer equal to the reference.
+ATOL = RTOL = 1e-5
 
 
 @dataclass(frozen=True)
@@ -83,14 +86,52 @@ def run_reader_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[
     return result, None
 
 
-def compare_tensors(got: Any, expected: Tensor, *, name: str = "result", atol: float = 1e-5, rtol: float = 1e-5) -> Feedback | None:
+def as_cpu_float64(t: Tensor) -> Tensor:
+    """``t`` detached, moved to the CPU *first* (Apple's MPS has no float64), then in float64."""
+    return t.detach().cpu().to(torch.float64)
+
+
+def close(got: Any, expected: Tensor, *, atol: float = ATOL, rtol: float = RTOL) -> bool:
+    """True when ``got`` is a tensor with ``expected``'s shape and values (compared in float64 on the CPU)."""
+    return (
+        isinstance(got, Tensor)
+        and tuple(got.shape) == tuple(expected.shape)
+        and bool(torch.allclose(as_cpu_float64(got), as_cpu_float64(expected), atol=atol, rtol=rtol))
+    )
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """One known wrong answer of an exercise: how to compute it, and the hint it earns.
+
+    A checker keeps its mistakes in one table (a tuple of these); :func:`diagnose` tries them in
+    order and the tests iterate over the same table, so a new mistake is added in one place.
+    """
+
+    name: str
+    compute: Callable[..., Any]
+    hint: str
+
+
+def diagnose(got: Any, mistakes: Sequence[Mistake], *args: Any, **kwargs: Any) -> Feedback | None:
+    """The hint of the first mistake whose result equals ``got`` (``None`` if none matches)."""
+    for m in mistakes:
+        try:
+            expected = m.compute(*args, **kwargs)
+        except Exception:  # a mistake that cannot be computed for these inputs does not match
+            continue
+        if close(got, expected):
+            return wrong(m.hint)
+    return None
+
+
+def compare_tensors(got: Any, expected: Tensor, *, name: str = "result", atol: float = ATOL, rtol: float = RTOL) -> Feedback | None:
     """Generic comparison: type, shape, then values. ``None`` means "equal"."""
     if not isinstance(got, Tensor):
         return wrong(f"{name} should be a torch.Tensor, got {type(got).__name__}.")
     if tuple(got.shape) != tuple(expected.shape):
         return wrong(f"{name} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}.")
-    got_f = got.detach().to(torch.float64).cpu()
-    exp_f = expected.detach().to(torch.float64).cpu()
+    got_f, exp_f = as_cpu_float64(got), as_cpu_float64(expected)
     if not torch.allclose(got_f, exp_f, atol=atol, rtol=rtol, equal_nan=True):
         worst = float((got_f - exp_f).abs().nan_to_num(float("inf")).max())
         return wrong(f"{name} has the right shape but differs from the expected values (largest difference {worst:.3g}).")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlib.exercises.efficient import (
+from attnbook.ch08 import (
     check_kv_cache_size,
     check_online_softmax_update,
     reference_kv_cache_size,

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ..learn.check import Feedback, correct, run_reader_code, wrong
+from .feedback import Feedback, close, correct, run_reader_code, wrong
 
 __all__ = [
     "reference_online_update",
@@ -55,13 +55,6 @@ def _case(seed: int) -> tuple[Tensor, Tensor, Tensor]:
     return s, v, torch.softmax(s, dim=-1) @ v  # [S_q, D_v] the answer after both tiles
 
 
-def _close(got: Any, expected: Tensor) -> bool:
-    return (
-        isinstance(got, Tensor)
-        and tuple(got.shape) == tuple(expected.shape)
-        and torch.allclose(got.detach().double(), expected, atol=1e-8, rtol=1e-8)
-    )
-
 
 def check_online_softmax_update(fn: Callable[..., Any]) -> Feedback:
     """Check ``fn(m, l, acc, s, v) -> (m_new, l_new, acc_new)``, one online-softmax step.
@@ -93,9 +86,9 @@ def check_online_softmax_update(fn: Callable[..., Any]) -> Feedback:
                 "exponentiate against m_new (exp(m - m_new) = exp(-inf) = 0 is fine; -inf - (-inf) is not)."
             )
     m1, l1, acc1 = result
-    if not _close(m1, ref1[0]):
+    if not close(m1, ref1[0]):
         return wrong("m_new should be the larger of the old running max and this tile's row max: torch.maximum(m, s.amax(-1, keepdim=True)).")
-    if not (_close(l1, ref1[1]) and _close(acc1, ref1[2])):
+    if not (close(l1, ref1[1]) and close(acc1, ref1[2])):
         return wrong("after the first tile, l_new should be sum(exp(s - m_new)) per row and acc_new = exp(s - m_new) @ v.")
 
     result2, fb = run_reader_code(fn, m1.detach().clone(), l1.detach().clone(), acc1.detach().clone(), s[:, 4:].clone(), v[4:].clone())
@@ -105,21 +98,21 @@ def check_online_softmax_update(fn: Callable[..., Any]) -> Feedback:
         return wrong(f"return three tensors (m_new, l_new, acc_new), got {type(result2).__name__}.")
     m2, l2, acc2 = result2
     ref2 = reference_online_update(*ref1, s[:, 4:], v[4:])
-    if not _close(m2, ref2[0]):
+    if not close(m2, ref2[0]):
         return wrong("on the second tile m_new is wrong: it must be torch.maximum(m_old, tile max), not the tile max alone.")
     m_ref = ref2[0]
     p_old = torch.exp(s[:, 4:] - ref1[0])  # the new tile exponentiated against the OLD maximum
-    if _close(l2, ref1[1] + torch.exp(s[:, 4:] - m_ref).sum(-1, keepdim=True)):
+    if close(l2, ref1[1] + torch.exp(s[:, 4:] - m_ref).sum(-1, keepdim=True)):
         return wrong("you forgot to rescale the running sum l by exp(m_old - m_new) before adding the new tile.")
-    if _close(l2, ref1[1] * torch.exp(ref1[0] - m_ref) + p_old.sum(-1, keepdim=True)) or _close(l2, ref1[1] + p_old.sum(-1, keepdim=True)):
+    if close(l2, ref1[1] * torch.exp(ref1[0] - m_ref) + p_old.sum(-1, keepdim=True)) or close(l2, ref1[1] + p_old.sum(-1, keepdim=True)):
         return wrong("exponentiate the new tile against the new maximum: exp(s - m_new), not exp(s - m_old).")
-    if not _close(l2, ref2[1]):
+    if not close(l2, ref2[1]):
         return wrong("l_new is off after the second tile: l_new = l * exp(m_old - m_new) + sum(exp(s - m_new)).")
-    if _close(acc2, ref1[2] + torch.exp(s[:, 4:] - m_ref) @ v[4:]):
+    if close(acc2, ref1[2] + torch.exp(s[:, 4:] - m_ref) @ v[4:]):
         return wrong("you rescaled l but not acc: acc also needs the factor exp(m_old - m_new) before adding exp(s - m_new) @ v.")
-    if not _close(acc2, ref2[2]):
+    if not close(acc2, ref2[2]):
         return wrong("acc_new is off after the second tile: acc_new = acc * exp(m_old - m_new) + exp(s - m_new) @ v.")
-    if not _close(acc2 / l2, expected):
+    if not close(acc2 / l2, expected):
         return wrong("the running values are consistent with the reference but acc / l is not softmax(s) @ v.")  # pragma: no cover
     return correct("two tiles folded online give exactly softmax(s) @ v: this is the heart of FlashAttention.")
 

@@ -12,23 +12,20 @@ Shapes: ``B`` batch, ``S`` positions, ``D = d_model``, ``V`` vocabulary size.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cost import interleaved_median_ms
-from .multihead import MultiHeadSelfAttention
+from attnlib.multihead import MultiHeadSelfAttention
 
 __all__ = [
     "DATA_DIR", "CharVocab", "TinyLM", "load_text", "sample_batch", "train_next_token",
-    "evaluate_loss", "generate", "time_parallel_and_prefixes",
+    "evaluate_loss", "generate",
 ]
 
-#: Where the texts that ship with attnlib live.
+#: Where the texts that ship with the book live.
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
 
@@ -216,65 +213,3 @@ def generate(model: TinyLM, prompt: Tensor, new_tokens: int, *, causal: bool) ->
         logits = model(window, causal=causal)[0, -1]  # [V], the prediction at the last position
         ids = torch.cat([ids, logits.argmax()[None]])  # [S + 1]
     return ids
-
-
-@torch.no_grad()
-def time_parallel_and_prefixes(
-    attention: MultiHeadSelfAttention,
-    x: Tensor,
-    *,
-    repeats: int = 5,
-    parallel_repeats: int | None = None,
-    cpu_threads: int | None = None,
-) -> tuple[float, float]:
-    """Median wall time of the two ways to get a causal output for every position of ``x``.
-
-    * parallel: one call ``attention(x, causal=True)`` over all ``S`` positions;
-    * prefixes: ``S`` calls ``attention(x[:, :i])`` for ``i = 1..S``, keeping the last position
-      of each (no mask needed: a prefix has no future). This is the same result, computed the
-      way a model without a causal mask would have to compute it to avoid cheating.
-
-    Both use PyTorch's fused attention (``need_weights=False``). One warm-up run of each comes
-    first.
-
-    Args:
-        attention: the module to time (its device is where the timing runs).
-        x: ``[B, S, D]`` input on the module's device.
-        repeats: how many timed runs of the prefixes; the median is returned.
-        parallel_repeats: how many timed runs of the parallel pass (default ``4 * repeats``). It
-            is cheap, so more runs buy a steadier median at little cost.
-        cpu_threads: on a CPU, run with this many threads (restored afterwards); ``None`` keeps
-            PyTorch's setting. With ``cpu_threads=1`` the clock is the CPU time of the calling
-            thread (``time.thread_time``), which other programs sharing the machine cannot inflate;
-            otherwise it is wall time (``time.perf_counter``, after synchronising a GPU).
-
-    Returns:
-        ``(parallel_seconds, prefixes_seconds)``.
-    """
-    if repeats < 1 or (parallel_repeats is not None and parallel_repeats < 1):
-        raise ValueError(f"repeats must be >= 1, got repeats={repeats}, parallel_repeats={parallel_repeats}")
-    if x.dim() != 3:
-        raise ValueError(f"x must be [B, S, D], got shape {tuple(x.shape)}")
-    S = x.shape[1]
-
-    def parallel() -> Tensor:
-        return attention(x, causal=True, need_weights=False).hidden_states  # [B, S, D]
-
-    def prefixes() -> Tensor:
-        outs = [attention(x[:, :i], need_weights=False).hidden_states[:, -1] for i in range(1, S + 1)]  # S x [B, D]
-        return torch.stack(outs, dim=1)  # [B, S, D]
-
-    device = x.device
-    threads = torch.get_num_threads()
-    if cpu_threads is not None and device.type == "cpu":
-        torch.set_num_threads(cpu_threads)
-    try:
-        n_parallel = 4 * repeats if parallel_repeats is None else parallel_repeats
-        clock = time.thread_time if (cpu_threads == 1 and device.type == "cpu") else time.perf_counter
-        ms = [
-            interleaved_median_ms({"run": fn}, repeats=n, warmup=1, device=device, clock=clock)["run"]
-            for fn, n in ((parallel, n_parallel), (prefixes, repeats))
-        ]
-        return ms[0] / 1000.0, ms[1] / 1000.0
-    finally:
-        torch.set_num_threads(threads)

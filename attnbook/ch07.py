@@ -1,4 +1,7 @@
-"""Checkers for chapter 7, *Real attention in a pretrained model*.
+"""Chapter 7, *Real attention in a pretrained model*: recording runs, head summaries, checkers.
+
+* :func:`run_model`, :func:`check_layer`: record every layer of all-MiniLM-L6-v2 and compare attnlib's copy.
+* :func:`head_pattern_scores`, :func:`top_heads`, :func:`weighted_value_norms`: what the heads do.
 
 * :func:`check_strongest_link`: find the (layer, head) where one token attends most to another.
 * :func:`check_previous_token_score`: the per-head "previous token" score ``[L, H]``.
@@ -9,16 +12,31 @@ The right answers are computed from the model itself (:mod:`attnlib.pretrained`)
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from ..learn.check import Feedback, compare_tensors, correct, run_reader_code, wrong
-from ..multihead import MultiHeadSelfAttention
-from .. import pretrained as P
+from attnlib import pretrained as P
+from attnlib.multihead import MultiHeadSelfAttention
+
+from .feedback import (
+    Feedback,
+    as_cpu_float64,
+    compare_tensors,
+    correct,
+    run_reader_code,
+    wrong,
+)
 
 __all__ = [
+    "ModelRun",
+    "LayerCheck",
+    "run_model",
+    "check_layer",
+    "head_pattern_scores",
+    "top_heads",
+    "weighted_value_norms",
     "LINK_CASES",
     "link_case",
     "reference_strongest_link",
@@ -27,6 +45,161 @@ __all__ = [
     "check_previous_token_score",
     "check_copy_layer",
 ]
+
+# --- recording a run of the model and summarising its heads --------------------------------
+
+
+class ModelRun(NamedTuple):
+    """Everything :func:`run_model` records, one entry per layer ``l = 0 .. L-1``.
+
+    Attributes:
+        layer_inputs: ``L`` tensors ``[B, S, D]``, the input of layer ``l``.
+        attentions: ``[L, B, H, S, S]``, the attention weights of every layer and head.
+        dense_outputs: ``L`` tensors ``[B, S, D]``, the output of ``attention.output.dense``
+            (before dropout, residual and LayerNorm).
+        attention_mask: ``[B, S]``, 1 for real tokens, 0 for padding.
+    """
+
+    layer_inputs: list[Tensor]
+    attentions: Tensor
+    dense_outputs: list[Tensor]
+    attention_mask: Tensor
+
+
+@torch.no_grad()
+def run_model(model: nn.Module, enc: dict[str, Tensor]) -> ModelRun:
+    """Run the model once and record each layer's input, attention weights and dense output.
+
+    Args:
+        model: from :func:`load_minilm`.
+        enc: from :func:`encode` (``input_ids``, ``token_type_ids``, ``attention_mask``, ``[B, S]``).
+    """
+    layers = P.encoder_layers(model)
+    dense: dict[int, Tensor] = {}
+    hooks = [
+        layer.attention.output.dense.register_forward_hook(
+            lambda _m, _inp, output, i=i: dense.__setitem__(i, output.detach())
+        )
+        for i, layer in enumerate(layers)
+    ]
+    try:
+        out = model(**enc, output_attentions=True, output_hidden_states=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    attentions = torch.stack(out.attentions)  # L x [B, H, S, S] -> [L, B, H, S, S]
+    return ModelRun(
+        layer_inputs=list(out.hidden_states[: len(layers)]),
+        attentions=attentions,
+        dense_outputs=[dense[i] for i in range(len(layers))],
+        attention_mask=enc["attention_mask"],
+    )
+
+
+class LayerCheck(NamedTuple):
+    """Largest absolute differences between attnlib and the model for one layer (real tokens only)."""
+
+    layer_index: int
+    weights_max_diff: float
+    output_max_diff: float
+
+    def ok(self, atol: float = 1e-5) -> bool:
+        return self.weights_max_diff < atol and self.output_max_diff < atol
+
+
+@torch.no_grad()
+def check_layer(model: nn.Module, run: ModelRun, layer_index: int) -> LayerCheck:
+    """Run :func:`layer_to_attnlib` on the recorded input of layer ``layer_index`` and compare.
+
+    Compared: the attention weights of real query rows (all keys; padded keys must get exactly 0
+    in both) and the dense output at real positions. Padded query rows are left out: no later
+    computation reads them (padded keys are masked in every layer and pooling skips them).
+    """
+    mine = P.layer_to_attnlib(model, layer_index)
+    got = mine(run.layer_inputs[layer_index], run.attention_mask)
+    real = run.attention_mask.bool()  # [B, S]
+    w_diff = (got.attention_weights - run.attentions[layer_index]).abs()  # [B, H, S, S]
+    w_diff = w_diff.permute(0, 2, 1, 3)[real]  # [N_real, H, S]
+    o_diff = (got.hidden_states - run.dense_outputs[layer_index]).abs()[real]  # [N_real, D]
+    return LayerCheck(layer_index, float(w_diff.max()), float(o_diff.max()))
+
+
+def head_pattern_scores(weights: Tensor, toks: Sequence[str]) -> dict[str, Tensor]:
+    """Simple per-head summaries of where attention goes, for one unpadded sentence.
+
+    Args:
+        weights: ``[L, H, S, S]`` (or ``[H, S, S]``) attention weights of one sentence.
+        toks: the ``S`` tokens, e.g. from :func:`tokens`.
+
+    Returns:
+        ``{name: [L, H]}`` (or ``[H]``), each the mean over query positions of the weight put on:
+        ``"previous"`` token ``i-1``, ``"next"`` token ``i+1``, ``"self"`` (``i``), ``"[CLS]"``,
+        ``"[SEP]"`` and ``"punctuation"`` (tokens with no letter or digit, specials excluded).
+    """
+    S = weights.shape[-1]
+    if weights.shape[-2] != S or len(toks) != S or S < 2:
+        raise ValueError(f"weights must be [..., S, S] with S = len(toks) = {len(toks)} >= 2, got {tuple(weights.shape)}")
+    eye = torch.eye(S, dtype=torch.bool, device=weights.device)  # [S, S]
+    prev = torch.zeros(S, S, dtype=torch.bool, device=weights.device)
+    prev[torch.arange(1, S), torch.arange(0, S - 1)] = True  # [i, i-1]
+    nxt = prev.T.clone()  # [i, i+1]
+    specials = {"[CLS]", "[SEP]", "[PAD]"}
+    punct = torch.tensor([t not in specials and not any(c.isalnum() for c in t) for t in toks], device=weights.device)
+
+    def column(name: str) -> Tensor:
+        return torch.tensor([t == name for t in toks], device=weights.device)
+
+    def mean_on(mask_qk: Tensor, rows: slice = slice(None)) -> Tensor:
+        picked = (weights * mask_qk).sum(-1)  # [..., S]
+        return picked[..., rows].mean(-1)  # [...]
+
+    return {
+        "previous": mean_on(prev, slice(1, None)),
+        "next": mean_on(nxt, slice(None, S - 1)),
+        "self": mean_on(eye),
+        "[CLS]": mean_on(column("[CLS]")[None, :]),
+        "[SEP]": mean_on(column("[SEP]")[None, :]),
+        "punctuation": mean_on(punct[None, :]),
+    }
+
+
+def top_heads(score: Tensor, k: int = 3) -> list[tuple[int, int, float]]:
+    """The ``k`` largest entries of a ``[L, H]`` score as ``(layer, head, value)``, largest first."""
+    if score.dim() != 2:
+        raise ValueError(f"score must be [L, H], got shape {tuple(score.shape)}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= score.numel():
+        raise ValueError(f"k must be an int in 1..{score.numel()}, got {k!r}")
+    values, flat = score.flatten().topk(k)
+    H = score.shape[1]
+    return [(int(i) // H, int(i) % H, float(v)) for v, i in zip(values, flat)]
+
+
+@torch.no_grad()
+def weighted_value_norms(model: nn.Module, run: ModelRun, layer_index: int, head: int, batch_index: int = 0) -> Tensor:
+    """How much each key actually moves each query in one head: ``||w_ij * f(x_j)||``.
+
+    ``f(x_j) = (x_j W_v + b_v)_h W_o,h`` is what key ``j`` would add to the layer's output through
+    head ``h`` (its value, pushed through that head's slice of the output projection). A large
+    weight on a key whose ``f(x_j)`` is tiny changes little (Kobayashi et al., 2020,
+    *Attention is Not Only a Weight*).
+
+    Returns:
+        ``[S, S]``: entry ``[i, j]`` is ``weights[i, j] * ||f(x_j)||`` for the sentence ``batch_index``.
+    """
+    mine = P.layer_to_attnlib(model, layer_index)
+    if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < mine.num_heads:
+        raise ValueError(f"head must be an int in 0..{mine.num_heads - 1}, got {head!r}")
+    x = run.layer_inputs[layer_index][batch_index]  # [S, D]
+    d_k = mine.d_k
+    cols = slice(head * d_k, (head + 1) * d_k)
+    v = mine.w_v(x)[:, cols]  # [S, D_k], head h's values
+    f = v @ mine.w_o.weight[:, cols].T  # [S, D_k] @ [D_k, D] -> [S, D]
+    w = run.attentions[layer_index, batch_index, head]  # [S, S]
+    return w * f.norm(dim=-1)[None, :]  # [S, S]
+
+
+# --- checkers -------------------------------------------------------------------------------
+
 
 #: (sentence, query token, key token): verbs and their subjects, the first one the book's example.
 LINK_CASES: tuple[tuple[str, str, str], ...] = (
@@ -39,7 +212,7 @@ def link_case(i: int = 0) -> tuple[Tensor, list[str], str, str]:
     """Case ``i`` of :data:`LINK_CASES` as ``(weights [L, H, S, S], tokens, query, key)``."""
     sentence, query, key = LINK_CASES[i]
     model, tokenizer = P.load_minilm()
-    run = P.run_model(model, P.encode(tokenizer, sentence))
+    run = run_model(model, P.encode(tokenizer, sentence))
     return run.attentions[:, 0].clone(), P.tokens(tokenizer, sentence), query, key
 
 
@@ -108,10 +281,10 @@ def check_previous_token_score(fn: Callable[[Tensor], Any]) -> Feedback:
         return fb
     expected = reference_previous_token_score(weights)
     if isinstance(result, Tensor) and tuple(result.shape) == tuple(expected.shape):
-        r = result.detach().double().cpu()
+        r = as_cpu_float64(result)
 
         def same(t: Tensor) -> bool:
-            return torch.allclose(r, t.double(), atol=1e-5)
+            return torch.allclose(r, as_cpu_float64(t), atol=1e-5)
 
         if same(expected):
             return correct("that is the previous-token score of all 72 heads.")
@@ -171,7 +344,7 @@ def check_copy_layer(fn: Callable[[nn.Module, int], Any], layers: Sequence[int] 
     output to within 1e-5 on a padded batch of two sentences (real tokens compared).
     """
     model, tokenizer = P.load_minilm()
-    run = P.run_model(model, P.encode(tokenizer, [LINK_CASES[0][0], "Where are they?"]))
+    run = run_model(model, P.encode(tokenizer, [LINK_CASES[0][0], "Where are they?"]))
     real = run.attention_mask.bool()  # [B, S]
     for layer_index in layers:
         result, fb = run_reader_code(fn, model, layer_index)

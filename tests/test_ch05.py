@@ -8,9 +8,8 @@ import pytest
 import torch
 from torch import Tensor
 
+from attnbook.ch05 import check_param_count, check_per_head_loop, check_weights_bytes
 from attnlib import MultiHeadSelfAttention
-from attnlib.exercises.multihead import check_param_count, check_per_head_loop, check_weights_bytes
-
 
 # --- parameter count -------------------------------------------------------------------------
 

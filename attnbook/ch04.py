@@ -8,16 +8,23 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
-from ..core import scaled_dot_product_attention, softmax
-from ..learn.check import Feedback, compare_tensors, correct, run_reader_code, todo, wrong
-from ..masks import causal_mask, combine_masks, padding_mask
+from attnlib.core import scaled_dot_product_attention, softmax
+from attnlib.masks import causal_mask, combine_masks, padding_mask
+from attnlib.multihead import MultiHeadSelfAttention
 
-__all__ = ["check_combined_mask", "check_masking_order", "check_fully_masked_prediction", "FULLY_MASKED_CASES"]
+from .feedback import Feedback, compare_tensors, correct, run_reader_code, todo, wrong
+from .measure import interleaved_median_ms
+
+__all__ = [
+    "check_combined_mask", "check_masking_order", "check_fully_masked_prediction", "FULLY_MASKED_CASES",
+    "time_parallel_and_prefixes",
+]
 
 #: The attention mask the combined-mask checker feeds in: ``[B, S] = [3, 5]``, 1 = real token.
 #: Sequence 0 is padded on the right, sequence 2 on the left (its first two rows see nothing).
@@ -193,3 +200,68 @@ def check_fully_masked_prediction(prediction: Any) -> Feedback:
         "-inf alone gives NaN, -1e9 gives a uniform row that leaks to hidden keys, and attnlib gives zeros. "
         "Run the three expressions in FULLY_MASKED_CASES to see it."
     )
+
+
+# --- the parallel pass against the prefix passes ------------------------------------------
+
+
+@torch.no_grad()
+def time_parallel_and_prefixes(
+    attention: MultiHeadSelfAttention,
+    x: Tensor,
+    *,
+    repeats: int = 5,
+    parallel_repeats: int | None = None,
+    cpu_threads: int | None = None,
+) -> tuple[float, float]:
+    """Median wall time of the two ways to get a causal output for every position of ``x``.
+
+    * parallel: one call ``attention(x, causal=True)`` over all ``S`` positions;
+    * prefixes: ``S`` calls ``attention(x[:, :i])`` for ``i = 1..S``, keeping the last position
+      of each (no mask needed: a prefix has no future). This is the same result, computed the
+      way a model without a causal mask would have to compute it to avoid cheating.
+
+    Both use PyTorch's fused attention (``need_weights=False``). One warm-up run of each comes
+    first.
+
+    Args:
+        attention: the module to time (its device is where the timing runs).
+        x: ``[B, S, D]`` input on the module's device.
+        repeats: how many timed runs of the prefixes; the median is returned.
+        parallel_repeats: how many timed runs of the parallel pass (default ``4 * repeats``). It
+            is cheap, so more runs buy a steadier median at little cost.
+        cpu_threads: on a CPU, run with this many threads (restored afterwards); ``None`` keeps
+            PyTorch's setting. With ``cpu_threads=1`` the clock is the CPU time of the calling
+            thread (``time.thread_time``), which other programs sharing the machine cannot inflate;
+            otherwise it is wall time (``time.perf_counter``, after synchronising a GPU).
+
+    Returns:
+        ``(parallel_seconds, prefixes_seconds)``.
+    """
+    if repeats < 1 or (parallel_repeats is not None and parallel_repeats < 1):
+        raise ValueError(f"repeats must be >= 1, got repeats={repeats}, parallel_repeats={parallel_repeats}")
+    if x.dim() != 3:
+        raise ValueError(f"x must be [B, S, D], got shape {tuple(x.shape)}")
+    S = x.shape[1]
+
+    def parallel() -> Tensor:
+        return attention(x, causal=True, need_weights=False).hidden_states  # [B, S, D]
+
+    def prefixes() -> Tensor:
+        outs = [attention(x[:, :i], need_weights=False).hidden_states[:, -1] for i in range(1, S + 1)]  # S x [B, D]
+        return torch.stack(outs, dim=1)  # [B, S, D]
+
+    device = x.device
+    threads = torch.get_num_threads()
+    if cpu_threads is not None and device.type == "cpu":
+        torch.set_num_threads(cpu_threads)
+    try:
+        n_parallel = 4 * repeats if parallel_repeats is None else parallel_repeats
+        clock = time.thread_time if (cpu_threads == 1 and device.type == "cpu") else time.perf_counter
+        ms = [
+            interleaved_median_ms({"run": fn}, repeats=n, warmup=1, device=device, clock=clock)["run"]
+            for fn, n in ((parallel, n_parallel), (prefixes, repeats))
+        ]
+        return ms[0] / 1000.0, ms[1] / 1000.0
+    finally:
+        torch.set_num_threads(threads)

@@ -17,15 +17,17 @@ Shapes: ``B`` batch, ``S`` positions, ``H`` heads, ``D_k`` per-head width, ``D =
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from ..heads import merge_heads, split_heads
-from ..learn.check import Feedback, correct, run_reader_code, todo, wrong
+from attnlib.heads import split_heads
+
+from .feedback import Feedback, correct, run_reader_code, todo, wrong
 
 __all__ = [
+    "memory_layout",
     "tagged_tokens",
     "decode_tag",
     "check_split_heads",
@@ -324,3 +326,77 @@ def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> Feedback:
             if torch.equal(got[:, h], kv[:, g]) and g != h // (H // H_kv):
                 return wrong(f"query head {h} got key/value head {g}, expected {h // (H // H_kv)} = h // (H // H_kv).")
     return wrong("the result has the right shape but its heads are not copies of the key/value heads.")
+
+
+# --- the memory-layout figure ---------------------------------------------------------------
+
+
+# Okabe-Ito colours (colour-blind safe), one per position in memory_layout.
+_OKABE_ITO = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999999"]
+
+
+def memory_layout(seq_len: int = 3, num_heads: int = 2, d_k: int = 2, tokens: Sequence[str] | None = None) -> Any:
+    """How one ``[S, H * D_k]`` tensor sits in memory and how three shapes read it (returns the Figure).
+
+    The numbers ``0 .. S*H*D_k - 1`` are memory offsets; colour = the position a number belongs
+    to, hatching = the head it belongs to in the correct split. Row 1 is the memory itself. Rows
+    2-4 list the elements of a view in its own index order (last index fastest), each cell showing
+    which memory offset it reads, with gaps between the slices of its first axis:
+    ``view(S, H, D_k)`` reads the memory in order (contiguous); its ``transpose(0, 1)``,
+    ``[H, S, D_k]``, reads it with jumps (same memory, not contiguous) and each head holds one
+    colour per row; the bug ``view(H, S, D_k)`` reads it in order but cuts it in the wrong place,
+    so a head holds several positions. Shapes and strides in the labels come from real tensors.
+    """
+    import matplotlib.pyplot as plt
+    import torch
+    from matplotlib.patches import Rectangle
+
+    S, H = seq_len, num_heads
+    D = H * d_k
+    if S > len(_OKABE_ITO):
+        raise ValueError(f"memory_layout draws at most {len(_OKABE_ITO)} positions, got seq_len = {S}")
+    tokens = [f"pos {s}" for s in range(S)] if tokens is None else list(tokens)
+    if len(tokens) != S:
+        raise ValueError(f"{len(tokens)} tokens for seq_len = {S}")
+    flat = torch.arange(S * D)  # [S * D], the memory
+    shd = flat.view(S, H, d_k)  # [S, H, D_k]
+    hsd = shd.transpose(0, 1)  # [H, S, D_k], a view
+    bug = flat.view(H, S, d_k)  # [H, S, D_k], the bug
+    hatches = ["", "///", "...", "xxx", "\\\\\\", "ooo"]
+    rows = [
+        ("memory", flat.view(1, -1), None, "offset 0, 1, 2, ... (one after another)"),
+        (f"view(S, H, D_k)  {list(shd.shape)}", shd, "position", f"strides {tuple(shd.stride())}: contiguous"),
+        (f".transpose(0, 1)  {list(hsd.shape)}", hsd, "head", f"strides {tuple(hsd.stride())}: not contiguous, no copy"),
+        (f"bug: view(H, S, D_k)  {list(bug.shape)}", bug, "head", f"strides {tuple(bug.stride())}: contiguous, wrong"),
+    ]
+    gap = 0.6
+    width = S * D + gap * (max(S, H) - 1)
+    fig, axes = plt.subplots(len(rows), 1, figsize=(10, 1.3 * len(rows) + 0.9))
+    for ax, (label, t, outer, note) in zip(axes, rows):
+        x = 0.0
+        for i in range(t.shape[0]):
+            if outer is not None:
+                group = tokens[i] if outer == "position" else f"head {i}"
+                n = t[i].numel()
+                ax.text(x + n / 2, 1.12, group, ha="center", va="bottom", fontsize=9)
+            for offset in t[i].reshape(-1).tolist():
+                s, f = divmod(int(offset), D)
+                ax.add_patch(Rectangle((x, 0), 1, 1, facecolor=_OKABE_ITO[s], edgecolor="black",
+                                       hatch=hatches[(f // d_k) % len(hatches)], linewidth=1))
+                ax.text(x + 0.5, 0.5, str(int(offset)), ha="center", va="center", fontsize=10, fontweight="bold",
+                        bbox=dict(boxstyle="round,pad=0.1", facecolor="white", edgecolor="none", alpha=0.85))
+                x += 1
+            if outer is not None:
+                x += gap
+        ax.set_xlim(-0.1, width + 0.1)
+        ax.set_ylim(-0.1, 1.6)
+        ax.set_aspect("equal")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        for side in ("top", "right", "bottom", "left"):
+            ax.spines[side].set_visible(False)
+        ax.set_title(f"{label}: {note}", fontsize=10, loc="left")
+    fig.suptitle(f"One [S, D] = [{S}, {D}] tensor in memory and three ways to read it\n"
+                 f"(cell = memory offset read; colour = position: {', '.join(tokens)}; hatching = head)", fontsize=11)
+    fig.tight_layout()
+    return fig

@@ -17,10 +17,11 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..cost import attention_weights_bytes, mha_param_count
-from ..heads import merge_heads, split_heads
-from ..learn.check import Feedback, correct, run_reader_code, wrong
-from ..multihead import MultiHeadSelfAttention
+from attnlib.cost import attention_weights_bytes, mha_param_count
+from attnlib.heads import merge_heads, split_heads
+from attnlib.multihead import MultiHeadSelfAttention
+
+from .feedback import Feedback, correct, run_reader_code, wrong
 
 __all__ = ["check_param_count", "check_per_head_loop", "check_weights_bytes"]
 

@@ -14,8 +14,8 @@ import functools
 import hashlib
 import html
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 from IPython.display import HTML
@@ -52,7 +52,6 @@ class Frame:
     label: str
     panels: list[Panel]
     caption: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,7 +118,8 @@ def frame_html(frame: Frame, *, fmt: str = "{:.2f}", cmap: str = "viridis") -> H
 
 
 def static_slider(
-    frames: Sequence[Frame],
+    frame: Callable[..., Frame],
+    settings: Iterable[Mapping[str, Any]],
     *,
     slider_label: str,
     title: str,
@@ -128,25 +128,29 @@ def static_slider(
     fmt: str = "{:.2f}",
     cmap: str = "viridis",
 ) -> HTML:
-    """A kernel-free slider over precomputed frames.
+    """A kernel-free slider: ``frame(**setting)`` for each setting, precomputed, one per position.
+
+    The same ``frame`` function drives :func:`live_slider`, so the website shows exactly what a
+    running kernel would draw for those settings.
 
     Args:
-        frames: one :class:`Frame` per slider position, in slider order.
+        frame: returns the :class:`Frame` to show for one setting, e.g. ``frame(temperature=0.5)``.
+        settings: the keyword arguments of ``frame`` at each slider position, in slider order.
         slider_label: what the slider controls, e.g. ``"temperature T"``.
         title: heading shown above the slider.
         alt: a text description of the figure for screen readers.
-        initial: index of the frame shown first.
+        initial: index of the setting shown first.
         fmt: format for the numbers in the cells.
         cmap: a matplotlib colour map (default viridis, which is colour-blind safe).
 
     Returns:
         An ``IPython.display.HTML`` object; display it (or make it a cell's last expression).
     """
-    frames = list(frames)
+    frames = [frame(**dict(s)) for s in settings]
     if not frames:
-        raise ValueError("static_slider needs at least one frame")
+        raise ValueError("static_slider needs at least one setting")
     if not 0 <= initial < len(frames):
-        raise ValueError(f"initial = {initial} is out of range for {len(frames)} frames")
+        raise ValueError(f"initial = {initial} is out of range for {len(frames)} settings")
     bodies = []
     for i, f in enumerate(frames):
         hidden = "" if i == initial else ' style="display:none"'
@@ -176,13 +180,13 @@ def static_slider(
     return HTML(markup)
 
 
-def live_slider(draw: Callable[..., Any], **controls: Any) -> Any:
-    """Show ``draw`` under ipywidgets controls; it is called again whenever a control moves.
+def live_slider(frame: Callable[..., Frame], **controls: Any) -> Any:
+    """Show ``frame(**values)`` under ipywidgets controls, redrawn whenever a control moves.
 
     ``controls`` are what ``ipywidgets.interactive`` accepts, e.g.
     ``temperature=ipywidgets.FloatLogSlider(value=1, base=10, min=-1, max=1)``.
-    Needs a running kernel; on the static website use :func:`static_slider` as well. In the
-    book, tag the cell ``remove-output`` and ``nbval-ignore-output`` (see CONTRIBUTING.md).
+    Needs a running kernel; on the static website use :func:`static_slider` with the same
+    ``frame``. In the book, tag the cell ``remove-output`` and ``nbval-ignore-output``.
 
     Returns:
         The ``ipywidgets.interactive`` widget (already displayed).
@@ -190,23 +194,22 @@ def live_slider(draw: Callable[..., Any], **controls: Any) -> Any:
     import ipywidgets
     from IPython.display import display
 
+    def draw(**values: Any) -> None:
+        display(frame_html(frame(**values)))
+
     widget = ipywidgets.interactive(draw, **controls)
     display(widget)
     return widget
 
 
-def redraw_ms(draw: Callable[..., Any], settings: Iterable[dict[str, Any]]) -> float:
-    """Worst-case wall time, in milliseconds, of ``draw(**s)`` over the given slider settings.
+def redraw_ms(frame: Callable[..., Frame], settings: Iterable[Mapping[str, Any]]) -> list[float]:
+    """Wall time, in milliseconds, of one live redraw (``frame(**s)`` rendered to HTML) per setting.
 
-    Use it to check that a live slider stays responsive (the book aims for < 100 ms).
-    Closes any matplotlib figures that ``draw`` leaves open.
+    This is a measurement (print it with the book's ``~``); the book aims for < 100 ms.
     """
-    import matplotlib.pyplot as plt
-
-    worst = 0.0
+    times = []
     for s in settings:
         start = time.perf_counter()
-        draw(**s)
-        plt.close("all")
-        worst = max(worst, (time.perf_counter() - start) * 1000.0)
-    return worst
+        frame_html(frame(**dict(s)))
+        times.append((time.perf_counter() - start) * 1000.0)
+    return times

@@ -1,4 +1,4 @@
-"""Quizzes: questions live as JSON files under ``book/quizzes/``; ``jupyterquiz`` renders them.
+"""Quizzes: questions live as JSON files in ``attnbook/quizzes/``; ``jupyterquiz`` renders them.
 
 The rendered quiz is plain HTML + JavaScript with everything inlined, so it works in JupyterLab,
 in Colab and on the static website with no network. Element ids are derived from the quiz name
@@ -8,33 +8,19 @@ in Colab and on the static website with no network. Element ids are derived from
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 from typing import Any
 
-__all__ = ["quiz_dir", "load_quiz", "show_quiz", "validate_quiz"]
+__all__ = ["QUIZ_DIR", "quiz_dir", "load_quiz", "show_quiz", "validate_quiz"]
 
-_REPO_BOOK = Path(__file__).resolve().parents[2] / "book"
+#: The quiz files ship inside this package: ``attnbook/quizzes/NN_slug.json``.
+QUIZ_DIR = Path(__file__).resolve().parent / "quizzes"
 
 
 def quiz_dir() -> Path:
-    """Where quiz files are looked up.
-
-    Order: ``$ATTNLIB_BOOK_DIR/quizzes``, ``./quizzes`` (notebooks run from ``book/``),
-    then ``book/quizzes`` of the repository this package was installed from (editable install).
-    """
-    candidates = []
-    if os.environ.get("ATTNLIB_BOOK_DIR"):
-        candidates.append(Path(os.environ["ATTNLIB_BOOK_DIR"]) / "quizzes")
-    candidates += [Path.cwd() / "quizzes", _REPO_BOOK / "quizzes"]
-    for c in candidates:
-        if c.is_dir():
-            return c
-    raise FileNotFoundError(
-        "no quizzes folder found; looked in " + ", ".join(str(c) for c in candidates)
-        + ". Run the notebook from the book/ folder or set ATTNLIB_BOOK_DIR to it."
-    )
+    """The folder of the quiz files, inside the installed package (independent of the working directory)."""
+    return QUIZ_DIR
 
 
 def validate_quiz(questions: Any, name: str = "quiz") -> list[dict[str, Any]]:

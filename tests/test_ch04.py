@@ -7,8 +7,13 @@ import math
 import pytest
 import torch
 
-from attnlib import causal_mask
-from attnlib.exercises.masks import check_combined_mask, check_fully_masked_prediction, check_masking_order
+from attnbook import ch04
+from attnbook.ch04 import (
+    check_combined_mask,
+    check_fully_masked_prediction,
+    check_masking_order,
+)
+from attnlib import MultiHeadSelfAttention, causal_mask
 
 
 def _tril(S: int) -> torch.Tensor:
@@ -155,3 +160,27 @@ def test_fully_masked_prediction_hints(case: str, value: object, hint: str) -> N
 def test_fully_masked_prediction_bad_container() -> None:
     assert "dict" in check_fully_masked_prediction([0.25] * 4).message
     assert "lacks the key" in check_fully_masked_prediction({"torch.softmax with -inf": [NAN] * 4}).message
+
+
+# --- the parallel pass against the prefix passes ------------------------------------------
+
+
+def test_timing_returns_positive_seconds_and_restores_threads() -> None:
+    attention = MultiHeadSelfAttention(8, 2).eval()
+    threads = torch.get_num_threads()
+    parallel, prefixes = ch04.time_parallel_and_prefixes(attention, torch.randn(1, 6, 8), repeats=2, cpu_threads=1)
+    assert parallel > 0 and prefixes > 0
+    assert torch.get_num_threads() == threads
+    with pytest.raises(ValueError, match=r"\[B, S, D\]"):
+        ch04.time_parallel_and_prefixes(attention, torch.randn(6, 8))
+
+
+def test_prefix_outputs_equal_the_masked_parallel_pass() -> None:
+    """The two computations the timing compares give the same numbers."""
+    torch.manual_seed(0)
+    attention = MultiHeadSelfAttention(8, 2).eval()
+    x = torch.randn(2, 7, 8)
+    with torch.no_grad():
+        parallel = attention(x, causal=True).hidden_states
+        prefixes = torch.stack([attention(x[:, :i]).hidden_states[:, -1] for i in range(1, 8)], dim=1)
+    torch.testing.assert_close(prefixes, parallel)
