@@ -122,8 +122,9 @@ def triton_flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Fa
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"triton_flash_attention takes float16, bfloat16 or float32, got {q.dtype}")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    if q.device.type == "cpu" and not interpreted:
-        raise ValueError("q is on the CPU: Triton runs on CUDA, or on the CPU with TRITON_INTERPRET=1 set before importing triton")
+    if q.device.type == "cpu" and not (interpreted and type(tl.max).__name__ == "InterpretedFunction"):
+        raise ValueError("q is on the CPU: Triton runs on CUDA, or on the CPU with TRITON_INTERPRET=1 set "
+                         "before triton is first imported (torch.compile and PyTorch's FLOP counter import it)")
     if interpreted and q.dtype == torch.bfloat16:  # Triton's interpreter has no bfloat16 tl.dot (triton#11584)
         raise ValueError("Triton's interpreter (TRITON_INTERPRET=1) cannot run bfloat16; use float16 or float32 on the CPU")
     out, _ = _TritonFlashAttention.apply(q3, k3, v3, bool(causal), scale, block_q, block_k)
