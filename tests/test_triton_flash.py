@@ -140,6 +140,21 @@ def test_cpu_tensors_without_the_interpreter_raise_a_clear_error() -> None:
     assert "TRITON_INTERPRET=1" in done.stdout, done.stderr
 
 
+def test_the_gpu_benchmark_script_runs_in_the_interpreter(tmp_path: Path) -> None:
+    """benchmarks/bench_gpu.py is only run for real on a GPU; this keeps it from rotting meanwhile."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    table = tmp_path / "table.md"
+    args = ["--device", "cpu", "--sizes", "32", "--batch", "1", "--heads", "2", "--head-dim", "16",
+            "--repeats", "1", "--dtypes", "float16", "--out", str(table)]
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in table.read_text().splitlines() if line.startswith("| float16 | 32 |")]
+    assert len(rows) == 4, table.read_text()  # causal and not, forward and forward + backward
+    assert all(row.endswith("| flash (CPU) |") for row in rows), rows
+
+
 if __name__ == "__main__":  # the child process of the `interpreted` fixture
     sys.path.insert(0, str(ROOT))
     print(json.dumps(_run_cases()))
