@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from .core import _check_qkv, _shape
+from . import _checks
 
 __all__ = ["flash_attention", "BLOCK_Q", "BLOCK_K"]
 
@@ -107,12 +107,6 @@ class _FlashAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
-def _check_block(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 def flash_attention(
     q: Tensor,
     k: Tensor,
@@ -156,7 +150,7 @@ def flash_attention(
     >>> out.shape, lse.shape  # [B, H, S_q, D_v], [B, H, S_q]
     (torch.Size([2, 4, 100, 8]), torch.Size([2, 4, 100]))
     """
-    block_q, block_k = _check_block("block_q", block_q), _check_block("block_k", block_k)
+    block_q, block_k = _checks.positive_int("block_q", block_q), _checks.positive_int("block_k", block_k)
     lead, (q3, k3, v3), scale = _flatten(q, k, v, causal, scale)  # [N, S, D] each
     out, lse = _FlashAttention.apply(q3, k3, v3, bool(causal), scale, block_q, block_k)
     out, lse = out.reshape(*lead, *out.shape[1:]), lse.reshape(*lead, -1)  # [..., S_q, D_v], [..., S_q]
@@ -165,11 +159,11 @@ def flash_attention(
 
 def _flatten(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None) -> tuple[list[int], list[Tensor], float]:
     """Validate, then view every leading dim (B, H, ...) as one batch axis N: ``[N, S, D]``."""
-    _check_qkv(q, k, v)
+    _checks.qkv(q, k, v)
     *lead, S_q, d_k = q.shape
     S_k = k.shape[-2]
     if S_q == 0 or S_k == 0:
-        raise ValueError(f"q and k need at least one position, got q {_shape(q)} and k {_shape(k)}")
+        raise ValueError(f"q and k need at least one position, got q {_checks.shape(q)} and k {_checks.shape(k)}")
     if causal and S_q > S_k:
         raise ValueError(f"causal=True needs S_q <= S_k (queries are the last S_q of S_k), got S_q = {S_q}, S_k = {S_k}")
     scale = 1.0 / math.sqrt(d_k) if scale is None else float(scale)
