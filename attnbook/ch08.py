@@ -1,7 +1,12 @@
-"""Checkers for chapter 8, *Cost, memory and efficient attention*.
+"""Checkers, counts and figures for chapter 8, *Cost, memory and why FlashAttention is fast*.
 
+* :data:`GPUS`: datasheet numbers of two GPUs (not measurements), with their sources.
+* :func:`standard_attention_io`, :func:`flash_v1_io`, :func:`fused_forward_io`: exact HBM traffic.
+* :func:`tile_frame`: the frame of the tile-schedule slider.
 * :func:`check_online_softmax_update`: one step of the online softmax (fold a tile of scores
   into the running max ``m``, running sum ``l`` and running output ``acc``).
+* :func:`check_tile_weights`: recover one tile's weights from the scores and the logsumexp.
+* :func:`check_merge_partials`: Flash-Decoding's merge of two partial results through their logsumexps.
 * :func:`check_kv_cache_size`: bytes of a decoder's KV cache per token.
 
 Both diagnose the usual mistakes: a running sum or output not rescaled by ``exp(m_old - m_new)``,
@@ -11,19 +16,99 @@ counted without V, query heads instead of key/value heads, a forgotten layer cou
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
-from .feedback import Feedback, close, correct, run_reader_code, wrong
+from .feedback import Feedback, Mistake, close, correct, diagnose, run_reader_code, wrong
+from .slider import Frame, Panel
 
 __all__ = [
+    "GPUS",
+    "standard_attention_io",
+    "flash_v1_io",
+    "fused_forward_io",
+    "tile_frame",
+    "reference_tile_weights",
+    "check_tile_weights",
+    "reference_merge_partials",
+    "check_merge_partials",
     "reference_online_update",
     "check_online_softmax_update",
     "reference_kv_cache_size",
     "check_kv_cache_size",
 ]
+
+
+#: Vendor datasheet figures (not measurements): HBM bandwidth in bytes/s, shared memory an SM can
+#: give one kernel (its L1/shared total in brackets), SM count, dense float16/bfloat16 tensor-core FLOP/s.
+GPUS: dict[str, dict[str, Any]] = {
+    "A100 SXM4 80GB": dict(
+        hbm_bytes_per_s=2039e9, smem_kib=164, l1_smem_kib=192, sms=108, fp16_flops=312e12,
+        source="NVIDIA A100 Tensor Core GPU datasheet (2,039 GB/s; FP16 and BF16 Tensor Core 312 TFLOPS, "
+               "624 with sparsity); NVIDIA Ampere GPU Architecture Tuning Guide (up to 164 KB shared memory "
+               "of a 192 KB L1/shared memory per SM; 108 SMs)",
+    ),
+    "H100 SXM5 80GB": dict(
+        hbm_bytes_per_s=3.35e12, smem_kib=228, l1_smem_kib=256, sms=132, fp16_flops=989.4e12,
+        source="NVIDIA H100 Tensor Core GPU datasheet (3.35 TB/s; FP16 and BF16 Tensor Core 1,979 TFLOPS "
+               "with sparsity, i.e. 989.4 dense, the figure of the NVIDIA H100 architecture whitepaper); "
+               "NVIDIA Hopper Tuning Guide (up to 228 KB shared memory of a 256 KB L1/shared memory per SM; 132 SMs)",
+    ),
+}
+
+
+def standard_attention_io(N: int, d: int) -> int:
+    """Numbers read from and written to HBM by standard attention, per (batch, head).
+
+    Algorithm 0 of Dao et al. (2022): read Q, K, write S (``2Nd + N^2``); read S, write P
+    (``2N^2``); read P, V, write O (``N^2 + 2Nd``). Total ``4Nd + 4N^2``: Theta(Nd + N^2).
+    A separate mask or scale pass adds ``2N^2`` each.
+    """
+    return 4 * N * d + 4 * N * N
+
+
+def flash_v1_io(N: int, d: int, M: int) -> int:
+    """HBM numbers of FlashAttention's forward (Algorithm 1 of Dao et al., 2022), per (batch, head).
+
+    ``M`` is the on-chip memory in numbers. Key/value blocks of ``B_c = ceil(M / 4d)`` rows are
+    loaded once (``2Nd`` in all); for each of the ``T_c = ceil(N / B_c)`` of them every query block
+    is loaded and the output and the statistics ``l, m`` are read and written back
+    (``3Nd + 4N`` per key block). Total ``2Nd + T_c (3Nd + 4N)``: Theta(N^2 d^2 / M).
+    """
+    T_c = math.ceil(N / math.ceil(M / (4 * d)))
+    return 2 * N * d + T_c * (3 * N * d + 4 * N)
+
+
+def fused_forward_io(N: int, d: int, block_q: int, causal: bool = False) -> int:
+    """HBM numbers of attnlib's Triton kernel (FlashAttention-2's loop order), per (batch, head).
+
+    Each query block is read once, its output and logsumexp written once (``2Nd + N``); the keys
+    and values it sees are read once per query block (``2d`` numbers per key row; with ``causal``
+    only the rows up to the block's last query). Caches may serve some of those re-reads.
+    """
+    key_rows = sum(min(N, q0 + block_q) if causal else N for q0 in range(0, N, block_q))
+    return 2 * N * d + N + 2 * d * key_rows
+
+
+def tile_frame(block: int, S: int = 1024, d: int = 64) -> Frame:
+    """The causal tile schedule for ``S`` positions and square ``block`` tiles, with its HBM traffic."""
+    n = math.ceil(S / block)
+    kind = torch.zeros(n, n)  # 1 = a full tile, 2 = on the diagonal (masked inside)
+    for i in range(n):
+        kind[i, : i + 1] = 1
+        kind[i, i] = 2
+    labels = [str(i * block) for i in range(n)]
+    fused, standard = fused_forward_io(S, d, block, causal=True), standard_attention_io(S, d)
+    caption = (f"{int((kind > 0).sum())} of {n * n} tiles computed ({int((kind == 2).sum())} on the diagonal). "
+               f"HBM traffic per head: {fused / 1e6:.2f} M numbers fused vs {standard / 1e6:.2f} M standard "
+               f"({standard / fused:.1f}x less); arithmetic intensity in float16 about "
+               f"{2 * S * S * d / (2 * fused):.0f} FLOP/byte.")
+    panel = Panel(kind.numpy(), labels, labels, f"query block (rows) x key block (columns), block = {block}",
+                  vmin=0, vmax=2, masked=(kind == 0).numpy())
+    return Frame(label=f"block {block}", panels=[panel], caption=caption)
 
 
 def reference_online_update(m: Tensor, l: Tensor, acc: Tensor, s: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -115,6 +200,113 @@ def check_online_softmax_update(fn: Callable[..., Any]) -> Feedback:
     if not close(acc2 / l2, expected):
         return wrong("the running values are consistent with the reference but acc / l is not softmax(s) @ v.")  # pragma: no cover
     return correct("two tiles folded online give exactly softmax(s) @ v: this is the heart of FlashAttention.")
+
+
+def reference_tile_weights(s_tile: Tensor, lse: Tensor) -> Tensor:
+    """The softmax weights of one tile: ``exp(s_tile - lse[:, None])`` (``[bq, bk]``, ``lse`` ``[bq]``)."""
+    return torch.exp(s_tile - lse[:, None])
+
+
+def _tile_case() -> tuple[Tensor, Tensor, Tensor, slice, slice]:
+    gen = torch.Generator().manual_seed(81)
+    s = torch.randn(6, 10, generator=gen, dtype=torch.float64) * 2  # [S_q, S_k] scores of one head
+    return s, torch.logsumexp(s, dim=-1), torch.softmax(s, dim=-1), slice(2, 5), slice(4, 8)
+
+
+_TILE_MISTAKES = (
+    Mistake("softmax inside the tile", lambda s, lse: torch.softmax(s, dim=-1),
+            "each row of your tile sums to 1, but the tile holds only 4 of the row's 10 keys: divide by the "
+            "whole row's denominator exp(lse), not by the tile's own sum."),
+    Mistake("sign", lambda s, lse: torch.exp(lse[:, None] - s),
+            "the sign is flipped: the weight is exp(score - lse), not exp(lse - score)."),
+    Mistake("divide by lse", lambda s, lse: torch.exp(s) / lse[:, None],
+            "lse is the *log* of the denominator: divide by exp(lse), i.e. compute exp(s - lse)."),
+    Mistake("no exp", lambda s, lse: s - lse[:, None],
+            "that is the log of the weights; take exp of it."),
+)
+
+
+def check_tile_weights(fn: Callable[..., Any]) -> Feedback:
+    """Check ``fn(s_tile, lse) -> weights`` for rows 2:5 and keys 4:8 of a ``[6, 10]`` score matrix.
+
+    ``s_tile`` is ``[3, 4]``, ``lse`` holds the logsumexp of each of the 3 *whole* rows; the answer
+    must equal the same block of ``softmax(s)``.
+    """
+    s, lse, weights, rows, cols = _tile_case()
+    s_tile, lse_rows = s[rows, cols].clone(), lse[rows].clone()
+    got, fb = run_reader_code(fn, s_tile.clone(), lse_rows.clone())
+    if fb is not None and "must match the size" in fb.message:
+        return wrong("lse has one number per query row, shape [3], and the tile is [3, 4]: "
+                     "write lse[:, None] so it lines up with the rows, not the columns.")
+    if fb is not None:
+        return fb
+    if close(got, weights[rows, cols]):
+        return correct("exp(s - lse) gives the tile's weights exactly, with no other tile in sight: "
+                       "this is how the backward pass recomputes P one tile at a time.")
+    if isinstance(got, Tensor) and tuple(got.shape) != (3, 4):
+        return wrong(f"the tile's weights are [3, 4] (3 query rows, 4 keys), got shape {tuple(got.shape)}; "
+                     "lse is [3]: broadcast it over the keys with lse[:, None].")
+    hint = diagnose(got, _TILE_MISTAKES, s_tile, lse_rows)
+    return hint or wrong("the weights differ from softmax(s) in this block; the weight of key j for query i is exp(s_ij - lse_i).")
+
+
+def reference_merge_partials(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
+    """Merge attention over two disjoint key sets from their outputs ``[.., S_q, D_v]`` and logsumexps ``[.., S_q]``."""
+    lse = torch.logaddexp(lse_a, lse_b)  # [.., S_q] log of the total denominator
+    out = torch.exp(lse_a - lse)[..., None] * out_a + torch.exp(lse_b - lse)[..., None] * out_b  # [.., S_q, D_v]
+    return out, lse
+
+
+def _merge_case(score_scale: float) -> tuple[list[Tensor], Tensor, Tensor]:
+    from attnlib import flash_attention
+
+    gen = torch.Generator().manual_seed(82)
+    q = torch.randn(2, 3, 8, generator=gen) * score_scale  # [H, S_q, D] (a decoder step has S_q = 1)
+    k, v = torch.randn(2, 20, 8, generator=gen), torch.randn(2, 20, 4, generator=gen)  # [H, S_k, D]
+    part_a = flash_attention(q, k[:, :12], v[:, :12], return_lse=True)  # keys 0..11
+    part_b = flash_attention(q, k[:, 12:], v[:, 12:], return_lse=True)  # keys 12..19
+    out, lse = flash_attention(q, k, v, return_lse=True)  # all keys at once
+    return [*part_a, *part_b], out, lse
+
+
+_MERGE_MISTAKES = (
+    Mistake("mean", lambda oa, la, ob, lb: (oa + ob) / 2,
+            "the two parts are not worth the same: weight each by its share of the softmax denominator, "
+            "exp(lse_part - lse_total)."),
+    Mistake("weights by lse", lambda oa, la, ob, lb: (la[..., None] * oa + lb[..., None] * ob) / (la + lb)[..., None],
+            "you weighted by lse itself; the denominators are exp(lse), so weight by exp(lse_part - lse_total)."),
+)
+
+
+def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
+    """Check ``fn(out_a, lse_a, out_b, lse_b) -> (out, lse)``: the split-KV merge of Flash-Decoding.
+
+    The partial results come from :func:`attnlib.flash_attention` over keys 0..11 and 12..19; the
+    answer must equal attention over all 20 keys. A second case has scores near 300, where
+    ``exp(lse)`` overflows float32: only a merge that subtracts the maximum survives it.
+    """
+    for scale in (1.0, 40.0):
+        parts, out, lse = _merge_case(scale)
+        got, fb = run_reader_code(fn, *[t.clone() for t in parts])
+        if fb is not None:
+            return fb
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            return wrong(f"return two tensors (out, lse), got {type(got).__name__}: the merged lse is needed "
+                         "to merge the result again with a third part.")
+        got_out, got_lse = got
+        if isinstance(got_out, Tensor) and not torch.isfinite(got_out).all():
+            return wrong("with large scores exp(lse) overflows to inf and the result is NaN: subtract the larger "
+                         "lse first (torch.logaddexp does), i.e. weight by exp(lse_part - lse_total).")
+        if not close(got_out, out, atol=1e-4, rtol=1e-4):
+            hint = diagnose(got_out, _MERGE_MISTAKES, *parts)
+            return hint or wrong("the merged output differs from attention over all keys: "
+                                 "out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b.")
+        if not close(got_lse, lse, atol=1e-4, rtol=1e-4):
+            if close(got_lse, torch.maximum(parts[1], parts[3])):
+                return wrong("the total lse is log(exp(lse_a) + exp(lse_b)) (torch.logaddexp), not the larger of the two.")
+            return wrong("the output is right but lse is not: lse = log(exp(lse_a) + exp(lse_b)) = torch.logaddexp(lse_a, lse_b).")
+    return correct("two partial results merge exactly through their logsumexps: Flash-Decoding splits the KV cache "
+                   "across many programs this way and merges at the end.")
 
 
 def reference_kv_cache_size(num_layers: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:

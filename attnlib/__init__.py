@@ -36,6 +36,16 @@ from .multihead import AttentionOutput, MultiHeadSelfAttention
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    """``attnlib.triton_flash_attention`` imports Triton on first use, so ``import attnlib`` never needs it."""
+    if name == "triton_flash_attention":
+        from .triton_flash import triton_flash_attention
+
+        return triton_flash_attention
+    raise AttributeError(f"module 'attnlib' has no attribute {name!r}")
+
+
 __all__ = [
     "AttentionOutput", "AttentionResult", "KVCache", "MultiHeadLatentAttention", "MultiHeadSelfAttention",
     "causal_mask", "combine_masks",

@@ -148,6 +148,30 @@ def test_from_torch_rejects_unsupported_modules() -> None:
         MultiHeadSelfAttention.from_torch(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_causal_without_padding_asks_the_fused_kernel_for_is_causal(padded: bool) -> None:
+    """An explicit [S, S] mask would rule out SDPA's flash backend on CUDA; is_causal=True does not."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls: list[tuple[tuple, dict]] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if "scaled_dot_product" in str(func):
+                calls.append((args, kwargs or {}))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    layer, x = MultiHeadSelfAttention(16, 4), torch.randn(2, 5, 16)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]) if padded else None
+    with Record():
+        fused = layer(x, mask, causal=True, need_weights=False).hidden_states
+    (args, kwargs), = calls
+    assert ("attn_mask" in kwargs) == padded, kwargs.keys()  # aten: args (q, k, v, dropout_p, is_causal)
+    assert (len(args) > 4 and args[4] is True) == (not padded), args[3:]
+    torch.testing.assert_close(fused, layer(x, mask, causal=True).hidden_states, atol=1e-5, rtol=1e-5)
+
+
 # ---- degenerate shapes, fully masked sequences, autograd, compile and export ------------------
 
 

@@ -1,0 +1,131 @@
+"""FlashAttention's forward pass as one fused Triton kernel (after Triton's fused-attention tutorial).
+
+:func:`attnlib.flash_attention` runs the tiled algorithm as many small PyTorch operations; on a
+GPU each of them is a kernel that reads its inputs from HBM and writes its result back. Here one
+*program instance* handles one block of ``BLOCK_Q`` queries of one (batch, head) from start to end:
+the query block is loaded once, the key/value blocks stream past it, and the scores, the running
+max ``m``, the sum ``l`` and the accumulator ``acc`` live in registers and shared memory (SRAM)
+until the finished rows are written. HBM sees q, k, v read and out, lse written, never a tile.
+
+The backward pass is the recomputing one of :mod:`attnlib.flash` (PyTorch tiles, no ``[S, S]``).
+Needs Triton (``pip install triton``) and a CUDA GPU; on a CPU, Triton's interpreter runs the same
+kernel on CPU tensors when ``TRITON_INTERPRET=1`` is set before ``triton`` is first imported.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from .flash import BLOCK_K as TORCH_BLOCK_K, BLOCK_Q as TORCH_BLOCK_Q, _FlashAttention, _flatten
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # attnlib never needs Triton; without it, triton_flash_attention says how to get it
+    triton = None
+
+__all__ = ["triton_flash_attention"]
+
+
+def _forward_kernel(Q, K, V, Out, Lse,  # pointers to [N, S_q, D_k], [N, S_k, D_k], [N, S_k, D_v], [N, S_q, D_v], [N, S_q]
+                    S_q, S_k, D_k, D_v, scale,
+                    CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                    BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    n = tl.program_id(1).to(tl.int64)  # which (batch, head)
+    rows = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # [BLOCK_Q] this program's queries
+    dk = tl.arange(0, BLOCK_DK)  # [BLOCK_DK] feature index (a power of two >= D_k; the rest masked)
+    dv = tl.arange(0, BLOCK_DV)  # [BLOCK_DV]
+    q = tl.load(Q + n * S_q * D_k + rows[:, None] * D_k + dk[None, :],
+                mask=(rows[:, None] < S_q) & (dk[None, :] < D_k), other=0.0)  # [BLOCK_Q, BLOCK_DK] stays in SRAM
+    m = tl.full([BLOCK_Q], float("-inf"), tl.float32)  # running max per query row
+    l = tl.zeros([BLOCK_Q], tl.float32)  # running sum of exp(score - m)
+    acc = tl.zeros([BLOCK_Q, BLOCK_DV], tl.float32)  # running sum of exp(score - m) * v
+    offset = S_k - S_q  # query i sits at position i + offset (bottom-right causal)
+    k_end = S_k
+    if CAUSAL:  # key blocks entirely in this block's future are never loaded
+        k_end = tl.minimum(S_k, (tl.program_id(0) + 1) * BLOCK_Q + offset)
+    for k0 in range(0, k_end, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K] this step's keys
+        kt = tl.load(K + n * S_k * D_k + cols[None, :] * D_k + dk[:, None],
+                     mask=(cols[None, :] < S_k) & (dk[:, None] < D_k), other=0.0)  # [BLOCK_DK, BLOCK_K] k^T
+        s = tl.dot(q, kt) * scale  # [BLOCK_Q, BLOCK_K] scores, accumulated and scaled in float32
+        visible = cols[None, :] < S_k  # [1, BLOCK_K] padding past the last key is hidden
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None] + offset)  # [BLOCK_Q, BLOCK_K]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))  # [BLOCK_Q] the online softmax, as in attnlib.flash
+        p = tl.exp(s - m_new[:, None])  # [BLOCK_Q, BLOCK_K]
+        alpha = tl.exp(m - m_new)  # [BLOCK_Q] rescales what was summed relative to m
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(V + n * S_k * D_v + cols[:, None] * D_v + dv[None, :],
+                    mask=(cols[:, None] < S_k) & (dv[None, :] < D_v), other=0.0)  # [BLOCK_K, BLOCK_DV]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [BLOCK_Q, BLOCK_DV]
+        m = m_new
+    out = acc / l[:, None]  # [BLOCK_Q, BLOCK_DV], the only write of the output
+    tl.store(Out + n * S_q * D_v + rows[:, None] * D_v + dv[None, :], out.to(Out.dtype.element_ty),
+             mask=(rows[:, None] < S_q) & (dv[None, :] < D_v))
+    tl.store(Lse + n * S_q + rows, m + tl.log(l), mask=rows < S_q)  # [BLOCK_Q] for the backward pass
+
+
+if triton is not None:  # compile the kernel (or interpret it, under TRITON_INTERPRET=1)
+    _forward_kernel = triton.jit(_forward_kernel)
+
+
+class _TritonFlashAttention(_FlashAttention):
+    """Forward: the Triton kernel. Backward: inherited, the recomputing PyTorch tiles."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, block_q, block_k):  # type: ignore[no-untyped-def]
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # [N, S, D], rows packed
+        (N, S_q, D_k), S_k, D_v = q.shape, k.shape[1], v.shape[2]
+        out = torch.empty(N, S_q, D_v, dtype=q.dtype, device=q.device)  # [N, S_q, D_v]
+        lse = torch.empty(N, S_q, dtype=torch.float32, device=q.device)  # [N, S_q]
+        grid = (triton.cdiv(S_q, block_q), N)  # one program instance per (query block, batch-head)
+        _forward_kernel[grid](q, k, v, out, lse, S_q, S_k, D_k, D_v, scale, CAUSAL=causal,
+                              BLOCK_Q=block_q, BLOCK_K=block_k,
+                              BLOCK_DK=max(16, triton.next_power_of_2(D_k)),
+                              BLOCK_DV=max(16, triton.next_power_of_2(D_v)))
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (causal, scale, TORCH_BLOCK_Q, TORCH_BLOCK_K)
+        return out, lse
+
+
+def triton_flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+                           scale: float | None = None, block_q: int = 64, block_k: int = 64) -> Tensor:
+    """Fused FlashAttention forward (Triton) with the recomputing backward of :mod:`attnlib.flash`.
+
+    Same inputs, causal convention (bottom-right) and result as :func:`attnlib.flash_attention`.
+
+    Args:
+        q, k, v: ``[..., S_q, D_k]``, ``[..., S_k, D_k]``, ``[..., S_k, D_v]``; CUDA tensors, or
+            CPU tensors under ``TRITON_INTERPRET=1``. float16, bfloat16 or float32.
+        causal: hide keys in each query's future (needs ``S_q <= S_k``).
+        scale: multiplier for the dot products; ``None`` means ``1 / sqrt(D_k)``.
+        block_q, block_k: tile edges, powers of two >= 16 (``tl.dot`` needs at least 16).
+
+    Returns:
+        ``[..., S_q, D_v]`` in the dtype of ``q``.
+
+    >>> q = k = v = torch.randn(2, 4, 100, 32, device="cuda", dtype=torch.float16)  # doctest: +SKIP
+    >>> triton_flash_attention(q, k, v, causal=True).shape  # doctest: +SKIP
+    torch.Size([2, 4, 100, 32])
+    """
+    if triton is None:
+        raise ImportError("attnlib.triton_flash_attention needs Triton: pip install triton")
+    for name, b in (("block_q", block_q), ("block_k", block_k)):
+        if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {b!r}")
+    lead, (q3, k3, v3), scale = _flatten(q, k, v, causal, scale)  # [N, S, D] each
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"triton_flash_attention takes float16, bfloat16 or float32, got {q.dtype}")
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if q.device.type == "cpu" and not (interpreted and type(tl.max).__name__ == "InterpretedFunction"):
+        raise ValueError("q is on the CPU: Triton runs on CUDA, or on the CPU with TRITON_INTERPRET=1 set "
+                         "before triton is first imported (torch.compile and PyTorch's FLOP counter import it)")
+    if interpreted and q.dtype == torch.bfloat16:  # Triton's interpreter has no bfloat16 tl.dot (triton#11584)
+        raise ValueError("Triton's interpreter (TRITON_INTERPRET=1) cannot run bfloat16; use float16 or float32 on the CPU")
+    out, _ = _TritonFlashAttention.apply(q3, k3, v3, bool(causal), scale, block_q, block_k)
+    return out.reshape(*lead, *out.shape[1:])  # [..., S_q, D_v]
