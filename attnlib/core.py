@@ -16,8 +16,6 @@ from . import _checks
 
 __all__ = ["AttentionResult", "softmax", "scaled_dot_product_attention"]
 
-# kept for attnlib/flash.py until its rewrite imports attnlib._checks directly
-_check_qkv, _shape = _checks.qkv, _checks.shape
 
 
 class AttentionResult(NamedTuple):
