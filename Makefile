@@ -31,9 +31,19 @@ test: setup
 		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900 -q
 
 # Browser tests of the built site (site_tests/, not part of `make test`): every page of _toc.yml
-# in headless Chromium with the network cut off. Rebuilds first (Sphinx only re-reads changed
-# pages), so the site tested is the site of this checkout. Screenshots: _build/screenshots/.
-test-site: book
+# in headless Chromium with the network cut off, checked with axe-core (accessibility, light and
+# dark mode), at phone width and against a page-weight budget. Rebuilds first (Sphinx only
+# re-reads changed pages), so the site tested is the site of this checkout. Screenshots (light,
+# dark, 390 px): _build/screenshots/; measurements: _build/site-report.json.
+# axe-core comes from the npm registry, as package-lock.json pins it; `npm ci` runs again only
+# when package.json or package-lock.json is newer than the installed copy.
+NODE_STAMP := node_modules/.package-lock.json
+
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --silent --no-audit --no-fund
+	touch $(NODE_STAMP)
+
+test-site: book $(NODE_STAMP)
 	$(BIN)/python -m pytest site_tests -q
 
 lab: setup
@@ -43,4 +53,4 @@ bench: setup
 	$(BIN)/python benchmarks/bench_attention.py
 
 clean:
-	rm -rf _build
+	rm -rf _build node_modules

@@ -6,6 +6,8 @@
   and once as ``''`` (copied again from the registry), which its duplicate check sees as two
   scripts. The second ``const THEBE_JS_URL`` threw "Identifier 'THEBE_JS_URL' has already been
   declared" on every page.
+* Search aliases (:data:`SEARCH_ALIASES`): "flash" finds every page about FlashAttention.
+* The book's own static files (``book/_static``) are copied on every build, changed or not.
 * ``fontawesome.js`` (1.45 MB, every icon of Font Awesome 6) is replaced by a few kilobytes
   holding only the icons the built pages use (see :func:`slim_fontawesome`).
 """
@@ -24,6 +26,7 @@ from sphinx.util import logging
 logger = logging.getLogger(__name__)
 
 ICON_JS = Path(__file__).resolve().parent / "icons.js"
+STATIC = Path(__file__).resolve().parent.parent / "_static"
 
 
 def dedupe_scripts(app: Any, pagename: str, templatename: str, context: dict, doctree: Any) -> None:
@@ -83,8 +86,36 @@ def slim_fontawesome(app: Any, exception: Exception | None) -> None:
     target.with_name("fontawesome.js.map").unlink(missing_ok=True)
 
 
+#: Words a reader may type that a page does not spell out as a word of its own: search matches
+#: whole words, so "flash" did not find the pages that only say "FlashAttention" or
+#: ``flash_attention``. A page that mentions a key gets its alias as a search keyword.
+SEARCH_ALIASES = {"flashattention": "flash", "flash_attention": "flash"}
+
+
+def add_search_aliases(app: Any, doctree: Any) -> None:
+    from docutils import nodes
+
+    text = doctree.astext().lower()
+    words = sorted({alias for key, alias in SEARCH_ALIASES.items() if key in text})
+    if words:
+        doctree.append(nodes.meta("", name="keywords", content=", ".join(words)))
+
+
+def refresh_static(app: Any, exception: Exception | None) -> None:
+    """Copy the book's own static files again: an incremental Sphinx 7.4 build keeps an older
+    copy already in ``_build/html/_static`` rather than overwrite it."""
+    if exception is not None or app.builder.format != "html":
+        return
+    for source in STATIC.iterdir():
+        target = Path(app.outdir) / "_static" / source.name
+        if source.is_file() and (not target.is_file() or target.read_bytes() != source.read_bytes()):
+            shutil.copyfile(source, target)
+
+
 def setup(app: Any) -> dict[str, Any]:
     # Early: html-page-context stops at the first listener that returns a template name.
     app.connect("html-page-context", dedupe_scripts, priority=100)
+    app.connect("doctree-read", add_search_aliases)
+    app.connect("build-finished", refresh_static)
     app.connect("build-finished", slim_fontawesome)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -10,6 +10,10 @@ document.addEventListener("DOMContentLoaded", function () {
     icon.setAttribute("aria-hidden", "true");
     icon.querySelectorAll("title").forEach(function (t) { t.remove(); });
   });
+  // A hidden cell's toggle shows "Show code cell source"; its name should be what it shows.
+  document.querySelectorAll("summary[aria-label]").forEach(function (s) {
+    if (s.textContent.trim()) s.removeAttribute("aria-label");
+  });
   // The sidebar (logo, search, table of contents) is a landmark, so no content lies outside one.
   var sidebar = document.getElementById("pst-primary-sidebar");
   if (sidebar && !sidebar.hasAttribute("role")) { sidebar.setAttribute("role", "complementary"); sidebar.setAttribute("aria-label", "Book"); }
@@ -24,3 +28,29 @@ document.addEventListener("DOMContentLoaded", function () {
     link.appendChild(img);
   });
 });
+
+// A box that scrolls sideways must be reachable by keyboard, so that the arrow keys can scroll it:
+// wide code blocks and outputs (the theme marks these once, at load), display formulas (no
+// longer Tab stops, see _config.yml), the heatmaps of a slider on a phone. They are measured
+// again whenever something may have changed their width: a resize, a solution or a hidden
+// cell opened, a slider moved.
+(function () {
+  var BOXES = "pre, .cell_output > .output, .pst-scrollable-table-container, .attnlib-frame, mjx-container[display='true']";
+  function mark() {
+    document.querySelectorAll(BOXES).forEach(function (box) {
+      var scrolls = box.scrollWidth > box.clientWidth + 1;
+      if (scrolls) box.setAttribute("tabindex", "0");
+      else if (box.getAttribute("tabindex") === "0") box.setAttribute("tabindex", "-1");
+    });
+  }
+  var timer = null;
+  function later() { clearTimeout(timer); timer = setTimeout(mark, 350); }
+  window.addEventListener("load", function () {
+    var ready = window.MathJax && MathJax.startup && MathJax.startup.promise;
+    (ready || Promise.resolve()).then(mark);
+    window.addEventListener("resize", later);
+    document.addEventListener("click", later, true);
+    document.addEventListener("toggle", later, true);
+    document.addEventListener("input", later, true);
+  });
+})();
