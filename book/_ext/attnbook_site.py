@@ -6,6 +6,7 @@
   and once as ``''`` (copied again from the registry), which its duplicate check sees as two
   scripts. The second ``const THEBE_JS_URL`` threw "Identifier 'THEBE_JS_URL' has already been
   declared" on every page.
+* Long inline code may wrap on a phone (:data:`LONG_LITERAL`).
 * Search aliases (:data:`SEARCH_ALIASES`): "flash" finds every page about FlashAttention.
 * The book's own static files (``book/_static``) are copied on every build, changed or not.
 * ``fontawesome.js`` (1.45 MB, every icon of Font Awesome 6) is replaced by a few kilobytes
@@ -92,6 +93,20 @@ def slim_fontawesome(app: Any, exception: Exception | None) -> None:
 SEARCH_ALIASES = {"flashattention": "flash", "flash_attention": "flash"}
 
 
+#: Inline code at least this long may break anywhere on a phone (class ``attnbook-long``, see
+#: attnbook.css): ``torch.nn.functional.scaled_dot_product_attention`` made pages 528 px wide.
+#: Shorter code keeps the theme's no-wrap, so ``-inf`` is never split into ``-`` and ``inf``.
+LONG_LITERAL = 16
+
+
+def mark_long_literals(app: Any, doctree: Any) -> None:
+    from docutils import nodes
+
+    for node in doctree.findall(nodes.literal):
+        if len(node.astext()) >= LONG_LITERAL:
+            node["classes"].append("attnbook-long")
+
+
 def add_search_aliases(app: Any, doctree: Any) -> None:
     from docutils import nodes
 
@@ -116,6 +131,7 @@ def setup(app: Any) -> dict[str, Any]:
     # Early: html-page-context stops at the first listener that returns a template name.
     app.connect("html-page-context", dedupe_scripts, priority=100)
     app.connect("doctree-read", add_search_aliases)
+    app.connect("doctree-read", mark_long_literals)
     app.connect("build-finished", refresh_static)
     app.connect("build-finished", slim_fontawesome)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
