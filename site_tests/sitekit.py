@@ -80,6 +80,7 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 def base_url() -> Iterator[str]:
     if not (SITE / "index.html").is_file():
         pytest.exit(f"no built site at {SITE}: run `make book` first (make test-site does)", returncode=1)
+    REPORT.unlink(missing_ok=True)  # this run's measurements only
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(SITE)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -254,13 +254,29 @@ def test_colab_and_download_buttons(visit: tuple[TocPage, Visit]) -> None:
         assert json.loads(response.body())["cells"], f"{href} is not the notebook"
 
 
-def test_formulas_are_not_tab_stops(visit: tuple[TocPage, Visit]) -> None:
+def test_keyboard_reaches_the_interactives(visit: tuple[TocPage, Visit]) -> None:
     toc_page, v = visit
     # Only a formula too wide for the column, which scrolls in its own box, may be a Tab stop.
     stops = v.page.evaluate("""() => [...document.querySelectorAll('mjx-container')]
       .filter(m => m.tabIndex >= 0 && !(m.getAttribute('display') === 'true' && m.scrollWidth > m.clientWidth + 1))
       .map(m => m.textContent.slice(0, 30))""")
     assert not stops, f"{v.url}: {len(stops)} MathJax formulas are Tab stops (a keyboard reader must Tab through each): {stops[:5]}"
+    # A keyboard reader reaches the first slider through its skip link: Tab to it, Enter, Tab.
+    slider_id = v.page.evaluate("() => document.querySelector('.attnlib-slider')?.id")
+    if slider_id:
+        page = v.page
+        page.evaluate("() => { document.activeElement?.blur(); window.scrollTo(0, 0); }")
+        for presses in range(1, 11):
+            page.keyboard.press("Tab")
+            if page.evaluate("() => document.activeElement.getAttribute('href')") == f"#{slider_id}":
+                break
+        else:
+            pytest.fail(f"{v.url}: no skip link to the first slider within 10 Tab presses")
+        page.keyboard.press("Enter")
+        page.keyboard.press("Tab")
+        reached = page.evaluate("() => document.activeElement.closest('.attnlib-slider')?.id")
+        assert reached == slider_id, f"{v.url}: after the skip link, Tab went to {reached!r}, not the slider"
+        record(str(toc_page), keys_to_first_slider=presses + 2)
     favicon = v.page.evaluate("() => document.querySelector('link[rel=icon]')?.href")
     assert favicon and v.page.request.get(favicon).ok, f"{v.url}: no favicon ({favicon})"
 

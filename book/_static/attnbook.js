@@ -17,6 +17,20 @@ document.addEventListener("DOMContentLoaded", function () {
   // The sidebar (logo, search, table of contents) is a landmark, so no content lies outside one.
   var sidebar = document.getElementById("pst-primary-sidebar");
   if (sidebar && !sidebar.hasAttribute("role")) { sidebar.setAttribute("role", "complementary"); sidebar.setAttribute("aria-label", "Book"); }
+  // Skip links to each interactive (shown when focused, next to the theme's "Skip to main
+  // content"): a keyboard reader reaches a slider or the quiz in a few Tab presses instead of
+  // passing every link, copy button and code block before it.
+  var skip = document.getElementById("pst-skip-link");
+  if (skip) {
+    document.querySelectorAll(".attnlib-slider[id], .attnbook-quiz[id]").forEach(function (w) {
+      var title = document.getElementById(w.id + "-title");
+      var link = document.createElement("a");
+      link.href = "#" + w.id;
+      link.className = "attnbook-skip";
+      link.textContent = w.classList.contains("attnbook-quiz") ? "Skip to the quiz" : "Skip to the slider: " + (title ? title.textContent : "");
+      skip.appendChild(link);
+    });
+  }
   // Figures: a tap or click opens the image at full size, where a phone can zoom into it.
   document.querySelectorAll(".cell_output img").forEach(function (img) {
     if (img.closest("a")) return;
