@@ -5,14 +5,15 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NOTEBOOKS = $(shell $(BIN)/python tests/toc.py)
 
-.PHONY: setup book test test-site lab bench clean help
+.PHONY: setup book explorer test test-site lab bench bench-explorer clean help
 
 help:
-	@echo "make book       build the website into _build/html"
+	@echo "make book       build the website into _build/html (needs npm for the attention explorer)"
 	@echo "make test       unit tests + every notebook re-executed and compared (nbval)"
 	@echo "make test-site  build the website, then open every page in headless Chromium, offline"
 	@echo "make lab        open the book in JupyterLab"
 	@echo "make bench      attention benchmark (timings and memory on this machine)"
+	@echo "make bench-explorer  the attention explorer's load and run times in headless Chromium"
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed (found %s)" % sys.version.split()[0])'
@@ -23,7 +24,21 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP)
 
-book: setup
+# JavaScript packages (package.json, exact pins in package-lock.json): the WebAssembly build of
+# onnxruntime-web for the attention explorer. npm writes node_modules/.package-lock.json, so a
+# changed lock file reinstalls. --ignore-scripts: no package needs its install scripts here.
+NODE_STAMP := node_modules/.package-lock.json
+$(NODE_STAMP): package.json package-lock.json
+	@command -v npm >/dev/null || { echo "npm (Node.js 18+) is needed: sudo apt-get install nodejs npm"; exit 1; }
+	npm ci --no-audit --no-fund --ignore-scripts
+	touch $(NODE_STAMP)
+
+# The attention explorer's files in the built site: the ONNX export of all-MiniLM-L6-v2 (cached
+# in _build/explorer-cache), its vocabulary and the runtime (attnbook/explorer.py).
+explorer: setup $(NODE_STAMP)
+	$(BIN)/python -m attnbook.explorer _build/html
+
+book: setup explorer
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
 test: setup
@@ -35,22 +50,19 @@ test: setup
 # dark mode), at phone width and against a page-weight budget. Rebuilds first (Sphinx only
 # re-reads changed pages), so the site tested is the site of this checkout. Screenshots (light,
 # dark, 390 px): _build/screenshots/; measurements: _build/site-report.json.
-# axe-core comes from the npm registry, as package-lock.json pins it; `npm ci` runs again only
-# when package.json or package-lock.json is newer than the installed copy.
-NODE_STAMP := node_modules/.package-lock.json
-
-$(NODE_STAMP): package.json package-lock.json
-	npm ci --silent --no-audit --no-fund
-	touch $(NODE_STAMP)
-
-test-site: book $(NODE_STAMP)
+# axe-core comes from the npm registry, pinned in package-lock.json, installed with the explorer's
+# packages by the $(NODE_STAMP) rule above (again only when the lock file changes).
+test-site: book
 	$(BIN)/python -m pytest site_tests -q
 
 lab: setup
 	$(BIN)/jupyter lab book
 
 bench: setup
-	$(BIN)/python benchmarks/bench_attention.py
+	$(BIN)/python benchmarks/bench_attention.py && $(BIN)/python benchmarks/bench_decode.py
+
+bench-explorer: book
+	$(BIN)/python benchmarks/bench_explorer.py
 
 clean:
 	rm -rf _build node_modules

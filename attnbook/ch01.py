@@ -1,7 +1,14 @@
-"""Checkers for chapter 1, *Attention at a glance*.
+"""Chapter 1, *Attention at a glance*: checkers, the reach experiment and the layer diagram.
 
 * :func:`check_soft_lookup`: attention as a soft dictionary lookup for one query.
-* :func:`check_attention_shapes`: the tensor shapes of the five internal steps.
+* :func:`check_attention_shapes`: the shapes of single-head attention when ``D_k`` and ``D_v``
+  differ from ``D``.
+* :func:`layers_until_linked`: how many stacked convolutions link two positions (autograd).
+* :func:`encoder_layer_figure`: one encoder layer of the original Transformer.
+
+Each exercise keeps its known mistakes in one table (``SOFT_LOOKUP_MISTAKES``,
+``SHAPE_MISTAKES``); the checker tries them in order and ``tests/test_ch01.py`` iterates over the
+same tables.
 """
 
 from __future__ import annotations
@@ -10,104 +17,160 @@ import math
 from typing import Any, Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from .feedback import Feedback, close, compare_tensors, correct, run_reader_code, wrong
+from .feedback import Feedback, Mistake, close, compare_tensors, correct, diagnose, run_reader_code, wrong
 
-__all__ = ["soft_lookup_inputs", "check_soft_lookup", "reference_shapes", "check_attention_shapes"]
+__all__ = [
+    "soft_lookup_inputs", "check_soft_lookup", "SOFT_LOOKUP_MISTAKES",
+    "reference_shapes", "check_attention_shapes", "SHAPE_KEYS", "SHAPE_MISTAKES", "SHAPE_CONFIGS",
+    "layers_until_linked", "encoder_layer_figure",
+]
 
-SHAPE_KEYS: tuple[str, ...] = ("qkv", "heads", "scores", "weights", "context", "merged", "output")
+
+# ---------------------------------------------------------------- soft lookup
 
 
-def soft_lookup_inputs() -> tuple[Tensor, Tensor, Tensor]:
-    """The checker's fixed test case: ``query [D]``, ``keys [N, D]``, ``values [N, D]`` (N = 5, D = 4).
+def soft_lookup_inputs(N: int = 5, D: int = 4) -> tuple[Tensor, Tensor, Tensor]:
+    """A fixed test case: ``query [D]``, ``keys [N, D]``, ``values [N, D]``.
 
-    Values have the same width as keys so that "scored against the values" and "mixed the keys"
-    are possible (and recognisable) mistakes.
+    Values have the keys' width so that "scored against the values" and "mixed the keys" are
+    possible (and recognisable) mistakes. The checker uses ``N = 5, D = 4``; ``N = D = 4`` is
+    the square probe that lets a transposed answer run.
     """
-    gen = torch.Generator().manual_seed(3)
-    query = torch.randn(4, generator=gen)  # [D]
-    keys = torch.randn(5, 4, generator=gen)  # [N, D]
-    values = torch.randn(5, 4, generator=gen)  # [N, D]
+    gen = torch.Generator().manual_seed(3 if (N, D) == (5, 4) else 4)
+    query = torch.randn(D, generator=gen)  # [D]
+    keys = torch.randn(N, D, generator=gen)  # [N, D]
+    values = torch.randn(N, D, generator=gen)  # [N, D]
     return query, keys, values
 
+
+def _lookup(query: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+    return torch.softmax(keys @ query, dim=-1) @ values  # [N] @ [N, D_v] -> [D_v]
+
+
+#: Known wrong answers of the soft-lookup exercise, tried in this order.
+SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("hard lookup", lambda q, k, v: v[(k @ q).argmax()],
+            "you returned the single best-matching row (a hard lookup). Attention returns a mix of all rows, "
+            "each weighted by softmax of its score."),
+    Mistake("raw scores as weights", lambda q, k, v: (k @ q) @ v,
+            "you mixed the values with the raw scores. Turn the scores into weights first with softmax, so "
+            "that they are positive and sum to 1."),
+    Mistake("normalised without exp", lambda q, k, v: ((k @ q) / (k @ q).sum()) @ v,
+            "you divided the scores by their sum without exponentiating them first. Those 'weights' sum to 1 "
+            "but can be negative or huge (a score sum near 0 blows them up). softmax takes exp first: "
+            "exp(s) / exp(s).sum()."),
+    Mistake("equal average", lambda q, k, v: v.mean(dim=0),
+            "you averaged all rows equally. The weights must depend on how well each key matches the query: "
+            "softmax(keys @ query)."),
+    Mistake("scored the values", lambda q, k, v: torch.softmax(v @ q, dim=-1) @ v,
+            "you scored the query against the values. The match is measured against the keys: keys @ query."),
+    Mistake("mixed the keys", lambda q, k, v: torch.softmax(k @ q, dim=-1) @ k,
+            "you mixed the keys. Keys are only for matching; what is handed over is the values: weights @ values."),
+    Mistake("divided by sqrt(D)", lambda q, k, v: torch.softmax(k @ q / math.sqrt(q.shape[0]), dim=-1) @ v,
+            "you divided the scores by sqrt(D). That is the scaled attention of chapter 2; this exercise asks "
+            "for the plain lookup softmax(keys @ query) @ values."),
+    Mistake("returned the weights", lambda q, k, v: torch.softmax(k @ q, dim=-1),
+            "you returned the weights, one number per row. Finish the lookup by mixing the values with them: "
+            "weights @ values."),
+    Mistake("returned the scores", lambda q, k, v: k @ q,
+            "you returned the scores, one number per row. Turn them into weights with softmax and mix the "
+            "values: softmax(keys @ query) @ values."),
+    Mistake("weighted rows not summed", lambda q, k, v: torch.softmax(k @ q, dim=-1)[:, None] * v,
+            "you returned one weighted row per key, shape [N, D_v]: add them up into one vector "
+            "(weights @ values), so the result has shape [D_v]."),
+    Mistake("keys.T @ query", lambda q, k, v: torch.softmax(k.T @ q, dim=-1) @ v,
+            "keys.T @ query only runs when N == D: keys is [N, D] with one row per entry, so keys @ query "
+            "already gives one score per row. Drop the .T (your code raised an error for N = 5, D = 4)."),
+)
 
 
 def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Feedback:
     """Check ``fn(query [D], keys [N, D], values [N, D_v]) -> [D_v]``.
 
-    The right answer is ``softmax(keys @ query) @ values``: score every row by how well its key
-    matches the query, turn the scores into weights that sum to 1, return the weighted mix.
+    The right answer is ``softmax(keys @ query) @ values``. When the reader's code raises on the
+    ``N = 5, D = 4`` case, it is tried once more on a square case (``N = D = 4``), where a
+    transposed product runs and can be recognised.
     """
-    query, keys, values = soft_lookup_inputs()
-    result, feedback = run_reader_code(fn, query.clone(), keys.clone(), values.clone())
+    inputs = soft_lookup_inputs()
+    result, feedback = run_reader_code(fn, *(t.clone() for t in inputs))
     if feedback is not None:
+        if feedback.status == "wrong":  # maybe a transpose that only works for square inputs
+            square = soft_lookup_inputs(4, 4)
+            result2, feedback2 = run_reader_code(fn, *(t.clone() for t in square))
+            if feedback2 is None:
+                return diagnose(result2, SOFT_LOOKUP_MISTAKES, *square) or feedback
         return feedback
     if not isinstance(result, Tensor):
         return wrong(f"return a torch.Tensor of shape [D_v], got {type(result).__name__}.")
-    N, D_v = values.shape
-    scores = keys @ query  # [N]
-    weights = torch.softmax(scores, dim=-1)  # [N]
-    expected = weights @ values  # [D_v]
+    expected = _lookup(*inputs)
     if close(result, expected):
+        weights = torch.softmax(inputs[1] @ inputs[0], dim=-1)
         return correct(
-            f"the query gets weights {[round(w, 2) for w in weights.tolist()]} over the {N} rows "
+            f"the query gets weights {[round(w, 2) for w in weights.tolist()]} over the {len(weights)} rows "
             "and returns their weighted mix, not one row."
         )
-    shape = tuple(result.shape)
-    if shape == (N,):
-        if close(result, weights) or close(result, scores):
-            return wrong(
-                f"you returned {N} numbers, one per row: those are the scores or weights. "
-                "Finish the lookup by mixing the values with the weights: weights @ values."
-            )
+    hint = diagnose(result, SOFT_LOOKUP_MISTAKES, *inputs)
+    if hint is not None:
+        return hint
+    N, D_v = inputs[2].shape
+    if tuple(result.shape) == (N,):
         return wrong(f"you returned {N} numbers (one per row), but the lookup returns one mixed value of width {D_v}.")
-    if shape == (N, D_v):
-        return wrong(
-            f"you returned one row per key, shape {shape}: add the weighted rows up into one vector "
-            "(weights @ values), so the result has shape [D_v]."
-        )
-    hard = values[scores.argmax()]
-    if close(result, hard):
-        return wrong(
-            "you returned the single best-matching row (a hard lookup). Attention returns a mix of "
-            "all rows, each weighted by softmax of its score."
-        )
-    if close(result, scores @ values):
-        return wrong(
-            "you mixed the values with the raw scores. Turn the scores into weights first with "
-            "softmax, so that they are positive and sum to 1."
-        )
-    if close(result, values.mean(dim=0)):
-        return wrong(
-            "you averaged all rows equally. The weights must depend on how well each key matches "
-            "the query: softmax(keys @ query)."
-        )
-    if close(result, torch.softmax(values @ query, dim=-1) @ values):
-        return wrong("you scored the query against the values. The match is measured against the keys: keys @ query.")
-    if close(result, weights @ keys):
-        return wrong("you mixed the keys. Keys are only for matching; what is handed over is the values: weights @ values.")
-    if close(result, torch.softmax(scores / math.sqrt(query.shape[0]), dim=-1) @ values):
-        return wrong(
-            "you divided the scores by sqrt(D). That is the scaled attention of chapter 2; this "
-            "exercise asks for the plain lookup softmax(keys @ query) @ values."
-        )
-    mismatch = compare_tensors(result, expected, name="your result")
-    return mismatch if mismatch is not None else correct()
+    return compare_tensors(result, expected, name="your result") or correct()
 
 
-def reference_shapes(B: int, S: int, D: int, H: int) -> dict[str, tuple[int, ...]]:
-    """The shapes of multi-head self-attention's steps for ``[B, S, D]`` input and ``H`` heads."""
-    d_k = D // H
+# ---------------------------------------------------------------- shapes of single-head attention
+
+SHAPE_KEYS: tuple[str, ...] = ("q", "k", "v", "scores", "weights", "context", "output")
+#: The configurations the shape checker tries, ``(B, S, D, D_k, D_v)``: every size differs.
+SHAPE_CONFIGS: tuple[tuple[int, int, int, int, int], ...] = ((2, 5, 12, 4, 3), (3, 7, 10, 6, 2))
+
+
+def reference_shapes(B: int, S: int, D: int, D_k: int, D_v: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of single-head self-attention on ``[B, S, D]`` with ``W^Q, W^K: D -> D_k``,
+    ``W^V: D -> D_v`` and ``W^O: D_v -> D``."""
     return {
-        "qkv": (B, S, D),  # each of Q, K, V after its projection
-        "heads": (B, H, S, d_k),  # after split_heads
-        "scores": (B, H, S, S),  # q @ k^T / sqrt(D_k)
-        "weights": (B, H, S, S),  # softmax over the last axis
-        "context": (B, H, S, d_k),  # weights @ v
-        "merged": (B, S, D),  # heads concatenated again
-        "output": (B, S, D),  # after W_O
+        "q": (B, S, D_k), "k": (B, S, D_k), "v": (B, S, D_v),
+        "scores": (B, S, S),  # q @ k^T / sqrt(D_k)
+        "weights": (B, S, S),  # softmax over the last axis
+        "context": (B, S, D_v),  # weights @ v
+        "output": (B, S, D),  # context @ W^O, back to the model width
     }
+
+
+def _with(**changes: str) -> Callable[..., dict[str, tuple[int, ...]]]:
+    """A wrong answer: the reference shapes with some steps replaced, written with axis names."""
+
+    def shapes(B: int, S: int, D: int, D_k: int, D_v: int) -> dict[str, tuple[int, ...]]:
+        env = {"B": B, "S": S, "D": D, "D_k": D_k, "D_v": D_v}
+        out = reference_shapes(B, S, D, D_k, D_v)
+        out.update({step: tuple(env[a] for a in axes.split()) for step, axes in changes.items()})
+        return out
+
+    return shapes
+
+
+#: Known wrong answers of the shape exercise. Each hint may use {B}, {S}, {D}, {D_k}, {D_v}.
+SHAPE_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("q keeps the model width", _with(q="B S D", k="B S D"),
+            "'q' and 'k' are [B, S, D_k]: W^Q and W^K map each token's D = {D} features to D_k = {D_k}."),
+    Mistake("v has width D_k", _with(v="B S D_k", context="B S D_k"),
+            "'v' is [B, S, D_v] = ({B}, {S}, {D_v}): values have their own width D_v; only queries and keys "
+            "must share D_k, because only they are multiplied together."),
+    Mistake("scores like q", _with(scores="B S D_k", weights="B S D_k"),
+            "'scores' is [B, S, S]: every query is compared with every key, so both of the last two axes "
+            "are positions, S = {S}."),
+    Mistake("scores without the batch", _with(scores="S S", weights="S S"),
+            "'scores' is [B, S, S] = ({B}, {S}, {S}): each sequence of the batch has its own scores; keep the batch axis."),
+    Mistake("context = weights", _with(context="B S S"),
+            "'context' is weights @ v, [S, S] @ [S, D_v], so it is [B, S, D_v] = ({B}, {S}, {D_v})."),
+    Mistake("context has width D_k", _with(context="B S D_k"),
+            "'context' mixes the values, so its width is D_v = {D_v}, not D_k."),
+    Mistake("no output projection", _with(output="B S D_v"),
+            "'output' is [B, S, D] = ({B}, {S}, {D}): W^O maps D_v back to the model width D, so that the "
+            "residual connection can add the output to the input."),
+)
 
 
 def _as_shape(value: Any) -> tuple[int, ...] | None:
@@ -117,38 +180,14 @@ def _as_shape(value: Any) -> tuple[int, ...] | None:
         return None
 
 
-def _shape_hint(step: str, got: tuple[int, ...], B: int, S: int, D: int, H: int) -> str:
-    d_k = D // H
-    if step == "heads" and got == (B, S, H, d_k):
-        return (
-            f"'heads' is {got} = [B, S, H, D_k]: that is the shape after view, before transpose(1, 2). "
-            "The head axis goes in front of the sequence axis: [B, H, S, D_k]."
-        )
-    if step in ("heads", "context") and got == (B, H, S, D):
-        return f"'{step}' is {got}: each head works on D_k = D / H = {D} / {H} = {d_k} features, not all D."
-    if step in ("scores", "weights") and got == (B, H, S, d_k):
-        return (
-            f"'{step}' is {got}: the scores compare every query position with every key position, "
-            "so the last two axes are both S: [B, H, S, S]."
-        )
-    if step in ("scores", "weights") and got == (B, S, S):
-        return f"'{step}' is {got}: every head has its own scores, so keep the head axis: [B, H, S, S]."
-    if step == "context" and got == (B, H, S, S):
-        return f"'context' is {got}: it is weights @ V, [S, S] @ [S, D_k], so its last axis is D_k: [B, H, S, D_k]."
-    if step == "merged" and got in ((B, H, S, d_k), (B, S, H, d_k)):
-        return f"'merged' is {got}: merging concatenates the {H} heads' D_k features back into one axis of width D: [B, S, D]."
-    if step in ("qkv", "output") and got == (B, H, S, d_k):
-        return f"'{step}' is {got}: the projections act on whole [B, S, D] tensors; heads exist only between split and merge."
-    return f"'{step}' is {got}; for B={B}, S={S}, D={D}, H={H} it should be {reference_shapes(B, S, D, H)[step]}."
+def check_attention_shapes(fn: Callable[[int, int, int, int, int], dict[str, Any]]) -> Feedback:
+    """Check ``fn(B, S, D, D_k, D_v) -> {step: shape}`` for the steps in :data:`SHAPE_KEYS`.
 
-
-def check_attention_shapes(fn: Callable[[int, int, int, int], dict[str, Any]]) -> Feedback:
-    """Check ``fn(B, S, D, H) -> {step: shape}`` for the steps in :data:`SHAPE_KEYS`.
-
-    Tried on two configurations so that no shape is right by coincidence.
+    Tried on every configuration of :data:`SHAPE_CONFIGS`, so that no shape is right by coincidence.
     """
-    for B, S, D, H in ((2, 5, 12, 3), (1, 8, 512, 8)):
-        result, feedback = run_reader_code(fn, B, S, D, H)
+    for config in SHAPE_CONFIGS:
+        B, S, D, D_k, D_v = config
+        result, feedback = run_reader_code(fn, *config)
         if feedback is not None:
             return feedback
         if not isinstance(result, dict):
@@ -156,12 +195,88 @@ def check_attention_shapes(fn: Callable[[int, int, int, int], dict[str, Any]]) -
         missing = [k for k in SHAPE_KEYS if k not in result]
         if missing:
             return wrong(f"your dict lacks the steps {missing}; it needs all of {list(SHAPE_KEYS)}.")
-        expected = reference_shapes(B, S, D, H)
+        expected = reference_shapes(*config)
+        shapes = {step: _as_shape(result[step]) for step in SHAPE_KEYS}
+        hints = {"B": B, "S": S, "D": D, "D_k": D_k, "D_v": D_v}
+        for m in SHAPE_MISTAKES:  # a whole answer that equals a known mistake
+            if shapes != expected and shapes == m.compute(*config):
+                return wrong(m.hint.format(**hints))
         for step in SHAPE_KEYS:
             got = _as_shape(result[step])
             if got is None:
                 return wrong(f"'{step}' should be a tuple of ints such as (2, 5, 12), got {result[step]!r}.")
-            if got != expected[step]:
-                return wrong(_shape_hint(step, got, B, S, D, H))
-    return correct("every shape matches, for B=2, S=5, D=12, H=3 and for B=1, S=8, D=512, H=8.")
+            if got == expected[step]:
+                continue
+            for m in SHAPE_MISTAKES:  # else the first mistake that gives this step this shape
+                if m.compute(*config)[step] == got != expected[step]:
+                    return wrong(m.hint.format(**hints))
+            return wrong(f"'{step}' is {got}; for B={B}, S={S}, D={D}, D_k={D_k}, D_v={D_v} it should be {expected[step]}.")
+    names = ", ".join(f"(B, S, D, D_k, D_v) = {c}" for c in SHAPE_CONFIGS)
+    return correct(f"every shape matches, for {names}.")
 
+
+# ---------------------------------------------------------------- reach of convolutions
+
+
+def layers_until_linked(kernel: int, src: int, dst: int, *, S: int = 8, dilation_growth: int = 1) -> int:
+    """How many stacked centred ``Conv1d`` layers until output ``dst`` depends on input ``src``.
+
+    Layer ``l`` (from 0) has dilation ``dilation_growth ** l``; 1 gives plain convolutions, 2 the
+    doubling dilations of WaveNet-style stacks. Dependence is read from autograd: the gradient of
+    output ``dst`` with respect to input ``src`` is nonzero.
+    """
+    D = 4
+    for depth in range(1, S + 1):
+        torch.manual_seed(depth)
+        layers = []
+        for layer in range(depth):
+            dilation = dilation_growth**layer
+            layers.append(nn.Conv1d(D, D, kernel, padding=dilation * (kernel // 2), dilation=dilation))
+        x = torch.randn(1, D, S, requires_grad=True)  # Conv1d wants [B, D, S]
+        nn.Sequential(*layers)(x)[0, :, dst].sum().backward()  # d(output dst) / d(inputs)
+        assert x.grad is not None
+        if x.grad[0, :, src].abs().sum() > 0:  # nonzero: src reaches dst
+            return depth
+    raise ValueError(f"positions {src} and {dst} are not linked within {S} layers")
+
+
+# ---------------------------------------------------------------- the layer diagram
+
+
+def encoder_layer_figure():  # -> matplotlib Figure
+    """One encoder layer of the original Transformer (post-LN), drawn large enough for a phone."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    fig, ax = plt.subplots(figsize=(5.2, 6.2))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(-0.3, 11.2)
+    ax.axis("off")
+
+    def box(y: float, text: str, colour: str) -> None:
+        ax.add_patch(FancyBboxPatch((2.0, y), 7.4, 1.0, boxstyle="round,pad=0.08", fc=colour, ec="black"))
+        ax.text(5.7, y + 0.5, text, ha="center", va="center", fontsize=13)
+
+    def arrow(y0: float, y1: float, x: float = 5.7) -> None:
+        ax.annotate("", xy=(x, y1), xytext=(x, y0), arrowprops=dict(arrowstyle="->", lw=1.6))
+
+    ax.add_patch(FancyBboxPatch((0.4, 1.85), 9.3, 7.15, boxstyle="round,pad=0.1", fc="none", ec="grey", ls="--"))
+    ax.text(9.6, 2.05, "× N", ha="right", fontsize=13, color="dimgrey")
+    box(0.0, "embeddings + positions", "#DDDDDD")
+    box(2.6, "self-attention", "#E69F00")  # Okabe-Ito orange: this book's topic
+    box(4.2, "add, then LayerNorm", "#56B4E9")
+    box(5.8, "feed-forward network", "#CCEBDD")
+    box(7.4, "add, then LayerNorm", "#56B4E9")
+    arrow(1.08, 2.52)
+    arrow(3.68, 4.12)
+    arrow(5.28, 5.72)
+    arrow(6.88, 7.32)
+    arrow(8.48, 10.3)
+    ax.text(5.9, 9.5, "[B, S, D]", fontsize=12)
+    ax.text(5.9, 1.8, "[B, S, D]", fontsize=12, va="center")
+    for y_from, y_to in ((2.15, 4.7), (5.45, 7.9)):  # the two residual connections
+        ax.plot([5.7, 1.3, 1.3], [y_from, y_from, y_to], color="#0072B2", lw=1.6)
+        ax.annotate("", xy=(1.92, y_to), xytext=(1.3, y_to), arrowprops=dict(arrowstyle="->", lw=1.6, color="#0072B2"))
+        ax.text(1.1, (y_from + y_to) / 2, "residual", rotation=90, ha="right", va="center", fontsize=12, color="#0072B2")
+    ax.set_title("One encoder layer", fontsize=14)
+    return fig

@@ -3,6 +3,10 @@
 * :func:`check_combined_mask`: build the padding + causal mask ``[B, 1, S, S]`` by hand.
 * :func:`check_masking_order`: fix attention code that masks *after* softmax.
 * :func:`check_fully_masked_prediction`: predict the weights of a row whose every key is masked.
+* :func:`causal_eval_stats`: what the toy model predicts with the future hidden.
+
+Each checker keeps its known mistakes in one table (``COMBINED_MASK_MISTAKES``,
+``MASKING_ORDER_MISTAKES``, ``FULLY_MASKED_MISTAKES``); ``tests/test_ch04.py`` iterates over them.
 """
 
 from __future__ import annotations
@@ -14,21 +18,64 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from attnlib.core import scaled_dot_product_attention, softmax
+from attnlib.core import scaled_dot_product_attention
 from attnlib.masks import causal_mask, combine_masks, padding_mask
 from attnlib.multihead import MultiHeadSelfAttention
 
-from .feedback import Feedback, compare_tensors, correct, run_reader_code, todo, wrong
+from .feedback import Feedback, Mistake, close, compare_tensors, correct, diagnose, run_reader_code, todo, wrong
 from .measure import interleaved_median_ms
 
 __all__ = [
-    "check_combined_mask", "check_masking_order", "check_fully_masked_prediction", "FULLY_MASKED_CASES",
-    "time_parallel_and_prefixes",
+    "check_combined_mask", "COMBINED_MASK_MISTAKES", "check_masking_order", "MASKING_ORDER_MISTAKES",
+    "check_fully_masked_prediction", "FULLY_MASKED_CASES", "FULLY_MASKED_SCORES", "FULLY_MASKED_MISTAKES",
+    "causal_eval_stats", "time_parallel_and_prefixes",
 ]
 
 #: The attention mask the combined-mask checker feeds in: ``[B, S] = [3, 5]``, 1 = real token.
 #: Sequence 0 is padded on the right, sequence 2 on the left (its first two rows see nothing).
 EXAMPLE_ATTENTION_MASK = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+
+
+def _tril(S: int) -> Tensor:
+    return torch.ones(S, S, dtype=torch.bool).tril()  # [S, S]
+
+
+def _keys(am: Tensor) -> Tensor:
+    return am.bool()[:, None, None, :]  # [B, 1, 1, S]
+
+
+def _rows(am: Tensor) -> Tensor:
+    return am.bool()[:, None, :, None]  # [B, 1, S, 1]
+
+
+def _combined(am: Tensor) -> Tensor:
+    return _tril(am.shape[1]) & _keys(am)  # [B, 1, S, S]
+
+
+#: Known wrong masks ``compute(attention_mask [B, S]) -> bool mask``, tried in order.
+COMBINED_MASK_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("inverted", lambda am: ~_combined(am),
+            "your mask is inverted: True must mean *may attend* (the visible, lower-left cells)."),
+    Mistake("no head axis", lambda am: _combined(am)[:, 0],
+            "your mask is [B, S, S]: it lacks the head axis. Against scores [B, H, S, S] it would line up B with H "
+            "(broadcasting aligns shapes from the right), so insert an axis: `mask[:, None]` -> [B, 1, S, S]."),
+    Mistake("future visible", lambda am: _keys(am).expand(-1, 1, am.shape[1], -1),
+            "padding is hidden but the future is visible: AND in the causal part `torch.tril(...)`."),
+    Mistake("padding visible", lambda am: _tril(am.shape[1]).expand(am.shape[0], 1, -1, -1),
+            "the future is hidden but padding keys are visible: AND in the padding part, shaped [B, 1, 1, S]."),
+    Mistake("diagonal hidden", lambda am: _tril(am.shape[1]).tril(-1) & _keys(am),
+            "the diagonal is hidden: a token may look at itself, so use `torch.tril(ones)` (diagonal=0)."),
+    Mistake("triu", lambda am: _tril(am.shape[1]).T & _keys(am),
+            "you kept the future and hid the past: `triu` marks the future. Use `tril`, or invert `triu(..., 1)`."),
+    Mistake("strict triu", lambda am: _tril(am.shape[1]).T.triu(1) & _keys(am),
+            "you kept the future and hid the past: `triu` marks the future. Use `tril`, or invert `triu(..., 1)`."),
+    Mistake("padded rows", lambda am: _tril(am.shape[1]) & _rows(am),
+            "you hid padded *queries* (rows) instead of padded *keys* (columns): put the padding axis last, "
+            "`attention_mask[:, None, None, :]`."),
+    Mistake("padded rows and keys", lambda am: _combined(am) & _rows(am),
+            "you also hid the padded query rows. That leaves rows with nothing visible (a plain softmax turns them "
+            "into NaN); the padding mask hides keys only, and the outputs at padded positions are simply ignored."),
+)
 
 
 def check_combined_mask(fn: Callable[[Tensor], Any]) -> Feedback:
@@ -50,52 +97,55 @@ def check_combined_mask(fn: Callable[[Tensor], Any]) -> Feedback:
             f"your mask has dtype {got.dtype}; attnlib's masks are torch.bool with True = may attend. "
             "Compare with 1 (`attention_mask == 1`) or call `.bool()`."
         )
-    if tuple(got.shape) == (B, S, S):
-        return wrong(
-            f"shape {(B, S, S)} lacks the head axis. Against scores [B, H, S, S] it would line up B with H "
-            "(broadcasting aligns shapes from the right), so insert an axis: `mask[:, None]` -> [B, 1, S, S]."
-        )
+    if close(got, expected):
+        return correct("each query sees itself and earlier real tokens, never the future or padding.")
+    hint = diagnose(got, COMBINED_MASK_MISTAKES, am)
+    if hint is not None:
+        return hint
     if tuple(got.shape) != (B, 1, S, S):
         return wrong(f"your mask has shape {tuple(got.shape)}; expected [B, 1, S, S] = {(B, 1, S, S)}.")
-    if torch.equal(got, expected):
-        return correct("each query sees itself and earlier real tokens, never the future or padding.")
-    keys = am.bool()[:, None, None, :]  # [B, 1, 1, S]
-    rows = am.bool()[:, None, :, None]  # [B, 1, S, 1]
-    tril = torch.ones(S, S, dtype=torch.bool).tril()  # [S, S]
-    if torch.equal(got, ~expected):
-        return wrong("your mask is inverted: True must mean *may attend* (the visible, lower-left cells).")
-    if torch.equal(got, keys.expand(B, 1, S, S)):
-        return wrong("padding is hidden but the future is visible: AND in the causal part `torch.tril(...)`.")
-    if torch.equal(got, tril.expand(B, 1, S, S)):
-        return wrong("the future is hidden but padding keys are visible: AND in the padding part, shaped [B, 1, 1, S].")
-    if torch.equal(got, keys & tril.tril(-1)):
-        return wrong("the diagonal is hidden: a token may look at itself, so use `torch.tril(ones)` (diagonal=0).")
-    if torch.equal(got, keys & tril.triu(1)) or torch.equal(got, keys & tril.T):
-        return wrong("you kept the future and hid the past: `triu` marks the future. Use `tril`, or invert `triu(..., 1)`.")
-    if torch.equal(got, rows & tril):
-        return wrong(
-            "you hid padded *queries* (rows) instead of padded *keys* (columns): put the padding axis last, "
-            "`attention_mask[:, None, None, :]`."
-        )
-    if torch.equal(got, rows & keys & tril):
-        return wrong(
-            "you also hid the padded query rows. That leaves rows with nothing visible (a plain softmax turns them "
-            "into NaN); the padding mask hides keys only, and the outputs at padded positions are simply ignored."
-        )
     bad = int((got != expected).sum())
     return wrong(f"{bad} of {got.numel()} entries differ from padding AND causal; check sequence 2, which is padded on the left ({am[2].tolist()}).")
 
 
-def _reference_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    result = scaled_dot_product_attention(q, k, v, causal_mask(q.shape[-2]))
-    return result.output, result.weights
+def _scores(q: Tensor, k: Tensor) -> Tensor:
+    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, H, S, S]
+
+
+def _future(q: Tensor) -> Tensor:
+    return ~causal_mask(q.shape[-2])  # [S, S], True above the diagonal
+
+
+def _nan_as(t: Tensor) -> Tensor:
+    """NaN replaced by -1 (no weight is negative), so that a NaN row can be compared like any other."""
+    return torch.nan_to_num(t, nan=-1.0)
+
+
+#: Known wrong weights ``compute(q, k, v) -> weights [B, H, S, S]`` (NaN written as -1), tried in order.
+MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("zeroed after softmax", lambda q, k, v: torch.softmax(_scores(q, k), dim=-1).masked_fill(_future(q), 0.0),
+            "the future is at 0 but the rows no longer sum to 1: zeroing after softmax leaves each visible key its "
+            "old share of a row that included the future. Either mask the *scores* with -inf before softmax, or "
+            "divide each row by its new sum afterwards; the two are the same computation."),
+    Mistake("filled with 0", lambda q, k, v: torch.softmax(_scores(q, k).masked_fill(_future(q), 0.0), dim=-1),
+            "the future gets weight because you filled it with 0: exp(0) = 1, so a 0 score is an ordinary "
+            "score. Fill with -inf (or torch.finfo(dtype).min) so that exp gives 0."),
+    Mistake("inverted mask", lambda q, k, v: _nan_as(torch.softmax(_scores(q, k).masked_fill(~_future(q), float("-inf")), dim=-1)),
+            "your mask is inverted: you hid the past (and the diagonal) and kept the future. That is why the last "
+            "row is NaN: its query may see nothing at all. Hide `~causal_mask(S)`, the cells where causal_mask "
+            "is False."),
+    Mistake("no mask", lambda q, k, v: torch.softmax(_scores(q, k), dim=-1),
+            "future keys get weight: nothing is masked. Hide the upper triangle of the scores before softmax."),
+    Mistake("unscaled", lambda q, k, v: torch.softmax((q @ k.transpose(-2, -1)).masked_fill(_future(q), float("-inf")), dim=-1),
+            "the mask is right, but the scores are not scaled: divide q @ k^T by sqrt(D_k) before masking."),
+)
 
 
 def check_masking_order(fn: Callable[[Tensor, Tensor, Tensor], Any]) -> Feedback:
     """Check ``fn(q, k, v) -> (output [B, H, S, D_k], weights [B, H, S, S])``: causal attention.
 
     Inputs are ``[1, 2, 5, 4]``; the reference is ``attnlib.scaled_dot_product_attention`` with
-    ``causal_mask(5)``.
+    ``causal_mask(5)``. Zeroing after softmax *and renormalising* is the same computation and passes.
     """
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 2, 5, 4, generator=gen) for _ in range(3))  # [B, H, S, D_k]
@@ -105,77 +155,96 @@ def check_masking_order(fn: Callable[[Tensor, Tensor, Tensor], Any]) -> Feedback
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         return wrong("return a pair `(output, weights)`.")
     out, weights = got
-    exp_out, exp_w = _reference_attention(q, k, v)
+    reference = scaled_dot_product_attention(q, k, v, causal_mask(5))
+    exp_out, exp_w = reference.output, reference.weights
     if not isinstance(weights, Tensor) or tuple(weights.shape) != tuple(exp_w.shape):
         shape = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
         return wrong(f"weights should be a tensor of shape {tuple(exp_w.shape)} [B, H, S, S], got {shape}.")
-    w = weights.detach().to(torch.float64)
-    future = ~causal_mask(5)  # [S, S]
-    leak = float(w[..., future].abs().max())
-    if leak > 1e-6:
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(4)  # [B, H, S, S]
-        zero_filled = torch.softmax(scores.masked_fill(future, 0.0), dim=-1)
-        if torch.allclose(weights.detach().float(), zero_filled, atol=1e-5):
-            return wrong(
-                "the future gets weight because you filled it with 0: exp(0) = 1, so a 0 score is an ordinary "
-                "score. Fill with -inf (or torch.finfo(dtype).min) so that exp gives 0."
-            )
-        return wrong(f"future keys get weight (up to {leak:.3f}); hide the upper triangle of the scores.")
-    sums = w.sum(-1)  # [B, H, S]
-    if not torch.allclose(sums, torch.ones_like(sums), atol=1e-5):
-        first = float(sums[0, 0, 0])
-        worst = float(sums.min())
-        return wrong(
-            f"the future is at 0 but the rows no longer sum to 1 (row 0 of head 0 sums to {first:.3f}, the "
-            f"smallest row to {worst:.3f}): zeroing after softmax throws weight away. Mask the *scores* with "
-            "-inf before softmax, so softmax shares the whole 1 among the visible keys."
-        )
-    mismatch = compare_tensors(weights, exp_w, name="weights", atol=1e-5)
-    if mismatch is not None:
+    if not close(weights, exp_w):
+        hint = diagnose(_nan_as(weights.detach()), MASKING_ORDER_MISTAKES, q, k, v)
+        if hint is not None:
+            return hint
+        leak = float(weights.detach()[..., _future(q)].abs().max())
+        if leak > 1e-6:
+            return wrong(f"future keys get weight (up to {leak:.3f}); hide the upper triangle of the scores.")
+        mismatch = compare_tensors(weights, exp_w, name="weights")
+        assert mismatch is not None
         return wrong(mismatch.message + " Did you scale the scores by 1/sqrt(D_k) and apply softmax over the last axis?")
-    mismatch = compare_tensors(out, exp_out, name="output", atol=1e-5)
+    mismatch = compare_tensors(out, exp_out, name="output")
     if mismatch is not None:
         return wrong(mismatch.message + " The weights are right; the output is `weights @ v`.")
-    return correct("the mask goes on the scores, before softmax, so each row shares all of its weight among the past.")
+    return correct("the future gets exactly 0 and each row shares all of its weight among the past.")
 
 
-#: The three ways to treat a fully masked row that exercise 3 asks about, and what each gives.
+#: The fully masked row of the prediction exercise: 4 scores, every key hidden.
+FULLY_MASKED_SCORES = torch.tensor([2.0, 0.0, 1.0, -1.0])
+
+#: The three ways of hiding every key that the prediction exercise asks about.
 FULLY_MASKED_CASES: dict[str, str] = {
-    "torch.softmax with -inf": "torch.softmax(torch.full((4,), float('-inf')), dim=-1)",
-    "torch.softmax with -1e9": "torch.softmax(torch.full((4,), -1e9), dim=-1)",
-    "attnlib.softmax with -inf": "attnlib.softmax(torch.full((4,), float('-inf')))",
-}
-
-_HINTS: dict[str, str] = {
-    "torch.softmax with -inf": (
-        "every entry is -inf, so the row maximum is -inf and x - max = -inf - (-inf) = NaN; "
-        "the result is NaN everywhere (0/0 without the max trick)."
-    ),
-    "torch.softmax with -1e9": (
-        "-1e9 is a large but ordinary number. Four equal scores give four equal weights: 1/4 each. "
-        "The row 'sees' every hidden key equally."
-    ),
-    "attnlib.softmax with -inf": (
-        "attnlib (like PyTorch's fused attention) returns all-zero weights for a row with nothing visible, "
-        "so the query's output is the zero vector."
-    ),
+    "add -1e4": "torch.softmax(scores + (-1e4), dim=-1)",
+    "masked_fill -1e4": "torch.softmax(scores.masked_fill(hidden, -1e4), dim=-1)",
+    "add finfo.min": "torch.softmax(scores + torch.finfo(torch.float32).min, dim=-1)",
 }
 
 
-def _actual(case: str) -> Tensor:
-    row = torch.full((4,), float("-inf"))
-    if case == "torch.softmax with -inf":
-        return torch.softmax(row, dim=-1)
-    if case == "torch.softmax with -1e9":
-        return torch.softmax(torch.full((4,), -1e9), dim=-1)
-    return softmax(row)
+def _case_value(case: str) -> Tensor:
+    s, hidden = FULLY_MASKED_SCORES, torch.ones(4, dtype=torch.bool)
+    if case == "add -1e4":
+        return torch.softmax(s + (-1e4), dim=-1)
+    if case == "masked_fill -1e4":
+        return torch.softmax(s.masked_fill(hidden, -1e4), dim=-1)
+    return torch.softmax(s + torch.finfo(torch.float32).min, dim=-1)
+
+
+_UNMASKED = (
+    "adding the same number to every score of a row changes nothing: softmax only sees differences, so "
+    "{case!r} gives softmax(scores), the weights of the unmasked row. (A fully masked row is the one "
+    "place where an additive mask does not hide anything.)"
+)
+_UNIFORM = (
+    "{case!r}: every score becomes the same number, so the four keys get equal weights, 1/4 each. "
+)
+
+#: For each case, the known wrong predictions (NaN written as -1) and their hints.
+FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
+    "add -1e4": (
+        Mistake("uniform", lambda: torch.full((4,), 0.25),
+                "-1e4 is added, not written: the four scores become 2 - 1e4, 0 - 1e4, ..., and their differences "
+                "survive. Softmax only sees differences, so the row is softmax(scores), as if nothing were masked."),
+        Mistake("zeros", lambda: torch.zeros(4),
+                "softmax always returns a row that sums to 1; zeros come only from attnlib or PyTorch's fused "
+                "attention with a bool mask. Here -1e4 is added to every score, which changes no difference."),
+        Mistake("NaN", lambda: torch.full((4,), -1.0),
+                "NaN needs -inf - (-inf); every score here is finite (about -1e4), so the softmax is well defined. "
+                "And adding one number to every score changes no difference between them."),
+    ),
+    "masked_fill -1e4": (
+        Mistake("unmasked", lambda: torch.softmax(FULLY_MASKED_SCORES, dim=-1),
+                "masked_fill *replaces* the scores: all four become exactly -1e4, equal, so each key gets 1/4."),
+        Mistake("zeros", lambda: torch.zeros(4),
+                "softmax always returns a row that sums to 1. All four scores are replaced by the same number, "
+                "-1e4, so each key gets 1/4."),
+        Mistake("NaN", lambda: torch.full((4,), -1.0),
+                "-1e4 is finite, so no -inf - (-inf) happens. Four equal scores give four equal weights: 1/4."),
+    ),
+    "add finfo.min": (
+        Mistake("unmasked", lambda: torch.softmax(FULLY_MASKED_SCORES, dim=-1),
+                "torch.finfo(torch.float32).min is about -3.4e38. Adding 2 to it gives the same float32 number "
+                "(the gap between neighbouring floats there is about 2e31), so all four scores become equal and "
+                "the weights are 1/4 each: the differences are lost to rounding."),
+        Mistake("zeros", lambda: torch.zeros(4),
+                "softmax always returns a row that sums to 1. Rounding makes all four sums equal to finfo.min, "
+                "so each key gets 1/4."),
+        Mistake("NaN", lambda: torch.full((4,), -1.0),
+                "finfo.min is finite, so the row max is finite and nothing is NaN: all four scores round to the "
+                "same number, and each key gets 1/4."),
+    ),
+}
 
 
 def check_fully_masked_prediction(prediction: Any) -> Feedback:
-    """Check a dict ``{case: [4 numbers]}`` predicting the weights of a fully masked row of 4 keys.
-
-    Keys are those of :data:`FULLY_MASKED_CASES`; write NaN as ``float("nan")``.
-    """
+    """Check a dict ``{case: [4 numbers]}`` predicting the weights of the fully masked row
+    ``FULLY_MASKED_SCORES`` for each case of :data:`FULLY_MASKED_CASES` (write NaN as ``float("nan")``)."""
     if not isinstance(prediction, dict):
         return wrong(f"prediction should be a dict with keys {list(FULLY_MASKED_CASES)}, got {type(prediction).__name__}.")
     missing = [c for c in FULLY_MASKED_CASES if c not in prediction]
@@ -188,18 +257,45 @@ def check_fully_masked_prediction(prediction: Any) -> Feedback:
         if value is None:
             return todo(f"fill in {case!r} as well.")
         try:
-            got = torch.as_tensor(value, dtype=torch.float64).flatten()
+            got = torch.as_tensor(value, dtype=torch.float32).flatten()
         except (TypeError, ValueError, RuntimeError):
             return wrong(f"{case!r}: give a list of 4 numbers, got {value!r}.")
         if got.numel() != 4:
             return wrong(f"{case!r}: the row has 4 keys, so give 4 numbers (got {got.numel()}).")
-        actual = _actual(case).to(torch.float64)
-        if not torch.allclose(got, actual, atol=1e-3, equal_nan=True):
-            return wrong(f"{case!r} is not right: {_HINTS[case]}")
+        if close(got, _case_value(case), atol=1e-3, rtol=0.0):
+            continue
+        got = _nan_as(got)
+        for m in FULLY_MASKED_MISTAKES[case]:
+            if close(got, m.compute(), atol=1e-3, rtol=0.0):
+                return wrong(f"{case!r}: {m.hint}")
+        return wrong(f"{case!r} is not right. Run {FULLY_MASKED_CASES[case]} with scores = {FULLY_MASKED_SCORES.tolist()} "
+                     "and hidden = torch.ones(4, dtype=torch.bool) to see the row.")
     return correct(
-        "-inf alone gives NaN, -1e9 gives a uniform row that leaks to hidden keys, and attnlib gives zeros. "
-        "Run the three expressions in FULLY_MASKED_CASES to see it."
+        "adding -1e4 hides nothing in a fully masked row (softmax only sees differences), writing -1e4 gives "
+        "a uniform row, and adding finfo.min gives a uniform row too, because rounding erases the differences."
     )
+
+
+def causal_eval_stats(model: Any, data: Tensor, *, seq_len: int, batch_size: int = 64, seed: int = 1) -> dict[str, float]:
+    """What a :class:`attnbook.toy_lm.TinyLM` predicts with the future hidden, on one seeded batch.
+
+    Returns:
+        ``accuracy`` (the top prediction is the next character), ``copy_rate`` (it is the current
+        character, the one at the query's own position) and ``top_probability`` (the mean
+        probability of the top prediction), all over every position of ``batch_size`` windows.
+    """
+    from .toy_lm import sample_batch
+
+    x, y = sample_batch(data, batch_size, seq_len, torch.Generator().manual_seed(seed))  # [B, S], [B, S]
+    model.eval()
+    with torch.no_grad():
+        probs = torch.softmax(model(x, causal=True), dim=-1)  # [B, S, V]
+    top_p, top = probs.max(dim=-1)  # [B, S], [B, S]
+    return {
+        "accuracy": (top == y).float().mean().item(),
+        "copy_rate": (top == x).float().mean().item(),
+        "top_probability": top_p.mean().item(),
+    }
 
 
 # --- the parallel pass against the prefix passes ------------------------------------------

@@ -1,6 +1,7 @@
 """A tiny next-token language model, small enough to train on a CPU in seconds.
 
-Chapter 4 uses it for two experiments about the causal mask:
+Chapter 4 uses it for two experiments about the causal mask (chapter 9 generates text with it,
+with and without a KV cache):
 
 * **cheating**: train it once without and once with the causal mask and compare what it learns;
 * **speed**: time one parallel masked pass over ``S`` tokens against ``S`` passes over the
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlib.kv_cache import KVCache
 from attnlib.multihead import MultiHeadSelfAttention
 
 __all__ = [
@@ -93,22 +95,73 @@ class TinyLM(nn.Module):
         self.attention = MultiHeadSelfAttention(d_model, num_heads)
         self.head = nn.Linear(d_model, vocab_size)  # [D] -> [V]
 
-    def forward(self, ids: Tensor, *, causal: bool) -> Tensor:
+    def forward(self, ids: Tensor, *, causal: bool, cache: KVCache | None = None) -> Tensor:
         """Next-token logits for every position.
 
         Args:
-            ids: ``[B, S]`` token ids with ``S <= max_len``.
+            ids: ``[B, S]`` token ids with ``S <= max_len`` (with a cache: the new tokens only).
             causal: whether position ``i`` may only look at positions ``0..i``.
+            cache: the attention layer's :class:`attnlib.KVCache`; the new tokens get the
+                positions after the ``cache.length`` tokens it has seen.
 
         Returns:
             ``[B, S, V]`` logits; position ``i`` predicts token ``i + 1``.
         """
-        if ids.dim() != 2 or ids.shape[1] > self.max_len:
-            raise ValueError(f"ids must be [B, S] with S <= max_len = {self.max_len}, got shape {tuple(ids.shape)}")
-        S = ids.shape[1]
-        x = self.embed(ids) + self.pos(torch.arange(S, device=ids.device))  # [B, S, D]
-        x = x + self.attention(x, causal=causal, need_weights=False).hidden_states  # [B, S, D]
+        start = 0 if cache is None else cache.length
+        if ids.dim() != 2 or start + ids.shape[1] > self.max_len:
+            raise ValueError(
+                f"ids must be [B, S] with {start} cached + S <= max_len = {self.max_len}, got shape {tuple(ids.shape)}"
+            )
+        positions = torch.arange(start, start + ids.shape[1], device=ids.device)  # [S]
+        x = self.embed(ids) + self.pos(positions)  # [B, S, D]
+        x = x + self.attention(x, causal=causal, need_weights=False, cache=cache).hidden_states  # [B, S, D]
         return self.head(x)  # [B, S, V]
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: Tensor,
+        max_new_tokens: int,
+        *,
+        use_cache: bool = True,
+        temperature: float = 1.0,
+        greedy: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Autoregressive generation: append one predicted token ``max_new_tokens`` times.
+
+        With ``use_cache`` the prompt runs once (prefill) and every later step feeds only the
+        newest token against the cached keys and values (decode); without it every step re-runs
+        the whole sequence so far. Both compute the same logits for the last position.
+
+        Args:
+            prompt: ``[S0]`` token ids; ``S0 + max_new_tokens <= max_len``.
+            temperature: divides the logits before sampling (ignored when ``greedy``).
+            greedy: take the most likely token instead of sampling one.
+            generator: a seeded ``torch.Generator`` for sampling.
+
+        Returns:
+            ``[S0 + max_new_tokens]`` token ids.
+        """
+        if prompt.dim() != 1 or prompt.numel() < 1 or prompt.numel() + max_new_tokens > self.max_len:
+            raise ValueError(
+                f"prompt must be [S0] with 1 <= S0 and S0 + max_new_tokens <= max_len = {self.max_len}, "
+                f"got shape {tuple(prompt.shape)} and max_new_tokens = {max_new_tokens}"
+            )
+        if not greedy and not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        self.eval()
+        ids, cache = prompt.clone(), (KVCache() if use_cache else None)
+        feed = ids  # the tokens the next forward pass has not seen
+        for _ in range(max_new_tokens):
+            logits = self(feed[None], causal=True, cache=cache)[0, -1]  # [V], the last position's prediction
+            if greedy:
+                token = logits.argmax()[None]  # [1]
+            else:
+                token = torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=generator)  # [1]
+            ids = torch.cat([ids, token])  # [S + 1]
+            feed = token if use_cache else ids
+        return ids
 
 
 def sample_batch(data: Tensor, batch_size: int, seq_len: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:

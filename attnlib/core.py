@@ -1,13 +1,7 @@
 """Scaled dot-product attention, written out so that every step can be read.
 
-Axis names used throughout the book (einops style):
-
-* ``B``   batch: independent sequences processed together
-* ``H``   heads
-* ``S_q`` query positions, ``S_k`` key/value positions (equal in self-attention)
-* ``D_k`` width of a query/key vector, ``D_v`` width of a value vector
-
 ``attention(Q, K, V) = softmax(Q K^T * scale / temperature) V`` with ``scale = 1 / sqrt(D_k)``.
+Shapes follow the legend in :mod:`attnlib`.
 """
 
 from __future__ import annotations
@@ -18,7 +12,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["AttentionResult", "softmax", "scaled_dot_product_attention", "attention_scores"]
+from . import _checks
+
+__all__ = ["AttentionResult", "softmax", "scaled_dot_product_attention"]
+
+# kept for attnlib/flash.py until its rewrite imports attnlib._checks directly
+_check_qkv, _shape = _checks.qkv, _checks.shape
 
 
 class AttentionResult(NamedTuple):
@@ -28,151 +27,67 @@ class AttentionResult(NamedTuple):
         output: ``[..., S_q, D_v]``, each query's weighted mix of the values.
         weights: ``[..., S_q, S_k]``, row ``i`` holds how much query ``i`` takes from every key;
             each row sums to 1 (or is all zeros when the mask hides every key from that query).
+
+    >>> scaled_dot_product_attention(*[torch.randn(1, 2, 3, 4)] * 3).weights.shape
+    torch.Size([1, 2, 3, 3])
     """
 
     output: Tensor
     weights: Tensor
 
 
-def _shape(t: Tensor) -> tuple[int, ...]:
-    return tuple(t.shape)
-
-
-def _check_float(name: str, t: object) -> Tensor:
-    if not isinstance(t, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    return t
-
-
-def _check_temperature(temperature: float) -> None:
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
-        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
-    if not math.isfinite(temperature) or temperature <= 0:
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-
-
-def softmax(scores: Tensor, dim: int = -1, temperature: float = 1.0) -> Tensor:
+def softmax(scores: Tensor, dim: int = -1, temperature: float | Tensor = 1.0) -> Tensor:
     """Numerically stable softmax with a temperature.
 
     ``softmax(x / T)_i = exp((x_i - m) / T) / sum_j exp((x_j - m) / T)`` where ``m = max_j x_j``.
-    Subtracting the maximum changes nothing mathematically and keeps ``exp`` from overflowing.
+    The maximum is subtracted *before* dividing by ``T``, so the largest entry becomes
+    ``exp(0) = 1`` and no ``T``, however small, can overflow ``exp`` or empty a row.
 
     Entries equal to ``-inf`` get weight exactly 0. A slice whose entries are *all* ``-inf``
-    (a query that may see nothing) gets all-zero weights instead of NaN, which is what PyTorch's
-    fused attention does too.
+    (a query that may see nothing) gets all-zero weights instead of NaN, as
+    ``F.scaled_dot_product_attention`` does (checked on torch 2.13.0).
 
     Args:
-        scores: any shape, floating point.
+        scores: any shape, floating point; the result has the same shape and dtype.
         dim: the axis that is normalised (it sums to 1 afterwards).
-        temperature: ``T > 0``. ``T < 1`` sharpens the distribution, ``T > 1`` flattens it.
+        temperature: ``T > 0``, a Python or NumPy number or a 0-d tensor (which may require grad).
+            ``T < 1`` sharpens, ``T > 1`` flattens. Anything else raises ``ValueError``.
 
-    Returns:
-        A tensor of the same shape and dtype as ``scores``.
-
-    Raises:
-        ValueError: if ``temperature <= 0`` or ``scores`` is not floating point.
+    >>> softmax(torch.tensor([[1.0, 2.0, 3.0]]), temperature=1e-6)
+    tensor([[0., 0., 1.]])
     """
-    _check_float("scores", scores)
-    _check_temperature(temperature)
-    if not -scores.dim() <= dim < max(scores.dim(), 1):
-        raise ValueError(f"dim {dim} is out of range for scores of shape {_shape(scores)}")
-    x = scores / temperature
-    row_max = x.amax(dim=dim, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))  # all -inf rows
-    exps = torch.exp(x - row_max)
+    _checks.float_tensor("scores", scores)
+    dim = _checks.dim_index(scores, dim)
+    temperature = _checks.positive_scalar("temperature", temperature)
+    if scores.dim() > 0 and scores.shape[dim] == 0:
+        return scores / temperature  # an empty slice has nothing to normalise; keep shape and graph
+    x = scores.to(torch.promote_types(scores.dtype, torch.float32))  # float16 -> float32 inside
+    row_max = x.amax(dim=dim, keepdim=True)  # the shift changes nothing, but exp(x - max) <= 1
+    row_max = row_max.masked_fill(row_max == float("-inf"), 0.0)  # a row that sees nothing
+    shifted = x - row_max  # [..., S], largest entry 0, hidden entries -inf
+    if isinstance(temperature, Tensor):  # learnable T: keep -inf out of d/dT (0 * inf = NaN)
+        hidden = shifted == float("-inf")
+        exps = torch.exp(shifted.masked_fill(hidden, 0.0) / temperature).masked_fill(hidden, 0.0)
+    else:
+        exps = torch.exp(shifted / temperature)  # exp(-inf) = 0: hidden entries get weight 0
     total = exps.sum(dim=dim, keepdim=True)
-    return exps / total.clamp_min(torch.finfo(scores.dtype).tiny)  # 0 / tiny = 0 for empty rows
-
-
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_float(name, t)
-        if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dims [..., S, D], got shape {_shape(t)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share a dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"q and k must have the same last dim D_k: got q {_shape(q)} [..., S_q, D_k] and k {_shape(k)} [..., S_k, D_k]"
-        )
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(
-            f"k and v must have the same number of positions S_k: got k {_shape(k)} [..., S_k, D_k] and v {_shape(v)} [..., S_k, D_v]"
-        )
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
-        raise ValueError(
-            f"q, k, v must share their leading (batch, head) dims: got q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
-        )
-
-
-def check_mask(mask: object, scores_shape: tuple[int, ...], device: torch.device) -> Tensor:
-    """Validate a boolean attention mask against the shape of the scores it will hide.
-
-    Args:
-        mask: bool, broadcastable to ``scores_shape`` (``[..., S_q, S_k]``); True means "may attend".
-        scores_shape: the shape of the scores, e.g. ``(B, H, S_q, S_k)``.
-        device: the device of the scores.
-
-    Returns:
-        The mask, unchanged.
-
-    Raises:
-        ValueError: naming the mask's shape, dtype or device and what was expected.
-    """
-    if not isinstance(mask, Tensor):
-        raise ValueError(f"mask must be a torch.Tensor of dtype torch.bool, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise ValueError(
-            f"mask must have dtype torch.bool (True = may attend), got {mask.dtype}; "
-            "convert a 1/0 mask with attnlib.padding_mask(...) or mask.bool()"
-        )
-    if mask.device != device:
-        raise ValueError(f"mask is on {mask.device} but the scores are on {device}")
-    try:
-        broadcast = torch.broadcast_shapes(mask.shape, scores_shape)
-    except RuntimeError:
-        broadcast = None
-    if broadcast != torch.Size(scores_shape):
-        raise ValueError(f"mask shape {_shape(mask)} cannot broadcast to scores {tuple(scores_shape)}")
-    return mask
-
-
-def attention_scores(q: Tensor, k: Tensor, *, scale: float | None = None) -> Tensor:
-    """Scaled scores ``q @ k^T * scale``.
-
-    Args:
-        q: ``[..., S_q, D_k]`` queries.
-        k: ``[..., S_k, D_k]`` keys.
-        scale: multiplier for the dot products; ``None`` means ``1 / sqrt(D_k)``.
-
-    Returns:
-        ``[..., S_q, S_k]`` scores (before masking and softmax).
-    """
-    d_k = q.shape[-1]
-    if scale is None:
-        scale = 1.0 / math.sqrt(d_k)
-    return (q @ k.transpose(-2, -1)) * scale  # [..., S_q, D_k] @ [..., D_k, S_k] -> [..., S_q, S_k]
+    return (exps / total.clamp_min(torch.finfo(x.dtype).tiny)).to(scores.dtype)  # 0 / tiny = 0 for empty rows
 
 
 def scaled_dot_product_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None = None,
-    *,
-    scale: float | None = None,
-    temperature: float = 1.0,
-) -> AttentionResult:
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
+    scale: float | Tensor | None = None, temperature: float | Tensor = 1.0,
+) -> AttentionResult:  # fmt: skip
     """Attention that also returns its weights: ``softmax(q k^T * scale / temperature) v``.
 
     With ``temperature=1`` the output equals
     ``torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)``
-    to float tolerance. Unlike PyTorch's fused kernel, this version materialises the
-    ``[..., S_q, S_k]`` weights, so it can hand them back for inspection.
+    to float tolerance, including torch 2.13.0's results for fully masked rows (zeros), ``S_k = 0``
+    (zeros) and ``D_k = 0`` (every score is 0, so uniform weights). Unlike PyTorch's fused
+    kernel, this version materialises the ``[..., S_q, S_k]`` weights and hands them back.
+
+    float16 and bfloat16 are computed in float32 and rounded back at the end (PyTorch's kernels
+    accumulate in float32 too), so ``q @ k^T`` of large activations cannot overflow.
 
     Args:
         q: ``[..., S_q, D_k]`` queries (typically ``[B, H, S_q, D_k]``).
@@ -180,23 +95,32 @@ def scaled_dot_product_attention(
         v: ``[..., S_k, D_v]`` values.
         mask: optional bool tensor broadcastable to ``[..., S_q, S_k]``; True means "may attend".
             ``causal_mask(S)`` gives ``[S, S]``, ``padding_mask(m)`` gives ``[B, 1, 1, S]``.
-        scale: multiplier for the dot products; ``None`` means ``1 / sqrt(D_k)``.
-        temperature: ``T > 0``; the scores are divided by it before softmax.
+        scale: multiplier for the dot products, a real number ``> 0`` or a 0-d tensor;
+            ``None`` means ``1 / sqrt(D_k)``.
+        temperature: ``T > 0`` (number or 0-d tensor); the scores are divided by it before softmax.
 
     Returns:
-        :class:`AttentionResult` with ``output [..., S_q, D_v]`` and ``weights [..., S_q, S_k]``.
-        A query whose every key is masked gets all-zero weights and an all-zero output.
+        :class:`AttentionResult` with ``output [..., S_q, D_v]`` and ``weights [..., S_q, S_k]``,
+        in the dtype of ``q``. A query whose every key is masked gets all-zero weights and output.
 
     Raises:
-        ValueError: on mismatched shapes, dtypes or devices, a non-bool or mis-shaped mask,
-            or ``temperature <= 0``.
+        ValueError: for mismatched q, k, v, a non-bool or mis-shaped mask, or a bad scale or temperature.
+
+    >>> q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 7, 8), torch.randn(2, 4, 7, 3)
+    >>> out, w = scaled_dot_product_attention(q, k, v)
+    >>> out.shape, w.shape
+    (torch.Size([2, 4, 5, 3]), torch.Size([2, 4, 5, 7]))
     """
-    _check_qkv(q, k, v)
-    _check_temperature(temperature)
-    scores = attention_scores(q, k, scale=scale)  # [..., S_q, S_k]
+    _checks.qkv(q, k, v, mask)  # shapes, dtypes, devices; a bool mask that fits [..., S_q, S_k]
+    temperature = _checks.positive_scalar("temperature", temperature)
+    D_k = q.shape[-1]  # D_k = 0: every score is 0, whatever the scale
+    scale = 1.0 / math.sqrt(max(D_k, 1)) if scale is None else _checks.positive_scalar("scale", scale)
+    dtype = q.dtype
+    q, k, v = (t.to(torch.promote_types(dtype, torch.float32)) for t in (q, k, v))  # float16 -> float32
+
+    scores = (q * scale) @ k.transpose(-2, -1)  # [..., S_q, D_k] @ [..., D_k, S_k] -> [..., S_q, S_k]
     if mask is not None:
-        check_mask(mask, tuple(scores.shape), scores.device)
         scores = scores.masked_fill(~mask, float("-inf"))  # hidden keys get -inf -> weight 0
     weights = softmax(scores, dim=-1, temperature=temperature)  # [..., S_q, S_k], rows sum to 1
     output = weights @ v  # [..., S_q, S_k] @ [..., S_k, D_v] -> [..., S_q, D_v]
-    return AttentionResult(output=output, weights=weights)
+    return AttentionResult(output=output.to(dtype), weights=weights.to(dtype))

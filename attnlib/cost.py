@@ -2,7 +2,7 @@
 
 Everything here is exact and machine independent: a count, not a measurement.
 
-Shapes: ``B`` batch, ``S`` positions, ``D = d_model``, ``H`` query heads, ``H_kv`` key/value heads.
+Shapes follow the legend in :mod:`attnlib`.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+
+from . import _checks
 
 __all__ = [
     "mha_param_count",
@@ -19,12 +21,6 @@ __all__ = [
     "attention_weights_bytes",
     "kv_cache_bytes",
 ]
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def mha_param_count(d_model: int, num_heads: int, bias: bool = True, num_kv_heads: int | None = None) -> int:
@@ -42,14 +38,11 @@ def mha_param_count(d_model: int, num_heads: int, bias: bool = True, num_kv_head
 
     Returns:
         The number of scalars, as ``sum(p.numel() for p in MultiHeadSelfAttention(...).parameters())``.
+
+    >>> mha_param_count(768, 12), mha_param_count(768, 12, num_kv_heads=4)
+    (2362368, 1574912)
     """
-    D = _positive_int("d_model", d_model)
-    H = _positive_int("num_heads", num_heads)
-    H_kv = H if num_kv_heads is None else _positive_int("num_kv_heads", num_kv_heads)
-    if D % H:
-        raise ValueError(f"d_model = {D} is not divisible by num_heads = {H}")
-    if H % H_kv:
-        raise ValueError(f"num_heads = {H} is not a multiple of num_kv_heads = {H_kv}")
+    D, H, H_kv = _checks.head_counts(d_model, num_heads, num_kv_heads)
     kv_width = H_kv * (D // H)
     weights = D * D + 2 * D * kv_width + D * D  # w_q, w_k + w_v, w_o
     biases = (D + 2 * kv_width + D) if bias else 0
@@ -63,10 +56,13 @@ def mha_matmul_flops(batch: int, seq_len: int, d_model: int) -> int:
     four projections ``4 * 2 B S D^2`` plus ``Q K^T`` and ``weights @ V``, ``2 * 2 B S^2 D``.
     ``H`` does not appear. Biases, scaling, masking and softmax (elementwise work that grows as
     ``B H S^2``) are not included.
+
+    >>> mha_matmul_flops(batch=1, seq_len=256, d_model=512)
+    671088640
     """
-    B = _positive_int("batch", batch)
-    S = _positive_int("seq_len", seq_len)
-    D = _positive_int("d_model", d_model)
+    B = _checks.positive_int("batch", batch)
+    S = _checks.positive_int("seq_len", seq_len)
+    D = _checks.positive_int("d_model", d_model)
     return 8 * B * S * D * D + 4 * B * S * S * D
 
 
@@ -76,8 +72,8 @@ def flops_by_op(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, 
     Only ops with a registered FLOP formula (matmuls, convolutions, some attention kernels) are
     counted; elementwise ops (softmax, division, masking) count as 0. Runs under ``no_grad``.
 
-    Returns:
-        e.g. ``{"aten.addmm": 536870912, "aten.bmm": 134217728}``.
+    >>> flops_by_op(torch.nn.Linear(4, 3), torch.zeros(2, 4))  # 2 * (2 * 4 * 3)
+    {'aten.addmm': 48}
     """
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -88,7 +84,11 @@ def flops_by_op(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, 
 
 
 def count_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
-    """Total FLOPs that ``FlopCounterMode`` sees for ``fn(*args, **kwargs)`` (see :func:`flops_by_op`)."""
+    """Total FLOPs that ``FlopCounterMode`` sees for ``fn(*args, **kwargs)`` (see :func:`flops_by_op`).
+
+    >>> count_flops(torch.nn.Linear(4, 3), torch.zeros(2, 4))
+    48
+    """
     return sum(flops_by_op(fn, *args, **kwargs).values())
 
 
@@ -98,11 +98,15 @@ _DTYPE_BYTES = {torch.float64: 8, torch.float32: 4, torch.float16: 2, torch.bflo
 def attention_weights_bytes(
     batch: int, num_heads: int, seq_len: int, dtype: torch.dtype = torch.float32, *, seq_len_k: int | None = None
 ) -> int:
-    """Bytes of a materialised ``[B, H, S_q, S_k]`` attention-weights tensor (``S_k = S_q`` by default)."""
-    B = _positive_int("batch", batch)
-    H = _positive_int("num_heads", num_heads)
-    S_q = _positive_int("seq_len", seq_len)
-    S_k = S_q if seq_len_k is None else _positive_int("seq_len_k", seq_len_k)
+    """Bytes of a materialised ``[B, H, S_q, S_k]`` attention-weights tensor (``S_k = S_q`` by default).
+
+    >>> attention_weights_bytes(1, 8, 4096) // 2**20  # MiB
+    512
+    """
+    B = _checks.positive_int("batch", batch)
+    H = _checks.positive_int("num_heads", num_heads)
+    S_q = _checks.positive_int("seq_len", seq_len)
+    S_k = S_q if seq_len_k is None else _checks.positive_int("seq_len_k", seq_len_k)
     if dtype not in _DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(map(str, _DTYPE_BYTES))}, got {dtype!r}")
     return B * H * S_q * S_k * _DTYPE_BYTES[dtype]
@@ -134,12 +138,13 @@ def kv_cache_bytes(
     Returns:
         The size in bytes (an exact count).
 
-    Example:
-        Llama 2 7B (32 layers, 32 heads of width 128, float16): ``kv_cache_bytes(32, 32, 128)``
-        is 524288 bytes = 0.5 MiB per token.
+    Llama 2 7B (32 layers, 32 heads of width 128, float16), bytes per token:
+
+    >>> kv_cache_bytes(32, 32, 128)
+    524288
     """
     args = dict(num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, seq_len=seq_len,
                 batch=batch, dtype_bytes=dtype_bytes)
     for name, value in args.items():
-        _positive_int(name, value)
+        _checks.positive_int(name, value)
     return 2 * num_layers * num_kv_heads * head_dim * seq_len * batch * dtype_bytes

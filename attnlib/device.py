@@ -20,24 +20,18 @@ def _available(kind: str) -> bool:
     return kind == "cpu"
 
 
-def get_device(prefer: str | None = None) -> torch.device:
+def get_device(prefer: str | torch.device | None = None) -> torch.device:
     """Return the device the book should run on.
 
-    Order of precedence:
+    Precedence: the environment variable ``ATTNLIB_DEVICE`` (e.g. ``cpu`` or ``cuda:1``), then
+    ``prefer`` (a device string or ``torch.device``), then the first available of ``cuda``,
+    ``mps``, ``cpu``. ``ValueError`` if the requested device is unknown or not available here.
 
-    1. the environment variable ``ATTNLIB_DEVICE`` (for example ``cpu`` or ``cuda:1``),
-    2. ``prefer``, when given,
-    3. the first available of ``cuda``, ``mps``, ``cpu``.
-
-    Args:
-        prefer: a device string such as ``"cpu"`` or ``"cuda"``; ``None`` means "best available".
-
-    Returns:
-        A ``torch.device``.
-
-    Raises:
-        ValueError: if the requested device type is unknown or not available on this machine.
+    >>> get_device().type in ("cuda", "mps", "cpu")
+    True
     """
+    if prefer is not None and not isinstance(prefer, (str, torch.device)):
+        raise ValueError(f"prefer must be a device string such as 'cpu' or 'cuda:0', got {type(prefer).__name__}")
     requested = os.environ.get("ATTNLIB_DEVICE") or prefer
     if requested is None:
         for kind in _VALID:

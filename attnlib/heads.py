@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from . import _checks
+
 __all__ = ["split_heads", "merge_heads", "repeat_kv"]
 
 
@@ -15,31 +17,27 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
     """``[B, S, D] -> [B, H, S, D_k]`` with ``D_k = D // H``.
 
     Head ``h`` gets features ``h*D_k .. (h+1)*D_k - 1`` of every position. The result is a
-    view (no copy) and is not contiguous.
+    view (no copy), not contiguous. ``ValueError`` if ``x`` is not 3-D or ``H`` does not divide ``D``.
 
-    Raises:
-        ValueError: if ``x`` is not 3-D or ``D`` is not divisible by ``num_heads``.
+    >>> split_heads(torch.zeros(2, 5, 12), num_heads=4).shape
+    torch.Size([2, 4, 5, 3])
     """
-    if x.dim() != 3:
-        raise ValueError(f"split_heads expects [B, S, D] (3 dims), got shape {tuple(x.shape)}")
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    x = _checks.tensor_with_dims("split_heads input", x, 3, "[B, S, D]")
+    num_heads = _checks.positive_int("num_heads", num_heads)
     B, S, D = x.shape
     if D % num_heads != 0:
         raise ValueError(f"D = {D} is not divisible by num_heads = {num_heads} (shape {tuple(x.shape)})")
-    d_k = D // num_heads
-    x = x.view(B, S, num_heads, d_k)  # [B, S, H, D_k]
+    x = x.view(B, S, num_heads, D // num_heads)  # [B, S, H, D_k]
     return x.transpose(1, 2)  # [B, H, S, D_k]
 
 
 def merge_heads(x: Tensor) -> Tensor:
-    """``[B, H, S, D_k] -> [B, S, H * D_k]``, the inverse of :func:`split_heads`.
+    """``[B, H, S, D_k] -> [B, S, H * D_k]``, the inverse of :func:`split_heads` (``x`` must be 4-D).
 
-    Raises:
-        ValueError: if ``x`` is not 4-D.
+    >>> merge_heads(torch.zeros(2, 4, 5, 3)).shape
+    torch.Size([2, 5, 12])
     """
-    if x.dim() != 4:
-        raise ValueError(f"merge_heads expects [B, H, S, D_k] (4 dims), got shape {tuple(x.shape)}")
+    x = _checks.tensor_with_dims("merge_heads input", x, 4, "[B, H, S, D_k]")
     B, H, S, d_k = x.shape
     x = x.transpose(1, 2)  # [B, S, H, D_k]
     return x.reshape(B, S, H * d_k)  # [B, S, D]; reshape copies because x is not contiguous
@@ -49,17 +47,18 @@ def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
     """Share each key/value head with a group of query heads (grouped-query attention).
 
     ``[B, H_kv, S, D_k] -> [B, H, S, D_k]``: query head ``h`` uses key/value head
-    ``h // (H // H_kv)``. Implemented with ``expand``, which creates a broadcast view; the
-    following ``reshape`` does copy, once, into the ``[B, H, S, D_k]`` layout that matmul needs.
+    ``h // (H // H_kv)``. ``expand`` makes a broadcast view; the ``reshape`` after it copies,
+    once, into the ``[B, H, S, D_k]`` layout that matmul needs. ``ValueError`` if ``x`` is not
+    4-D or ``num_heads`` is not a positive multiple of ``H_kv``.
 
-    Raises:
-        ValueError: if ``x`` is not 4-D or ``num_heads`` is not a multiple of ``H_kv``.
+    >>> repeat_kv(torch.zeros(2, 2, 5, 3), num_heads=8).shape
+    torch.Size([2, 8, 5, 3])
     """
-    if x.dim() != 4:
-        raise ValueError(f"repeat_kv expects [B, H_kv, S, D_k] (4 dims), got shape {tuple(x.shape)}")
+    x = _checks.tensor_with_dims("repeat_kv input", x, 4, "[B, H_kv, S, D_k]")
+    num_heads = _checks.positive_int("num_heads", num_heads)
     B, H_kv, S, d_k = x.shape
-    if num_heads % H_kv != 0:
-        raise ValueError(f"num_heads = {num_heads} is not a multiple of the {H_kv} key/value heads")
+    if H_kv == 0 or num_heads % H_kv != 0:
+        raise ValueError(f"num_heads = {num_heads} is not a multiple of the {H_kv} key/value heads (shape {tuple(x.shape)})")
     group = num_heads // H_kv
     if group == 1:
         return x

@@ -1,8 +1,7 @@
 """Multi-head self-attention as one readable ``nn.Module``.
 
-Shapes (batch first): ``B`` batch, ``S`` positions, ``D = d_model``, ``H`` query heads,
-``H_kv`` key/value heads (``H_kv = H`` is classic multi-head attention, ``1 < H_kv < H`` is
-grouped-query attention, ``H_kv = 1`` is multi-query attention), ``D_k = D // H``.
+Shapes follow the legend in :mod:`attnlib`. ``H_kv = H`` is classic multi-head attention,
+``1 < H_kv < H`` grouped-query attention, ``H_kv = 1`` multi-query attention.
 """
 
 from __future__ import annotations
@@ -13,8 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import _checks
 from .core import scaled_dot_product_attention
 from .heads import merge_heads, repeat_kv, split_heads
+from .kv_cache import KVCache
 from .masks import causal_mask, combine_masks, padding_mask
 
 __all__ = ["AttentionOutput", "MultiHeadSelfAttention"]
@@ -25,18 +26,17 @@ class AttentionOutput(NamedTuple):
 
     Attributes:
         hidden_states: ``[B, S, D]``, the updated token vectors (goes on to residual + LayerNorm).
-        attention_weights: ``[B, H, S, S]`` for analysis and plots, or ``None`` when the module
-            was called with ``need_weights=False``. Nothing downstream uses them.
+        attention_weights: ``[B, H, S, S_k]`` for analysis and plots, or ``None`` when the module
+            was called with ``need_weights=False``. Nothing downstream uses them. ``S_k = S``
+            without a cache; with one, the keys the new queries attended over.
+
+    >>> out = MultiHeadSelfAttention(8, 2)(torch.randn(1, 3, 8), need_weights=False)
+    >>> out.hidden_states.shape, out.attention_weights
+    (torch.Size([1, 3, 8]), None)
     """
 
     hidden_states: Tensor
     attention_weights: Tensor | None
-
-
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -48,48 +48,35 @@ class MultiHeadSelfAttention(nn.Module):
         bias: whether the four projections have a bias term.
         num_kv_heads: ``H_kv``, the number of key/value heads (default ``H``). ``H`` must be a
             multiple of it. Fewer key/value heads shrink ``w_k``/``w_v`` and the KV cache.
+        window: if set, a causal query sees only the last ``window`` positions, itself included
+            (sliding-window attention as in Mistral 7B); a cache then keeps only those.
 
-    Layers:
-        ``w_q``: ``nn.Linear(D, D)``; ``w_k``, ``w_v``: ``nn.Linear(D, H_kv * D_k)``;
-        ``w_o``: ``nn.Linear(D, D)``. No dropout.
+    Layers: ``w_q``, ``w_o``: ``nn.Linear(D, D)``; ``w_k``, ``w_v``: ``nn.Linear(D, H_kv * D_k)``. No dropout.
+
+    >>> layer = MultiHeadSelfAttention(d_model=16, num_heads=4, num_kv_heads=2)
+    >>> out = layer(torch.randn(2, 5, 16), torch.tensor([[1, 1, 1, 0, 0], [1] * 5]), causal=True)
+    >>> out.hidden_states.shape, out.attention_weights.shape
+    (torch.Size([2, 5, 16]), torch.Size([2, 4, 5, 5]))
     """
 
-    def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, num_kv_heads: int | None = None) -> None:
+    def __init__(
+        self, d_model: int, num_heads: int, *, bias: bool = True, num_kv_heads: int | None = None, window: int | None = None
+    ) -> None:
         super().__init__()
-        _check_positive_int("d_model", d_model)
-        _check_positive_int("num_heads", num_heads)
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
-        num_kv_heads = num_heads if num_kv_heads is None else _check_positive_int("num_kv_heads", num_kv_heads)
-        if num_heads % num_kv_heads != 0:
-            raise ValueError(f"num_heads = {num_heads} is not a multiple of num_kv_heads = {num_kv_heads}")
+        d_model, num_heads, num_kv_heads = _checks.head_counts(d_model, num_heads, num_kv_heads)
         self.d_model = d_model
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.d_k = d_model // num_heads
+        self.window = None if window is None else _checks.positive_int("window", window)
         self.w_q = nn.Linear(d_model, d_model, bias=bias)  # [D] -> [H * D_k]
         self.w_k = nn.Linear(d_model, num_kv_heads * self.d_k, bias=bias)  # [D] -> [H_kv * D_k]
         self.w_v = nn.Linear(d_model, num_kv_heads * self.d_k, bias=bias)  # [D] -> [H_kv * D_k]
         self.w_o = nn.Linear(d_model, d_model, bias=bias)  # [H * D_k] -> [D]
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, d_k={self.d_k}"
-
-    def _mask(self, hidden_states: Tensor, attention_mask: Tensor | None, causal: bool) -> Tensor | None:
-        B, S, _ = hidden_states.shape
-        pad = None
-        if attention_mask is not None:
-            if tuple(attention_mask.shape) != (B, S):
-                raise ValueError(
-                    f"attention_mask shape {tuple(attention_mask.shape)} does not match hidden_states [B, S] = {(B, S)}"
-                )
-            if attention_mask.device != hidden_states.device:
-                raise ValueError(
-                    f"attention_mask is on {attention_mask.device} but hidden_states is on {hidden_states.device}"
-                )
-            pad = padding_mask(attention_mask)  # [B, 1, 1, S]
-        future = causal_mask(S, device=hidden_states.device) if causal else None  # [S, S]
-        return combine_masks(pad, future)  # [B, 1, S, S], [B, 1, 1, S], [S, S] or None
+        window = "" if self.window is None else f", window={self.window}"
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, d_k={self.d_k}{window}"
 
     def forward(
         self,
@@ -98,61 +85,73 @@ class MultiHeadSelfAttention(nn.Module):
         *,
         causal: bool = False,
         need_weights: bool = True,
+        cache: KVCache | None = None,
     ) -> AttentionOutput:
         """Let every position gather information from the positions it may see.
 
         Args:
             hidden_states: ``[B, S, D]`` token vectors; queries, keys and values all come from it.
-            attention_mask: optional ``[B, S]``, 1 for a real token and 0 for padding.
+            attention_mask: optional ``[B, S]`` (with a cache ``[B, cache.length + S]``, every position
+                so far), 1 (or True) for a real token, 0 for padding, as in Hugging Face;
+                ``nn.MultiheadAttention``'s ``key_padding_mask`` (True = ignore) must be passed as
+                ``~key_padding_mask``. A sequence with no real token gets a UserWarning.
             causal: if True, position ``i`` sees only positions ``0..i`` (decoder style).
             need_weights: if False, run PyTorch's fused ``scaled_dot_product_attention`` (faster,
                 less memory) and return ``attention_weights=None``.
+            cache: a :class:`attnlib.KVCache` of this layer: the new keys and values (``H_kv``
+                heads, never the repeated ``H``) are appended, and the new queries attend over
+                every cached position, aligned bottom-right (the last query sees every key).
 
         Returns:
             :class:`AttentionOutput` with ``hidden_states [B, S, D]`` and
-            ``attention_weights [B, H, S, S]`` (or ``None``).
-        """
-        if not isinstance(hidden_states, Tensor) or hidden_states.dim() != 3:
-            got = tuple(hidden_states.shape) if isinstance(hidden_states, Tensor) else type(hidden_states).__name__
-            raise ValueError(f"hidden_states must be [B, S, D] with D = {self.d_model}, got {got}")
-        if hidden_states.shape[-1] != self.d_model:
-            raise ValueError(
-                f"hidden_states last dim is {hidden_states.shape[-1]} but d_model = {self.d_model} "
-                f"(got shape {tuple(hidden_states.shape)}, expected [B, S, {self.d_model}])"
-            )
-        if hidden_states.dtype != self.w_q.weight.dtype or hidden_states.device != self.w_q.weight.device:
-            raise ValueError(
-                f"hidden_states is {hidden_states.dtype} on {hidden_states.device} but the module's weights are "
-                f"{self.w_q.weight.dtype} on {self.w_q.weight.device}; use module.to(...) or hidden_states.to(...)"
-            )
-        mask = self._mask(hidden_states, attention_mask, causal)
+            ``attention_weights [B, H, S, S_k]`` (or ``None``); ``S_k = S`` without a cache,
+            ``S_cached + S`` with one, where a window's cache holds at most ``window`` earlier
+            positions: older columns (all zero) are not returned. Both paths give the same result,
+            also for ``B = 0`` or ``S = 0`` and for fully masked rows (zero attention output).
 
-        q = split_heads(self.w_q(hidden_states), self.num_heads)  # [B, H, S, D_k]
-        k = split_heads(self.w_k(hidden_states), self.num_kv_heads)  # [B, H_kv, S, D_k]
-        v = split_heads(self.w_v(hidden_states), self.num_kv_heads)  # [B, H_kv, S, D_k]
-        k = repeat_kv(k, self.num_heads)  # [B, H, S, D_k]
-        v = repeat_kv(v, self.num_heads)  # [B, H, S, D_k]
+        >>> layer, cache = MultiHeadSelfAttention(16, 4, num_kv_heads=2), KVCache()
+        >>> prefill = layer(torch.randn(1, 5, 16), causal=True, cache=cache)
+        >>> step = layer(torch.randn(1, 1, 16), causal=True, cache=cache)  # one new token
+        >>> step.attention_weights.shape, cache.keys.shape  # [B, H, 1, 6], [B, H_kv, 6, D_k]
+        (torch.Size([1, 4, 1, 6]), torch.Size([1, 2, 6, 4]))
+        """
+        past, kept = (0, 0) if cache is None else _checks.cache_for(cache, self._owner())  # seen, still cached
+        x = _checks.module_inputs(hidden_states, attention_mask, self.d_model, self.w_q.weight, past)
+        S = x.shape[1]
+        mask = scores_mask(attention_mask, S, past, kept + S, causal, self.window, x.device)  # [B, 1, S, S_k] or less
+
+        q = split_heads(self.w_q(x), self.num_heads)  # [B, H, S, D_k]
+        k = split_heads(self.w_k(x), self.num_kv_heads)  # [B, H_kv, S, D_k]
+        v = split_heads(self.w_v(x), self.num_kv_heads)  # [B, H_kv, S, D_k]
+        if cache is not None:
+            k, v = cache.update(k, v, window=self.window)  # [B, H_kv, S_k, D_k], S_k = S_kept + S
+        k = repeat_kv(k, self.num_heads)  # [B, H, S_k, D_k]
+        v = repeat_kv(v, self.num_heads)  # [B, H, S_k, D_k]
 
         if need_weights:
-            context, weights = scaled_dot_product_attention(q, k, v, mask)  # [B, H, S, D_k], [B, H, S, S]
-        else:
+            context, weights = scaled_dot_product_attention(q, k, v, mask)  # [B, H, S, D_k], [B, H, S, S_k]
+        else:  # a bottom-right mask: is_causal=True would align top-left when S != S_k
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, S, D_k]
+            if mask is not None:  # a query that sees no key gets 0 as above (torch 2.1 CUDA gave NaN: pytorch#110213)
+                context = context.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
             weights = None
 
         merged = merge_heads(context)  # [B, S, D]
         return AttentionOutput(hidden_states=self.w_o(merged), attention_weights=weights)
 
+    def _owner(self) -> tuple:
+        return ("MultiHeadSelfAttention", self.d_model, self.num_heads, self.num_kv_heads, self.window)
+
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadSelfAttention":
         """Copy the weights of a ``torch.nn.MultiheadAttention`` into a new module.
 
-        The copy computes the same function (use it batch first, ``[B, S, D]``; a PyTorch module
-        built with ``batch_first=False`` expects ``[S, B, D]`` instead). Dropout is not copied:
-        compare the two in ``eval()`` mode or with ``dropout=0``.
+        The copy computes the same function, batch first (``[B, S, D]``; PyTorch's default
+        ``batch_first=False`` means ``[S, B, D]``). Dropout is not copied: compare in ``eval()``.
+        ``kdim``/``vdim``, ``add_bias_kv`` and ``add_zero_attn`` raise ``ValueError``.
 
-        Raises:
-            ValueError: for configurations this module does not have (separate key/value widths,
-                ``add_bias_kv`` or ``add_zero_attn``).
+        >>> MultiHeadSelfAttention.from_torch(nn.MultiheadAttention(16, 4, batch_first=True)).w_k
+        Linear(in_features=16, out_features=16, bias=True)
         """
         if not isinstance(m, nn.MultiheadAttention):
             raise ValueError(f"from_torch expects torch.nn.MultiheadAttention, got {type(m).__name__}")
@@ -173,3 +172,19 @@ class MultiHeadSelfAttention(nn.Module):
             if bias:
                 out.w_o.bias.copy_(m.out_proj.bias)
         return out
+
+
+def scores_mask(
+    attention_mask: Tensor | None, S: int, past: int, S_k: int, causal: bool, window: int | None, device: torch.device
+) -> Tensor | None:
+    """The bool mask for scores ``[B, H, S, S_k]`` (True = may attend), or None for no mask.
+
+    The ``S`` queries are the last of ``past + S`` positions; the ``S_k`` keys are the last ``S_k``.
+    """
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {type(causal).__name__}; pass masks as attention_mask")
+    if window is not None and not causal:
+        raise ValueError(f"a sliding window (window = {window}) needs causal=True")
+    pad = None if attention_mask is None else padding_mask(attention_mask[:, past + S - S_k :])  # [B, 1, 1, S_k]
+    future = causal_mask(S, device=device, S_k=S_k, window=window) if causal else None  # [S, S_k]
+    return combine_masks(pad, future)  # [B, 1, S, S_k], [B, 1, 1, S_k], [S, S_k] or None

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
+from . import _checks
 from .multihead import MultiHeadSelfAttention
 
 __all__ = [
@@ -151,7 +152,7 @@ def encoder_layers(model: nn.Module) -> nn.ModuleList:
 
 def _check_layer_index(model: nn.Module, layer_index: int) -> nn.Module:
     layers = encoder_layers(model)
-    if isinstance(layer_index, bool) or not isinstance(layer_index, int) or not 0 <= layer_index < len(layers):
+    if not _checks.is_int(layer_index) or not 0 <= layer_index < len(layers):
         raise ValueError(f"layer_index must be an int in 0..{len(layers) - 1}, got {layer_index!r}")
     return layers[layer_index]
 

@@ -1,39 +1,30 @@
-"""Chapter 1's checkers: each passes a right answer and names each typical mistake."""
+"""Chapter 1's checkers: each passes a right answer and names each mistake of its table."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 
-from attnbook.ch01 import check_attention_shapes, check_soft_lookup, reference_shapes
+from attnbook.ch01 import (
+    SHAPE_CONFIGS,
+    SHAPE_MISTAKES,
+    SOFT_LOOKUP_MISTAKES,
+    check_attention_shapes,
+    check_soft_lookup,
+    layers_until_linked,
+    reference_shapes,
+)
 
 
 def stub(*args: object) -> None:
     raise NotImplementedError
 
 
-# ---------------------------------------------------------------- chapter 1: soft lookup
+# ---------------------------------------------------------------- soft lookup
 
 
 def lookup_right(query, keys, values):
     return torch.softmax(keys @ query, dim=-1) @ values
-
-
-SOFT_LOOKUP_MISTAKES = {
-    "hard lookup": (lambda q, k, v: v[(k @ q).argmax()], "single best-matching row"),
-    "raw scores": (lambda q, k, v: (k @ q) @ v, "raw scores"),
-    "uniform": (lambda q, k, v: v.mean(dim=0), "averaged all rows equally"),
-    "scored values": (lambda q, k, v: torch.softmax(v @ q, dim=-1) @ v, "scored the query against the values"),
-    "mixed keys": (lambda q, k, v: torch.softmax(k @ q, dim=-1) @ k, "you mixed the keys"),
-    "returned weights": (lambda q, k, v: torch.softmax(k @ q, dim=-1), "one per row"),
-    "no sum": (lambda q, k, v: torch.softmax(k @ q, dim=-1)[:, None] * v, "one row per key"),
-    "scaled": (lambda q, k, v: torch.softmax(k @ q / math.sqrt(q.shape[0]), dim=-1) @ v, "divided the scores by sqrt(D)"),
-    "other": (lambda q, k, v: lookup_right(q, k, v) + 0.1, "differs from the expected values"),
-    "crash": (lambda q, k, v: q @ torch.ones(3), "your code raised RuntimeError"),
-    "not a tensor": (lambda q, k, v: [1.0], "torch.Tensor"),
-}
 
 
 def test_soft_lookup_accepts_the_right_answer() -> None:
@@ -46,66 +37,73 @@ def test_soft_lookup_stub_is_todo() -> None:
     assert check_soft_lookup(stub).status == "todo"
 
 
-@pytest.mark.parametrize("name", sorted(SOFT_LOOKUP_MISTAKES))
-def test_soft_lookup_names_the_mistake(name: str) -> None:
-    fn, hint = SOFT_LOOKUP_MISTAKES[name]
-    fb = check_soft_lookup(fn)
+@pytest.mark.parametrize("mistake", SOFT_LOOKUP_MISTAKES, ids=lambda m: m.name)
+def test_soft_lookup_names_each_mistake_of_its_table(mistake) -> None:
+    fb = check_soft_lookup(mistake.compute)
     assert fb.status == "wrong", fb
-    assert hint in fb.message, fb
+    assert fb.message == mistake.hint, fb
 
 
-# ---------------------------------------------------------------- chapter 1: shapes
+def test_soft_lookup_transposed_keys_is_not_a_raw_exception() -> None:
+    fb = check_soft_lookup(lambda q, k, v: torch.softmax(k.T @ q, dim=-1) @ v)
+    assert "RuntimeError" not in fb.message and "Drop the .T" in fb.message
 
 
-def shapes_right(B, S, D, H):
-    return reference_shapes(B, S, D, H)
+@pytest.mark.parametrize(
+    ("fn", "hint"),
+    [
+        (lambda q, k, v: lookup_right(q, k, v) + 0.1, "differs from the expected values"),
+        (lambda q, k, v: q @ torch.ones(3), "your code raised RuntimeError"),
+        (lambda q, k, v: [1.0], "torch.Tensor"),
+        (lambda q, k, v: torch.zeros(5), "one mixed value"),
+    ],
+)
+def test_soft_lookup_fallbacks(fn, hint: str) -> None:
+    fb = check_soft_lookup(fn)
+    assert fb.status == "wrong" and hint in fb.message, fb
 
 
-def shapes_with(**changes):
-    def fn(B, S, D, H):
-        env = dict(B=B, S=S, D=D, H=H, d_k=D // H)
-        shapes = reference_shapes(B, S, D, H)
-        shapes.update({k: tuple(env[a] for a in v) for k, v in changes.items()})
-        return shapes
-
-    return fn
-
-
-SHAPE_MISTAKES = {
-    "no transpose": (shapes_with(heads=("B", "S", "H", "d_k")), "before transpose(1, 2)"),
-    "d_k = D": (shapes_with(heads=("B", "H", "S", "D")), "D_k = D / H"),
-    "scores like q": (shapes_with(scores=("B", "H", "S", "d_k")), "last two axes are both S"),
-    "no head axis": (shapes_with(weights=("B", "S", "S")), "keep the head axis"),
-    "context = weights": (shapes_with(context=("B", "H", "S", "S")), "it is weights @ V"),
-    "not merged": (shapes_with(merged=("B", "H", "S", "d_k")), "merging concatenates"),
-    "qkv per head": (shapes_with(qkv=("B", "H", "S", "d_k")), "heads exist only between split and merge"),
-    "other": (shapes_with(output=("B", "D", "S")), "it should be"),
-}
+# ---------------------------------------------------------------- shapes
 
 
 def test_shapes_accept_the_right_answer_as_tuples_or_sizes() -> None:
-    assert check_attention_shapes(shapes_right).passed
+    assert check_attention_shapes(reference_shapes).passed
     as_sizes = lambda *a: {k: torch.Size(v) for k, v in reference_shapes(*a).items()}  # noqa: E731
     assert check_attention_shapes(as_sizes).passed
 
 
 def test_shapes_stub_missing_keys_and_bad_values() -> None:
     assert check_attention_shapes(stub).status == "todo"
-    partial = lambda *a: {"qkv": reference_shapes(*a)["qkv"]}  # noqa: E731
+    partial = lambda *a: {"q": reference_shapes(*a)["q"]}  # noqa: E731
     assert "lacks the steps" in check_attention_shapes(partial).message
     bad = lambda *a: {**reference_shapes(*a), "scores": "S by S"}  # noqa: E731
     assert "tuple of ints" in check_attention_shapes(bad).message
 
 
-def test_shapes_need_both_configurations() -> None:
-    # Hard-coding the first configuration's answer must not pass.
-    fixed = lambda *a: reference_shapes(2, 5, 12, 3)  # noqa: E731
+def test_shapes_need_every_configuration() -> None:
+    fixed = lambda *a: reference_shapes(*SHAPE_CONFIGS[0])  # noqa: E731
     assert check_attention_shapes(fixed).status == "wrong"
 
 
-@pytest.mark.parametrize("name", sorted(SHAPE_MISTAKES))
-def test_shapes_name_the_mistake(name: str) -> None:
-    fn, hint = SHAPE_MISTAKES[name]
-    fb = check_attention_shapes(fn)
+@pytest.mark.parametrize("mistake", SHAPE_MISTAKES, ids=lambda m: m.name)
+def test_shapes_name_each_mistake_of_its_table(mistake) -> None:
+    fb = check_attention_shapes(mistake.compute)
+    B, S, D, D_k, D_v = SHAPE_CONFIGS[0]
     assert fb.status == "wrong", fb
-    assert hint in fb.message, fb
+    assert fb.message == mistake.hint.format(B=B, S=S, D=D, D_k=D_k, D_v=D_v), fb
+
+
+def test_shapes_unknown_mistake_names_the_expected_shape() -> None:
+    other = lambda *a: {**reference_shapes(*a), "output": (1, 2, 3)}  # noqa: E731
+    assert "it should be" in check_attention_shapes(other).message
+
+
+# ---------------------------------------------------------------- reach
+
+
+def test_layers_until_linked_matches_the_reach_formula() -> None:
+    assert layers_until_linked(3, 1, 5) == 4  # reach 1 per layer, distance 4
+    assert layers_until_linked(5, 0, 7) == 4  # reach 2 per layer, ceil(7 / 2)
+    assert layers_until_linked(3, 0, 7, dilation_growth=2) == 3  # reach 1 + 2 + 4 = 7
+    with pytest.raises(ValueError, match="not linked"):
+        layers_until_linked(1, 0, 7)  # a kernel of width 1 never widens the reach

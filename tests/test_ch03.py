@@ -1,4 +1,4 @@
-"""Chapter 3 checkers: a right answer passes, each typical wrong answer gets its own hint."""
+"""Chapter 3 checkers: a right answer passes, every mistake of the tables gets its own hint."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from attnbook.ch03 import check_entropy, check_scaled_weights, entropy
+from attnbook.ch03 import ENTROPY_MISTAKES, WEIGHT_MISTAKES, check_entropy, check_scaled_weights, entropy
 
 
 def _raw(q: Tensor, k: Tensor) -> Tensor:
@@ -19,12 +19,9 @@ def right_weights(q: Tensor, k: Tensor, temperature: float = 1.0) -> Tensor:
     return torch.softmax(_raw(q, k) / math.sqrt(q.shape[-1]) / temperature, dim=-1)
 
 
-def test_right_weights_pass() -> None:
+def test_right_weights_pass_also_via_attnlib() -> None:
     fb = check_scaled_weights(right_weights)
-    assert fb.status == "correct", fb
-
-
-def test_right_weights_via_attnlib_pass() -> None:
+    assert fb.status == "correct" and "with and without a batch axis" in fb.message, fb
     import attnlib
 
     def via_library(q: Tensor, k: Tensor, temperature: float = 1.0) -> Tensor:
@@ -40,37 +37,37 @@ def test_weights_stub_is_todo() -> None:
     assert check_scaled_weights(stub).status == "todo"
 
 
-WRONG_WEIGHTS = {
-    "no scaling": (lambda q, k, t=1.0: torch.softmax(_raw(q, k) / t, -1), "did not scale"),
-    "divide by D_k": (lambda q, k, t=1.0: torch.softmax(_raw(q, k) / q.shape[-1] / t, -1), "divided by D_k instead of sqrt(D_k)"),
-    "multiply by sqrt": (lambda q, k, t=1.0: torch.softmax(_raw(q, k) * math.sqrt(q.shape[-1]) / t, -1), "multiplied by sqrt(D_k)"),
-    "scale after softmax": (lambda q, k, t=1.0: torch.softmax(_raw(q, k) / t, -1) / math.sqrt(q.shape[-1]), "scaled after the softmax"),
-    "sqrt(S_k)": (lambda q, k, t=1.0: torch.softmax(_raw(q, k) / math.sqrt(k.shape[-2]) / t, -1), "sqrt(S_k)"),
-    "sqrt(S_q)": (lambda q, k, t=1.0: torch.softmax(_raw(q, k) / math.sqrt(q.shape[-2]) / t, -1), "sqrt(S_q)"),
-    "wrong axis": (lambda q, k, t=1.0: torch.softmax(_raw(q, k) / math.sqrt(q.shape[-1]) / t, -2), "wrong axis"),
-    "k q^T": (lambda q, k, t=1.0: torch.softmax(k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1]) / t, -1), "not k @ q^T"),
-    "k.T": (lambda q, k, t=1.0: torch.softmax((q @ k.T) / math.sqrt(q.shape[-1]) / t, -1), "k.transpose(-2, -1)"),
-    "ignores T": (lambda q, k, t=1.0: right_weights(q, k), "ignores the temperature"),
-    "multiplies by T": (lambda q, k, t=1.0: torch.softmax(_raw(q, k) / math.sqrt(q.shape[-1]) * t, -1), "multiplied by the temperature"),
-    "T after softmax": (lambda q, k, t=1.0: right_weights(q, k) / t, "temperature after the softmax"),
-    "T squared": (lambda q, k, t=1.0: right_weights(q, k, t * t), "divided by T twice"),
-    "rows not normalised": (lambda q, k, t=1.0: torch.exp(_raw(q, k) / math.sqrt(q.shape[-1]) / t), "should each sum to 1"),
-}
+@pytest.mark.parametrize("mistake", WEIGHT_MISTAKES, ids=lambda m: m.name)
+def test_each_weight_mistake_gets_its_hint(mistake) -> None:
+    fb = check_scaled_weights(mistake.compute)
+    assert fb.status == "wrong" and fb.message == mistake.hint, fb
 
 
-@pytest.mark.filterwarnings("ignore:The use of `x.T`")  # the "k.T" mistake triggers PyTorch's deprecation warning
-@pytest.mark.parametrize("name", WRONG_WEIGHTS)
-def test_wrong_weights_get_their_hint(name: str) -> None:
-    fn, hint = WRONG_WEIGHTS[name]
-    fb = check_scaled_weights(fn)
-    assert fb.status == "wrong", (name, fb)
-    assert hint in fb.message, (name, fb.message)
+@pytest.mark.filterwarnings("ignore:The use of `x.T`")  # k.T on a 3-D tensor triggers PyTorch's deprecation warning
+def test_batch_axis_mistakes() -> None:
+    k_T = lambda q, k, t=1.0: torch.softmax((q @ k.T) / math.sqrt(q.shape[-1]) / t, -1)  # noqa: E731
+    assert "k.transpose(-2, -1)" in check_scaled_weights(k_T).message
+    batch_only = lambda q, k, t=1.0: torch.softmax(q @ k.transpose(1, 2) / math.sqrt(q.shape[-1]) / t, -1)  # noqa: E731
+    fb = check_scaled_weights(batch_only)
+    assert fb.status == "wrong" and "works with a batch axis but not without one" in fb.message, fb
 
 
-def test_weights_not_a_tensor_or_crash() -> None:
+def test_weights_fallbacks() -> None:
     assert "torch.Tensor" in check_scaled_weights(lambda q, k, t=1.0: [1.0]).message
     fb = check_scaled_weights(lambda q, k, t=1.0: q @ k)  # shape mismatch inside the reader's code
     assert fb.status == "wrong" and "RuntimeError" in fb.message
+    unnormalised = lambda q, k, t=1.0: torch.exp(_raw(q, k) / math.sqrt(q.shape[-1]) / t)  # noqa: E731
+    assert "should each sum to 1" in check_scaled_weights(unnormalised).message
+
+    def off(q: Tensor, k: Tensor, temperature: float = 1.0) -> Tensor:
+        w = right_weights(q, k, temperature)
+        return (w + 0.05) / (1 + 0.05 * w.shape[-1])
+
+    fb = check_scaled_weights(off)
+    assert fb.status == "wrong" and "T = 2.5" in fb.message, fb
+
+
+# ---------------------------------------------------------------- entropy
 
 
 def test_entropy_reference() -> None:
@@ -82,9 +79,21 @@ def right_entropy(w: Tensor) -> Tensor:
     return -(w * torch.log(w.clamp_min(1e-30))).sum(dim=-1)
 
 
-def test_right_entropy_passes() -> None:
+def test_right_entropy_passes_with_torch_log() -> None:
     assert check_entropy(right_entropy).status == "correct"
-    assert check_entropy(lambda w: -torch.special.xlogy(w, w).sum(-1)).passed
+    assert check_entropy(lambda w: -torch.where(w > 0, w * torch.log(w), 0.0).sum(-1)).passed
+
+
+@pytest.mark.parametrize("shortcut", [
+    lambda w: torch.special.entr(w).sum(-1),
+    lambda w: -torch.special.xlogy(w, w).sum(-1),
+    lambda w: -torch.xlogy(w, w).sum(-1),
+    lambda w: -w.xlogy(w).sum(-1),
+])
+def test_entropy_refuses_the_shortcuts_the_exercise_rules_out(shortcut) -> None:
+    fb = check_entropy(shortcut)
+    assert fb.status == "wrong" and "asks for torch.log" in fb.message, fb
+    assert torch.special.entr(torch.tensor([0.5])).item() > 0  # restored afterwards
 
 
 def test_entropy_stub_is_todo() -> None:
@@ -95,44 +104,23 @@ def test_entropy_stub_is_todo() -> None:
     assert check_entropy(lambda w: None).status == "todo"
 
 
-WRONG_ENTROPY = {
-    "log2": (lambda w: -(w * torch.log2(w.clamp_min(1e-30))).sum(-1), "log2"),
-    "log10": (lambda w: -(w * torch.log10(w.clamp_min(1e-30))).sum(-1), "log10"),
-    "no minus": (lambda w: (w * torch.log(w.clamp_min(1e-30))).sum(-1), "minus sign"),
-    "normalised": (lambda w: right_entropy(w) / math.log(w.shape[-1]), "divided by ln S"),
-    "nan at zeros": (lambda w: -(w * torch.log(w)).sum(-1), "0 * ln 0"),
-    "per entry": (lambda w: -(w * torch.log(w.clamp_min(1e-30))), "one number per weight"),
-    "wrong axis": (lambda w: -(w * torch.log(w.clamp_min(1e-30))).sum(0), "dim=-1"),
-    "unweighted": (lambda w: -torch.log(w.clamp_min(1e-30)).sum(-1), "without weighting"),
-}
+@pytest.mark.parametrize("mistake", ENTROPY_MISTAKES, ids=lambda m: m.name)
+def test_each_entropy_mistake_gets_its_hint(mistake) -> None:
+    fb = check_entropy(mistake.compute)
+    assert fb.status == "wrong" and fb.message == mistake.hint, fb
 
 
-@pytest.mark.parametrize("name", WRONG_ENTROPY)
-def test_wrong_entropy_gets_its_hint(name: str) -> None:
-    fn, hint = WRONG_ENTROPY[name]
+@pytest.mark.parametrize(
+    ("fn", "hint"),
+    [
+        (lambda w: -(w * torch.log(w)).sum(-1), "0 * ln 0"),
+        (lambda w: -(w * torch.log(w.clamp_min(1e-30))), "one number per weight"),
+        (lambda w: -(w * torch.log(w.clamp_min(1e-30))).sum(0), "dim=-1"),
+        (lambda w: torch.where((w == 0).any(-1), torch.full(w.shape[:-1], 0.3), right_entropy(w)), "where a weight is 0"),
+        (lambda w: right_entropy(w) + 0.1, "the entropy"),
+        (lambda w: [0.0] * w.shape[0], "torch.Tensor"),
+    ],
+)
+def test_entropy_fallbacks(fn, hint: str) -> None:
     fb = check_entropy(fn)
-    assert fb.status == "wrong", (name, fb)
-    assert hint in fb.message, (name, fb.message)
-
-
-def test_entropy_wrong_only_at_zeros() -> None:
-    def off_at_zeros(w: Tensor) -> Tensor:
-        return torch.where((w == 0).any(-1), torch.full(w.shape[:-1], 0.3), right_entropy(w))
-
-    fb = check_entropy(off_at_zeros)
-    assert fb.status == "wrong" and "where a weight is 0" in fb.message
-
-
-def test_unrecognised_wrong_answers_are_not_marked_correct() -> None:
-    """Answers that match no known mistake fall through to the generic comparison: still wrong."""
-
-    def off_only_for_other_temperatures(q: Tensor, k: Tensor, temperature: float = 1.0) -> Tensor:
-        w = right_weights(q, k, temperature)
-        return w if temperature == 1.0 else (w + 0.05) / (1 + 0.05 * w.shape[-1])
-
-    fb = check_scaled_weights(off_only_for_other_temperatures)
-    assert fb.status == "wrong" and "T = 2.5" in fb.message, fb
-    fb = check_entropy(lambda w: right_entropy(w) + 0.1)
-    assert fb.status == "wrong" and "the entropy" in fb.message, fb
-    fb = check_entropy(lambda w: [0.0] * w.shape[0])
-    assert fb.status == "wrong" and "torch.Tensor" in fb.message, fb
+    assert fb.status == "wrong" and hint in fb.message, fb

@@ -8,11 +8,7 @@ import pytest
 import torch
 
 from attnbook import ch04
-from attnbook.ch04 import (
-    check_combined_mask,
-    check_fully_masked_prediction,
-    check_masking_order,
-)
+from attnbook.ch04 import check_combined_mask, check_fully_masked_prediction, check_masking_order
 from attnlib import MultiHeadSelfAttention, causal_mask
 
 
@@ -29,37 +25,32 @@ def test_combined_mask_accepts_the_right_answer() -> None:
     assert fb.passed and fb.status == "correct"
 
 
-def _stub(am: torch.Tensor) -> torch.Tensor:
-    raise NotImplementedError
+@pytest.mark.parametrize("mistake", ch04.COMBINED_MASK_MISTAKES, ids=lambda m: m.name)
+def test_combined_mask_names_each_mistake_of_its_table(mistake) -> None:
+    fb = check_combined_mask(mistake.compute)
+    assert fb.status == "wrong" and fb.message == mistake.hint, fb
 
 
 @pytest.mark.parametrize(
     ("fn", "hint"),
     [
         (lambda am: right_mask(am).int(), "dtype torch.int32"),
-        (lambda am: right_mask(am)[:, 0], "lacks the head axis"),
         (lambda am: right_mask(am)[None], "expected [B, 1, S, S]"),
-        (lambda am: ~right_mask(am), "inverted"),
-        (lambda am: am.bool()[:, None, None, :].expand(-1, 1, am.shape[1], -1), "future is visible"),
-        (lambda am: _tril(am.shape[1]).expand(am.shape[0], 1, -1, -1), "padding keys are visible"),
-        (lambda am: torch.tril(torch.ones(5, 5, dtype=torch.bool), -1) & am.bool()[:, None, None, :], "diagonal is hidden"),
-        (lambda am: torch.triu(torch.ones(5, 5, dtype=torch.bool)) & am.bool()[:, None, None, :], "triu"),
-        (lambda am: _tril(5) & am.bool()[:, None, :, None], "padded *queries*"),
-        (lambda am: _tril(5) & am.bool()[:, None, :, None] & am.bool()[:, None, None, :], "also hid the padded query rows"),
         (lambda am: right_mask(am) & (torch.arange(5) != 0), "entries differ"),
         (lambda am: "mask", "torch.Tensor"),
+        (lambda am: am.reshape(7), "RuntimeError"),
     ],
 )
-def test_combined_mask_hints(fn, hint: str) -> None:
+def test_combined_mask_fallbacks(fn, hint: str) -> None:
     fb = check_combined_mask(fn)
-    assert fb.status == "wrong"
-    assert hint in fb.message
+    assert fb.status == "wrong" and hint in fb.message, fb
 
 
-def test_combined_mask_stub_and_crash() -> None:
-    assert check_combined_mask(_stub).status == "todo"
-    fb = check_combined_mask(lambda am: am.reshape(7))
-    assert fb.status == "wrong" and "RuntimeError" in fb.message
+def test_combined_mask_stub() -> None:
+    def stub(am: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    assert check_combined_mask(stub).status == "todo"
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -71,53 +62,61 @@ def fixed(q, k, v):
     return w @ v, w
 
 
-def test_masking_order_accepts_correct_variants() -> None:
+def test_masking_order_accepts_equivalent_variants() -> None:
     assert check_masking_order(fixed).passed
 
     def finfo_fill(q, k, v):
         w = torch.softmax(_scores(q, k).masked_fill(~causal_mask(q.shape[-2]), torch.finfo(q.dtype).min), dim=-1)
         return w @ v, w
 
-    assert check_masking_order(finfo_fill).passed
-
-
-def test_masking_order_hints() -> None:
-    def after(q, k, v):
+    def renormalised(q, k, v):  # zero after softmax, then divide by the new row sums: the same weights
         w = torch.softmax(_scores(q, k), dim=-1).masked_fill(~causal_mask(q.shape[-2]), 0.0)
+        w = w / w.sum(dim=-1, keepdim=True)
         return w @ v, w
 
-    def zero_fill(q, k, v):
-        w = torch.softmax(_scores(q, k).masked_fill(~causal_mask(q.shape[-2]), 0.0), dim=-1)
+    for fn in (finfo_fill, renormalised):
+        assert check_masking_order(fn).passed, fn.__name__
+
+
+@pytest.mark.parametrize("mistake", ch04.MASKING_ORDER_MISTAKES, ids=lambda m: m.name)
+def test_masking_order_names_each_mistake_of_its_table(mistake) -> None:
+    def reader(q, k, v):
+        w = mistake.compute(q, k, v)
+        w = torch.where(w < 0, torch.nan, w)  # the table writes NaN as -1; a reader's code returns NaN
         return w @ v, w
 
-    def no_mask(q, k, v):
-        w = torch.softmax(_scores(q, k), dim=-1)
+    fb = check_masking_order(reader)
+    assert fb.status == "wrong" and fb.message == mistake.hint, fb
+
+
+def test_inverted_mask_mentions_the_nan_row() -> None:
+    def inverted(q, k, v):
+        w = torch.softmax(_scores(q, k).masked_fill(causal_mask(q.shape[-2]), float("-inf")), dim=-1)
         return w @ v, w
 
-    def unscaled(q, k, v):
-        w = torch.softmax((q @ k.transpose(-2, -1)).masked_fill(~causal_mask(q.shape[-2]), float("-inf")), dim=-1)
-        return w @ v, w
+    fb = check_masking_order(inverted)
+    assert "inverted" in fb.message and "NaN" in fb.message, fb
 
+
+def test_masking_order_fallbacks_and_stub() -> None:
     def bad_output(q, k, v):
-        _, w = fixed(q, k, v)
-        return v, w
+        return v, fixed(q, k, v)[1]
+
+    def other_leak(q, k, v):
+        w = fixed(q, k, v)[1].clone()
+        w[..., 0, 1] = 0.3
+        return w @ v, w
 
     cases = {
-        after: "rows no longer sum to 1",
-        zero_fill: "exp(0) = 1",
-        no_mask: "future keys get weight",
-        unscaled: "1/sqrt(D_k)",
         bad_output: "output is `weights @ v`",
+        other_leak: "future keys get weight (up to 0.300)",
         (lambda q, k, v: fixed(q, k, v)[1]): "pair",
         (lambda q, k, v: (None, "w")): "shape (1, 2, 5, 5)",
     }
     for fn, hint in cases.items():
         fb = check_masking_order(fn)
-        assert fb.status == "wrong", hint
-        assert hint in fb.message, (hint, fb.message)
+        assert fb.status == "wrong" and hint in fb.message, (hint, fb.message)
 
-
-def test_masking_order_stub() -> None:
     def stub(q, k, v):
         raise NotImplementedError
 
@@ -126,40 +125,63 @@ def test_masking_order_stub() -> None:
 
 NAN = float("nan")
 RIGHT = {
-    "torch.softmax with -inf": [NAN] * 4,
-    "torch.softmax with -1e9": [0.25] * 4,
-    "attnlib.softmax with -inf": [0.0] * 4,
+    "add -1e4": torch.softmax(ch04.FULLY_MASKED_SCORES, dim=-1).tolist(),
+    "masked_fill -1e4": [0.25] * 4,
+    "add finfo.min": [0.25] * 4,
 }
 
 
 def test_fully_masked_prediction_right_and_todo() -> None:
     assert check_fully_masked_prediction(RIGHT).passed
     assert check_fully_masked_prediction({k: None for k in RIGHT}).status == "todo"
-    assert check_fully_masked_prediction({**RIGHT, "attnlib.softmax with -inf": None}).status == "todo"
+    assert check_fully_masked_prediction({**RIGHT, "add finfo.min": None}).status == "todo"
+
+
+def test_fully_masked_right_values_are_what_torch_computes() -> None:
+    s, hidden = ch04.FULLY_MASKED_SCORES, torch.ones(4, dtype=torch.bool)
+    got = {
+        "add -1e4": torch.softmax(s + (-1e4), dim=-1),
+        "masked_fill -1e4": torch.softmax(s.masked_fill(hidden, -1e4), dim=-1),
+        "add finfo.min": torch.softmax(s + torch.finfo(torch.float32).min, dim=-1),
+    }
+    for case, value in got.items():
+        torch.testing.assert_close(value, torch.tensor(RIGHT[case]), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize(
-    ("case", "value", "hint"),
-    [
-        ("torch.softmax with -inf", [0.0] * 4, "NaN"),
-        ("torch.softmax with -inf", [0.25] * 4, "NaN"),
-        ("torch.softmax with -1e9", [0.0] * 4, "1/4 each"),
-        ("torch.softmax with -1e9", [NAN] * 4, "1/4 each"),
-        ("attnlib.softmax with -inf", [NAN] * 4, "all-zero"),
-        ("attnlib.softmax with -inf", [0.25] * 4, "all-zero"),
-        ("attnlib.softmax with -inf", [0.0] * 3, "4 numbers"),
-        ("attnlib.softmax with -inf", "zeros", "list of 4 numbers"),
-    ],
+    ("case", "mistake"),
+    [(case, m) for case, table in ch04.FULLY_MASKED_MISTAKES.items() for m in table],
+    ids=lambda x: x if isinstance(x, str) else x.name,
 )
-def test_fully_masked_prediction_hints(case: str, value: object, hint: str) -> None:
+def test_fully_masked_names_each_mistake_of_its_table(case: str, mistake) -> None:
+    value = torch.where(mistake.compute() < 0, torch.nan, mistake.compute()).tolist()
     fb = check_fully_masked_prediction({**RIGHT, case: value})
-    assert fb.status == "wrong"
-    assert hint in fb.message
+    assert fb.status == "wrong" and fb.message == f"{case!r}: {mistake.hint}", fb
+
+
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [([0.1, 0.2, 0.3, 0.4], "is not right"), ([0.0] * 3, "4 numbers"), ("zeros", "list of 4 numbers")],
+)
+def test_fully_masked_prediction_fallbacks(value: object, hint: str) -> None:
+    fb = check_fully_masked_prediction({**RIGHT, "add -1e4": value})
+    assert fb.status == "wrong" and hint in fb.message, fb
 
 
 def test_fully_masked_prediction_bad_container() -> None:
     assert "dict" in check_fully_masked_prediction([0.25] * 4).message
-    assert "lacks the key" in check_fully_masked_prediction({"torch.softmax with -inf": [NAN] * 4}).message
+    assert "lacks the key" in check_fully_masked_prediction({"add -1e4": [NAN] * 4}).message
+
+
+def test_causal_eval_stats_are_fractions() -> None:
+    from attnbook import toy_lm
+
+    torch.manual_seed(0)
+    model = toy_lm.TinyLM(10, d_model=8, num_heads=2, max_len=8)
+    stats = ch04.causal_eval_stats(model, torch.randint(0, 10, (200,)), seq_len=8, batch_size=4)
+    assert set(stats) == {"accuracy", "copy_rate", "top_probability"}
+    assert all(0.0 <= v <= 1.0 for v in stats.values())
+    assert stats["top_probability"] >= 1 / 10
 
 
 # --- the parallel pass against the prefix passes ------------------------------------------

@@ -4,7 +4,9 @@ and the core fully-masked-row check (tests/test_core.py)."""
 from __future__ import annotations
 
 import math
+import warnings
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -14,6 +16,8 @@ from attnlib import (
     MultiHeadSelfAttention,
     causal_mask,
     combine_masks,
+    from_additive_mask,
+    from_key_padding_mask,
     padding_mask,
     scaled_dot_product_attention,
     softmax,
@@ -137,3 +141,101 @@ def test_cross_attention_shapes_with_source_padding() -> None:
     assert res.weights.shape == (B, H, T, S) and res.output.shape == (B, H, T, D_k)
     assert torch.all(res.weights[1, :, :, 4:] == 0)
     torch.testing.assert_close(res.output, F.scaled_dot_product_attention(dec, enc, enc, attn_mask=src_pad))
+
+
+# ---- the conventions table of attnlib.masks, each row checked against its library -------------
+
+
+def _mha_and_ours(seed: int = 0) -> tuple[torch.nn.MultiheadAttention, MultiHeadSelfAttention, torch.Tensor]:
+    torch.manual_seed(seed)
+    ref = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    return ref, MultiHeadSelfAttention.from_torch(ref), torch.randn(2, 4, 8)
+
+
+def test_key_padding_mask_row_true_means_ignore_in_nn_multihead_attention() -> None:
+    ref, ours, x = _mha_and_ours()
+    key_padding_mask = torch.tensor([[False, False, False, True], [False, False, False, False]])
+    expected, expected_w = ref(x, x, x, key_padding_mask=key_padding_mask, average_attn_weights=False)
+    assert torch.all(expected_w[0, :, :, 3] == 0)  # True = this key is ignored
+    keep = from_key_padding_mask(key_padding_mask)  # [B, 1, 1, S]
+    assert keep.shape == (2, 1, 1, 4)
+    torch.testing.assert_close(ours(x, keep[:, 0, 0]).hidden_states, expected)
+    torch.testing.assert_close(ours(x, ~key_padding_mask).hidden_states, expected)  # what forward's docstring says
+    additive = torch.zeros(2, 4).masked_fill(key_padding_mask, float("-inf"))  # nn.MHA's float form: added
+    assert torch.equal(from_key_padding_mask(additive), keep)
+    torch.testing.assert_close(ref(x, x, x, key_padding_mask=additive)[0], expected)
+
+
+def test_bool_attn_mask_row_true_means_blocked_in_nn_multihead_attention() -> None:
+    ref, ours, x = _mha_and_ours()
+    blocked = torch.triu(torch.ones(4, 4, dtype=torch.bool), 1)
+    expected, _ = ref(x, x, x, attn_mask=blocked)
+    assert torch.equal(~blocked, causal_mask(4))
+    torch.testing.assert_close(ours(x, causal=True).hidden_states, expected)
+
+
+def test_additive_mask_row_and_sdpa_bool_row() -> None:
+    q, k, v = (torch.randn(2, 3, 4, 5) for _ in range(3))
+    keep = torch.rand(4, 4, generator=torch.Generator().manual_seed(0)) > 0.3
+    keep[:, 0] = True
+    additive = torch.zeros(4, 4).masked_fill(~keep, float("-inf"))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # SDPA bool: True = may attend
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=additive), expected)
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, from_additive_mask(additive)).output, expected)
+    for hide in (-1e4, -1e9, torch.finfo(torch.float32).min):
+        assert torch.equal(from_additive_mask(torch.zeros(4, 4).masked_fill(~keep, hide)), keep)
+
+
+def test_hugging_face_rows_against_transformers() -> None:
+    masking_utils = pytest.importorskip("transformers.masking_utils")
+    am = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])  # Hugging Face: 1 = real token, 0 = padding
+    ours = combine_masks(causal_mask(4), padding_mask(am)).expand(2, 1, 4, 4)
+    # transformers turns the 1/0 mask into bool (1 -> True) before building its masks
+    kwargs = dict(batch_size=2, q_length=4, kv_length=4, attention_mask=am.bool(), allow_is_causal_skip=False)
+    hf_bool = masking_utils.sdpa_mask(mask_function=masking_utils.causal_mask_function, **kwargs)
+    hf_additive = masking_utils.eager_mask(mask_function=masking_utils.causal_mask_function, dtype=torch.float16, **kwargs)
+    assert hf_bool.dtype == torch.bool and torch.equal(hf_bool, ours)
+    assert hf_additive.dtype == torch.float16 and torch.equal(from_additive_mask(hf_additive), ours)
+
+
+# ---- the wrong convention is announced; the check stays out of traced code --------------------
+
+
+def test_inverted_masks_warn_and_converted_ones_do_not() -> None:
+    am = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    key_padding_mask = am == 0
+    with pytest.warns(UserWarning, match=r"padding_mask: sequence\(s\) \[1\] have no key left"):
+        padding_mask(key_padding_mask)  # the longest sequence has no padding, so inverted it hides all
+    with pytest.warns(UserWarning, match=r"from_key_padding_mask: sequence\(s\) \[1\]"):
+        from_key_padding_mask(am.bool())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(padding_mask(am), from_key_padding_mask(key_padding_mask))
+        causal_attention_with_left_padding = combine_masks(causal_mask(3), padding_mask(torch.tensor([[0, 1, 1]])))
+        assert not causal_attention_with_left_padding[0, 0, 0].any()  # fully masked rows alone do not warn
+
+
+def test_value_checks_are_skipped_while_compiling() -> None:
+    def f(m: torch.Tensor) -> torch.Tensor:
+        return padding_mask(m)
+
+    compiled = torch.compile(f, backend="eager", fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(compiled(torch.tensor([[0, 0], [1, 0]])), torch.tensor([[0, 0], [1, 0]]).bool()[:, None, None])
+
+
+def test_fully_masked_query_conventions_differ_between_torch_apis() -> None:
+    """torch 2.13.0: F.scaled_dot_product_attention gives a query that sees nothing a zero output,
+    nn.MultiheadAttention gives it NaN; attnlib follows the former on both of its paths."""
+    ref, ours, x = _mha_and_ours()
+    key_padding_mask = torch.tensor([[True] * 4, [False] * 4])  # sequence 0: every key ignored
+    expected, _ = ref(x, x, x, key_padding_mask=key_padding_mask)
+    assert torch.isnan(expected[0]).all() and torch.isfinite(expected[1]).all()
+    q = k = v = torch.randn(1, 2, 3, 4)
+    assert torch.equal(F.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(3, 3, dtype=torch.bool)), torch.zeros(1, 2, 3, 4))
+    with pytest.warns(UserWarning, match=r"sequence\(s\) \[0\]"):
+        for need_weights in (True, False):
+            got = ours(x, ~key_padding_mask, need_weights=need_weights).hidden_states
+            torch.testing.assert_close(got[0], ours.w_o.bias.expand(4, 8))  # zero attention output, then w_o
+            torch.testing.assert_close(got[1], expected[1])

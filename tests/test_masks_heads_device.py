@@ -36,10 +36,16 @@ def test_causal_mask_with_longer_keys_lets_the_last_query_see_everything() -> No
     assert m.tolist() == [[True, True, True, False], [True, True, True, True]]
 
 
-@pytest.mark.parametrize("bad", [0, -3, 2.5, True])
+@pytest.mark.parametrize("bad", [-3, 2.5, True, "4"])
 def test_causal_mask_rejects_bad_sizes(bad: object) -> None:
-    with pytest.raises(ValueError, match="S must be a positive int"):
+    with pytest.raises(ValueError, match=r"S must be an int >= 0, got"):
         causal_mask(bad)  # type: ignore[arg-type]
+
+
+def test_causal_mask_of_no_positions_is_empty() -> None:
+    assert causal_mask(0).shape == (0, 0) and causal_mask(0, S_k=3).shape == (0, 3)
+    with pytest.raises(ValueError, match=r"S_k must be an int >= 2, got 1"):
+        causal_mask(2, S_k=1)
 
 
 def test_padding_mask_shape_and_values() -> None:
@@ -132,3 +138,11 @@ def test_get_device_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("ATTNLIB_DEVICE", "cuda")
         with pytest.raises(ValueError, match=r"'cuda' \(from ATTNLIB_DEVICE\) is not available"):
             get_device()
+
+
+def test_gradcheck_through_split_merge_and_repeat_kv() -> None:
+    x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
+    kv = torch.randn(2, 2, 3, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: split_heads(t, 3), (x,))
+    assert torch.autograd.gradcheck(lambda t: merge_heads(split_heads(t, 2) * 2.0), (x,))
+    assert torch.autograd.gradcheck(lambda t: repeat_kv(t, 6), (kv,))  # each key/value head feeds 3 query heads

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlib import MultiHeadSelfAttention
+from attnlib import MultiHeadSelfAttention, split_heads
 from attnlib.numpy_reference import multi_head_attention as numpy_mha
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float64: dict(atol=1e-10, rtol=1e-10)}
@@ -128,7 +129,7 @@ def test_constructor_errors() -> None:
 
 def test_forward_errors() -> None:
     layer = MultiHeadSelfAttention(16, 4)
-    with pytest.raises(ValueError, match=r"last dim is 8 but d_model = 16.*\[B, S, 16\]"):
+    with pytest.raises(ValueError, match=r"last dim is 8 but d_model = 16 \(got shape \(1, 3, 8\)\)"):
         layer(torch.randn(1, 3, 8))
     with pytest.raises(ValueError, match=r"\[B, S, D\].*\(3, 16\)"):
         layer(torch.randn(3, 16))
@@ -145,3 +146,106 @@ def test_from_torch_rejects_unsupported_modules() -> None:
         MultiHeadSelfAttention.from_torch(torch.nn.MultiheadAttention(8, 2, kdim=4, vdim=4))
     with pytest.raises(ValueError, match="expects torch.nn.MultiheadAttention"):
         MultiHeadSelfAttention.from_torch(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+
+
+# ---- degenerate shapes, fully masked sequences, autograd, compile and export ------------------
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("B, S", [(0, 3), (2, 0), (0, 0)])
+def test_empty_batch_or_sequence_matches_torch_on_both_paths(B: int, S: int, causal: bool, need_weights: bool) -> None:
+    torch.manual_seed(0)
+    ref = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    ours = MultiHeadSelfAttention.from_torch(ref)
+    x = torch.randn(B, S, 8)
+    expected, _ = ref(x, x, x)  # nn.MultiheadAttention: [B, S, D], weights [B, S, S]
+    got = ours(x, torch.ones(B, S), causal=causal, need_weights=need_weights)
+    assert got.hidden_states.shape == expected.shape == (B, S, 8)
+    if need_weights:
+        assert got.attention_weights.shape == (B, 2, S, S)
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_fully_padded_sequence_gives_the_output_bias_on_both_paths_and_a_warning(need_weights: bool) -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention(8, 2)
+    x = torch.randn(2, 3, 8)
+    with pytest.warns(UserWarning, match=r"sequence\(s\) \[0\] have no key left to attend to"):
+        out = layer(x, torch.tensor([[0, 0, 0], [1, 1, 0]]), need_weights=need_weights).hidden_states
+    torch.testing.assert_close(out[0], layer.w_o.bias.expand(3, 8))  # zero attention output, then w_o
+    assert torch.isfinite(out).all()
+
+
+def test_gradcheck_through_the_module_with_padding_and_causal_mask() -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention(6, 3, num_kv_heads=1).double()
+    x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
+    am = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    for need_weights in (True, False):
+        assert torch.autograd.gradcheck(lambda t: layer(t, am, causal=True, need_weights=need_weights).hidden_states, (x,))
+
+
+def test_torch_export_with_attention_mask_and_causal() -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention(8, 2).eval()
+    x, am = torch.randn(2, 4, 8), torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    exported = torch.export.export(layer, (x, am), kwargs={"causal": True})
+    got = exported.module()(x, am, causal=True)
+    expected = layer(x, am, causal=True)
+    torch.testing.assert_close(got.hidden_states, expected.hidden_states)
+    torch.testing.assert_close(got.attention_weights, expected.attention_weights)
+    S = torch.export.Dim("S", min=2, max=64)  # a symbolic length: the size checks must accept it
+    dynamic = torch.export.export(
+        layer, (x, am), kwargs={"causal": True}, dynamic_shapes={"hidden_states": {1: S}, "attention_mask": {1: S}, "causal": None}
+    )
+    x7, am7 = torch.randn(2, 7, 8), torch.ones(2, 7)
+    torch.testing.assert_close(dynamic.module()(x7, am7, causal=True).hidden_states, layer(x7, am7, causal=True).hidden_states)
+
+
+def test_torch_compile_with_attention_mask() -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention(8, 2).eval()
+    x, am = torch.randn(2, 4, 8), torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)  # fullgraph: no graph break allowed
+    torch.testing.assert_close(compiled(x, am, causal=True).hidden_states, layer(x, am, causal=True).hidden_states)
+
+
+def test_key_padding_mask_passed_as_attention_mask_warns() -> None:
+    """nn.MultiheadAttention's key_padding_mask (True = ignore) inverts the padding here; in a batch
+    padded to its longest sequence, that sequence then sees nothing, and the user is told."""
+    layer = MultiHeadSelfAttention(8, 2)
+    am = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    with pytest.warns(UserWarning, match=r"\[1\] have no key.*from_key_padding_mask"):
+        layer(torch.randn(2, 4, 8), am == 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layer(torch.randn(2, 4, 8), ~(am == 0))  # the converted mask is silent
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(causal=torch.ones(3, 3, dtype=torch.bool)), r"causal must be True or False, got Tensor"),
+        (dict(attention_mask=[[1, 1, 1]]), r"attention_mask must be a torch.Tensor \[B, S\] = \(1, 3\), got list"),
+        (dict(attention_mask=torch.ones(1, 1, 3, 3)), r"attention_mask must be \[B, S\] = \(1, 3\) \(2 dims\), got shape \(1, 1, 3, 3\)"),
+        (dict(attention_mask=torch.tensor([[1, 2, 0]])), r"attention_mask must hold only 0 and 1, found \[2.0\]"),
+    ],
+)
+def test_forward_rejects_bad_masks(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        MultiHeadSelfAttention(16, 4)(torch.randn(1, 3, 16), **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_module_with_large_activations_stays_finite_on_both_paths(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention(64, 4).to(dtype)
+    x = (300 * torch.randn(2, 16, 64)).to(dtype)
+    q, k = split_heads(layer.w_q(x), 4), split_heads(layer.w_k(x), 4)
+    if dtype == torch.float16:
+        assert torch.isinf(q @ k.transpose(-2, -1)).any()  # unscaled q @ k^T overflows float16 here
+    am = torch.tensor([[1] * 10 + [0] * 6, [1] * 16])
+    for need_weights in (True, False):
+        out = layer(x, am, causal=True, need_weights=need_weights).hidden_states
+        assert out.dtype == dtype and torch.isfinite(out).all()

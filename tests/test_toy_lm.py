@@ -75,3 +75,23 @@ def test_generate_keeps_the_prompt_and_slides_its_window() -> None:
     assert int(out.max()) < 5
     with pytest.raises(ValueError, match="prompt must be"):
         toy_lm.generate(model, torch.zeros(2, 2, dtype=torch.long), 1, causal=True)
+
+
+def test_greedy_generation_is_the_same_with_and_without_the_cache() -> None:
+    torch.manual_seed(0)
+    text = toy_lm.load_text()
+    vocab = toy_lm.CharVocab(text)
+    model = toy_lm.TinyLM(len(vocab), d_model=32, num_heads=4, max_len=96)
+    toy_lm.train_next_token(model, vocab.encode(text), causal=True, steps=30, seq_len=32)
+    prompt = vocab.encode("The cat ")
+    cached = model.generate(prompt, 80, use_cache=True)
+    uncached = model.generate(prompt, 80, use_cache=False)
+    assert torch.equal(cached, uncached) and cached.shape == (88,)
+    assert torch.equal(cached[:8], prompt)
+    legacy = toy_lm.generate(model, prompt, 80, causal=True)  # chapter 4's call: re-runs the prefix
+    assert torch.equal(legacy, cached)
+    samples = [model.generate(prompt, 20, greedy=False, temperature=0.8, use_cache=c,
+                              generator=torch.Generator().manual_seed(1)) for c in (True, False)]
+    assert torch.equal(samples[0], samples[1])
+    with pytest.raises(ValueError, match=r"S0 \+ max_new_tokens <= max_len = 96"):
+        model.generate(prompt, 89)

@@ -1,0 +1,420 @@
+"""Chapter 9, *Generating text with a KV cache*: counts, measurements, the slider and checkers.
+
+* exact counts per token for prefill and decode (:func:`layer_flops`, :func:`layer_bytes`), and
+  for the two paths of multi-head latent attention (:func:`mla_decode_counts`);
+* measurements: the cache's growth policy (:func:`append_times`) and the toy decoder's time per
+  generated token with and without the cache (:func:`time_per_token`);
+* published configurations of real models (:data:`MODELS`) and their cache sizes;
+* the generation slider's frame function (:func:`generation_frame`);
+* checkers: :func:`check_append_and_attend` and :func:`check_window_cache_bytes`, each with a
+  table of known mistakes (:class:`attnbook.feedback.Mistake`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlib import KVCache, MultiHeadSelfAttention, causal_mask, kv_cache_bytes, repeat_kv
+
+from .feedback import Feedback, Mistake, close, correct, diagnose, run_reader_code, wrong
+from .measure import interleaved_median_ms
+from .slider import Frame, Panel
+
+__all__ = [
+    "layer_flops", "layer_bytes", "mla_decode_counts", "mla_attention_flops", "append_times", "copied_positions", "time_per_token",
+    "toy_step_flops", "full_causal_pass",
+    "ModelConfig", "MODELS", "DEEPSEEK_V2", "generation_frame", "GENERATION_TOKENS",
+    "reference_append_and_attend", "APPEND_MISTAKES", "check_append_and_attend",
+    "reference_window_cache_bytes", "WINDOW_MISTAKES", "check_window_cache_bytes",
+]
+
+
+# ---- exact counts ---------------------------------------------------------------------------------
+
+def layer_flops(D: int, H: int, H_kv: int, S_new: int, S_k: int) -> int:
+    """Matmul FLOPs of one attention layer for ``S_new`` queries against ``S_k`` keys.
+
+    Multiply-add = 2 FLOPs, as ``FlopCounterMode`` counts: projections ``2 S_new D (2 D + 2 H_kv D_k)``
+    and the two attention matmuls ``2 * 2 H S_new S_k D_k`` (masked entries included, as the kernels
+    compute them).
+    """
+    d_k = D // H
+    return 2 * S_new * D * (2 * D + 2 * H_kv * d_k) + 4 * H * S_new * S_k * d_k
+
+
+def layer_bytes(D: int, H: int, H_kv: int, S_new: int, S_k: int, dtype_bytes: int = 2) -> int:
+    """Bytes one layer must move for ``S_new`` new positions against ``S_k`` keys (no activations).
+
+    Every weight is read once per call (``2 D^2 + 2 D H_kv D_k`` numbers), the cached keys and values
+    of the ``S_k - S_new`` earlier positions are read, and the new positions' keys and values written.
+    Activations of the new tokens (a few ``D``-vectors each) are left out.
+    """
+    d_k = D // H
+    weights = 2 * D * D + 2 * D * H_kv * d_k
+    return (weights + 2 * H_kv * d_k * S_k) * dtype_bytes
+
+
+def mla_decode_counts(D: int, H: int, L: int, S_k: int, dtype_bytes: int = 2, d_k: int | None = None) -> dict[str, dict[str, int]]:
+    """FLOPs and bytes of one decoded token (one query, ``S_k`` cached latents) on both MLA paths.
+
+    ``decompress`` rebuilds ``[H, S_k, D_k]`` keys and values from all cached latents every step;
+    ``absorbed`` maps the query into latent space and attends to the latents. Both read the weights
+    and the ``S_k L`` cached latents; the decompress path also writes and reads the rebuilt keys and
+    values. ``d_k`` defaults to ``D // H``, as in :class:`attnlib.MultiHeadLatentAttention`, whose
+    ``count_flops`` it matches.
+    """
+    d_k = D // H if d_k is None else d_k
+    common = 2 * D * H * d_k + 2 * D * L + 2 * H * d_k * D  # w_q, w_dkv, w_o for the new token
+    weights = (2 * D * H * d_k + D * L + 2 * L * H * d_k) * dtype_bytes  # w_q, w_o, w_dkv, w_uk, w_uv
+    latents = S_k * L * dtype_bytes
+    return {
+        "decompress": {
+            "flops": common + 2 * 2 * S_k * L * H * d_k + 4 * H * S_k * d_k,
+            "bytes": weights + latents + 2 * 2 * H * S_k * d_k * dtype_bytes,
+        },
+        "absorbed": {
+            "flops": common + 2 * H * d_k * L + 4 * H * S_k * L + 2 * H * L * d_k,
+            "bytes": weights + latents,
+        },
+    }
+
+
+def mla_attention_flops(H: int, L: int, d_k: int, S_new: int, S_k: int) -> dict[str, int]:
+    """FLOPs of MLA's attention part (the projections both paths share left out), ``S_new`` queries, ``S_k`` latents.
+
+    Decompressing rebuilds keys and values from every latent, ``4 S_k L H D_k``, then attends
+    ``D_k``-wide, ``4 H S_new S_k D_k``. Absorbing maps each query into and out of latent space,
+    ``4 S_new H D_k L``, then attends ``L``-wide, ``4 H S_new S_k L``. Absorption pays when
+    ``L D_k (S_k - S_new) > S_new S_k (L - D_k)``: never for a prefill (``S_new = S_k``), always for
+    decoding one token against two or more latents.
+    """
+    return {
+        "decompress": 4 * S_k * L * H * d_k + 4 * H * S_new * S_k * d_k,
+        "absorbed": 4 * S_new * H * d_k * L + 4 * H * S_new * S_k * L,
+    }
+
+
+# ---- measurements ---------------------------------------------------------------------------------
+
+def append_times(n_tokens: int, H_kv: int = 8, D_k: int = 64, repeats: int = 3) -> dict[str, float]:
+    """Milliseconds to append ``n_tokens`` positions one at a time: ``torch.cat`` vs :class:`KVCache`.
+
+    Timed on one thread by the thread's CPU time. A measurement (print it with ``~``). Returns ``{"torch.cat": ms, "KVCache": ms}``.
+    """
+    new = torch.randn(1, H_kv, 1, D_k)  # [B, H_kv, 1, D_k]
+
+    def with_cat() -> None:
+        keys = values = new[:, :, :0]
+        for _ in range(n_tokens):
+            keys, values = torch.cat([keys, new], dim=2), torch.cat([values, new], dim=2)  # [B, H_kv, S + 1, D_k]
+
+    def with_cache() -> None:
+        cache = KVCache()
+        for _ in range(n_tokens):
+            cache.update(new, new)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread, timed by its own CPU time: little disturbed by other programs
+    try:
+        return interleaved_median_ms({"torch.cat": with_cat, "KVCache": with_cache}, repeats=repeats, warmup=1,
+                                     clock=time.thread_time)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def copied_positions(n_tokens: int) -> dict[str, int]:
+    """Positions copied per tensor while appending ``n_tokens`` one at a time (exact counts)."""
+    doubling, capacity = 0, 1
+    for length in range(1, n_tokens):
+        if length == capacity:
+            doubling += length  # the kept positions move to a buffer twice as large
+            capacity *= 2
+    return {"torch.cat": n_tokens * (n_tokens + 1) // 2, "KVCache": n_tokens + doubling}
+
+
+@torch.no_grad()
+def time_per_token(model: Any, positions: list[int], *, repeats: int = 7, threads: int = 1) -> dict[str, list[float]]:
+    """Milliseconds to generate one token at each context length, with and without the cache.
+
+    Without the cache a step runs the model over all ``P + 1`` tokens; with it, one token against a
+    cache holding ``P`` positions (each timed step appends one, so the cache grows by ``repeats + 1``
+    during the measurement). Timed with ``torch`` on ``threads`` threads and the CPU time of this
+    thread, so load from other programs barely changes the result. A measurement: print with ``~``.
+    """
+    model.eval()
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.head.out_features
+    out: dict[str, list[float]] = {"no cache": [], "cache": []}
+    try:
+        for P in positions:
+            ids = torch.randint(0, vocab, (1, P + 1), generator=gen)  # [1, P + 1]
+            cache = KVCache()
+            model(ids[:, :P], causal=True, cache=cache)  # prefill P positions
+            token = ids[:, P:]  # [1, 1]
+            times = interleaved_median_ms(
+                {"no cache": lambda: model(ids, causal=True), "cache": lambda: model(token, causal=True, cache=cache)},
+                repeats=repeats, warmup=1, clock=time.thread_time if threads == 1 else None,
+            )
+            for name in out:
+                out[name].append(times[name])
+    finally:
+        torch.set_num_threads(old_threads)
+    return out
+
+
+@torch.no_grad()
+def toy_step_flops(model: Any, P: int) -> dict[str, int]:
+    """Exact matmul FLOPs of generating the token at position ``P`` with the toy model (counted).
+
+    ``FlopCounterMode`` does not count PyTorch's fused CPU attention kernel, so the attention layer
+    is counted on its explicit path (``need_weights=True``, the same matmuls) plus the output head.
+    """
+    from attnlib.cost import count_flops
+
+    x = torch.randn(1, P + 1, model.attention.d_model)  # [1, P + 1, D]
+    cache = KVCache()
+    model.attention(x[:, :P], causal=True, cache=cache)  # prefill P positions
+    head = count_flops(model.head, x[:, :1])  # per position
+    return {
+        "no cache": count_flops(lambda: model.attention(x, causal=True)) + (P + 1) * head,
+        "cache": count_flops(lambda: model.attention(x[:, P:], causal=True, cache=cache)) + head,
+    }
+
+
+# ---- real configurations --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A published decoder configuration (from each model's config.json / paper)."""
+
+    name: str
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    params: float  # total parameters
+    window: int | None = None
+
+    def cache_bytes(self, seq_len: int, batch: int = 1, dtype_bytes: int = 2) -> int:
+        kept = seq_len if self.window is None else min(seq_len, self.window)
+        return kv_cache_bytes(self.layers, self.kv_heads, self.head_dim, kept, batch, dtype_bytes)
+
+    def weight_bytes(self, dtype_bytes: int = 2) -> float:
+        return self.params * dtype_bytes
+
+    def crossover(self, batch: int = 1) -> int | None:
+        """The shortest context at which the cache (16-bit) outgrows the 16-bit weights, or None."""
+        per_token = self.cache_bytes(1, batch)
+        S = int(self.weight_bytes() // per_token) + 1
+        if self.window is not None and S > self.window:
+            return None
+        return S
+
+
+MODELS = [
+    ModelConfig("Llama 2 7B (MHA)", 32, 32, 32, 128, 6.74e9),
+    ModelConfig("Llama 2 70B (GQA, 8 KV heads)", 80, 64, 8, 128, 68.98e9),
+    ModelConfig("Llama 3 8B (GQA, 8 KV heads)", 32, 32, 8, 128, 8.03e9),
+    ModelConfig("Mistral 7B (GQA + window 4096)", 32, 32, 8, 128, 7.24e9, window=4096),
+]
+
+#: DeepSeek-V2 (236B parameters): 60 layers, 128 heads of 128 dims, kv_lora_rank 512 and a 64-dim
+#: decoupled RoPE key per token and layer, both cached.
+DEEPSEEK_V2 = dict(layers=60, heads=128, head_dim=128, kv_lora_rank=512, rope_dim=64, params=236e9)
+
+
+# ---- the generation slider ------------------------------------------------------------------------
+
+GENERATION_TOKENS = ["The", "cat", "sat", "on", "the", "mat", "and", "the", "dog", "sat", "too", "."]
+
+
+def _generation_weights(window: int | None) -> list[Tensor]:
+    """The newest query's head-averaged weights over the cache at every step (seeded layer)."""
+    from .examples import toy_hidden_states
+
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention(16, 2, window=window)
+    x = toy_hidden_states(GENERATION_TOKENS, d_model=16, seed=0)  # [1, S, 16]
+    cache, rows = KVCache(), []
+    with torch.no_grad():
+        for t in range(x.shape[1]):
+            w = layer(x[:, t : t + 1], causal=True, cache=cache).attention_weights  # [1, H, 1, S_k]
+            rows.append(w[0].mean(0)[0])  # [S_k]
+    return rows
+
+
+_ROWS = {w: _generation_weights(w) for w in (None, 4)}  # the windows the slider shows
+
+
+def _generation_panel(step: int, window: int | None) -> tuple[Panel, str]:
+    S = len(GENERATION_TOKENS)
+    row = _ROWS[window][step - 1]  # [S_k]: cached keys before this step, then the new token's own key
+    weights = np.zeros(S)
+    weights[step - row.numel() : step] = row.numpy()
+    first = 0 if window is None else max(0, step - window)  # the oldest position it may see
+    hidden = np.array([i < first or i >= step for i in range(S)])[None]  # [1, S]
+    name = "full cache" if window is None else f"window W = {window}"
+    caption = (
+        f"{name[0].upper() + name[1:]}: the cache held {row.numel() - 1} positions before this step, afterwards positions {first}-{step - 1}"
+        + (f" (positions 0-{first - 1} have left the rolling buffer)." if first else ".")
+    )
+    title = f"{name}: weights of the newest query (hatched: not generated yet" + ("" if window is None else ", or outside the window") + ")"
+    return Panel(weights, [GENERATION_TOKENS[step - 1]], GENERATION_TOKENS, title=title, vmin=0.0, vmax=1.0, masked=hidden), caption
+
+
+def generation_frame(step: int, window: int = 4) -> Frame:
+    """Step ``step`` (1-based) of generation: the newest token's weights over what the cache holds,
+    once with a full cache and once with a sliding window of ``window`` (4 or None)."""
+    panels, captions = zip(*(_generation_panel(step, w) for w in (None, window)))
+    intro = f"Token {step} ({GENERATION_TOKENS[step - 1]!r}) is the newest query; it attends to the cached keys and to itself."
+    return Frame(label=f"step {step}", panels=list(panels), caption=" ".join((intro, *captions)))
+
+
+# ---- exercise 1: append and attend ----------------------------------------------------------------
+
+def reference_append_and_attend(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Append the new keys/values to the cache, then let the new queries attend (bottom-right causal).
+
+    ``q [B, H, S_new, D_k]``; caches ``[B, H_kv, S_past, D_k]``; new ``[B, H_kv, S_new, D_k]``.
+    Returns ``(output [B, H, S_new, D_k], keys [B, H_kv, S_k, D_k], values [B, H_kv, S_k, D_k])``.
+    """
+    keys = torch.cat([k_cache, k_new], dim=2)  # [B, H_kv, S_k, D_k]
+    values = torch.cat([v_cache, v_new], dim=2)  # [B, H_kv, S_k, D_k]
+    H, S_new, S_k = q.shape[1], q.shape[2], keys.shape[2]
+    mask = causal_mask(S_new, S_k=S_k)  # [S_new, S_k], bottom-right
+    out = F.scaled_dot_product_attention(q, repeat_kv(keys, H), repeat_kv(values, H), attn_mask=mask)
+    return out, keys, values
+
+
+def _append_case() -> tuple[Tensor, ...]:
+    gen = torch.Generator().manual_seed(9)
+    B, H, H_kv, S_past, S_new, D_k = 2, 4, 2, 5, 2, 8
+    q = torch.randn(B, H, S_new, D_k, generator=gen, dtype=torch.float64)
+    k_cache, v_cache = (torch.randn(B, H_kv, S_past, D_k, generator=gen, dtype=torch.float64) for _ in range(2))
+    k_new, v_new = (torch.randn(B, H_kv, S_new, D_k, generator=gen, dtype=torch.float64) for _ in range(2))
+    return q, k_cache, v_cache, k_new, v_new
+
+
+def _attend(q: Tensor, keys: Tensor, values: Tensor, **kwargs: Any) -> Tensor:
+    H = q.shape[1]
+    return F.scaled_dot_product_attention(q, repeat_kv(keys, H), repeat_kv(values, H), **kwargs)
+
+
+def _cat(*case: Tensor) -> tuple[Tensor, Tensor]:
+    return torch.cat([case[1], case[3]], 2), torch.cat([case[2], case[4]], 2)
+
+
+#: Outputs of the usual wrong answers on the checker's case, each with its hint.
+APPEND_MISTAKES = (
+    Mistake("top-left alignment", lambda *c: _attend(c[0], *_cat(*c), is_causal=True),
+            "your mask is aligned top-left (is_causal=True, or tril without the offset): the first new query then sees "
+            "only the first cached key. The new queries are the LAST S_new positions: use causal_mask(S_new, S_k=S_k), "
+            "which shifts the diagonal by S_k - S_new."),
+    Mistake("no mask", lambda *c: _attend(c[0], *_cat(*c)),
+            "the first new query also sees the second new key, which lies in its future: with more than one new "
+            "token a causal mask is needed, aligned bottom-right (causal_mask(S_new, S_k=S_k))."),
+    Mistake("new keys not appended", lambda *c: _attend(c[0], c[1], c[2]),
+            "the new queries attend only to the old cache: append k_new and v_new first, so every token also sees itself."),
+    Mistake("new before old", lambda *c: _attend(c[0], torch.cat([c[3], c[1]], 2), torch.cat([c[4], c[2]], 2),
+                                                  attn_mask=causal_mask(c[0].shape[2], S_k=c[1].shape[2] + c[3].shape[2])),
+            "you put the new positions before the cached ones: concatenate [k_cache, k_new] along the position axis (dim 2)."),
+)
+
+
+def check_append_and_attend(fn: Callable[..., Any]) -> Feedback:
+    """Check ``fn(q, k_cache, v_cache, k_new, v_new) -> (output, keys, values)`` on a GQA case with two new tokens."""
+    case = _append_case()
+    result, fb = run_reader_code(fn, *(t.clone() for t in case))
+    if fb is not None:
+        return fb
+    if not isinstance(result, (tuple, list)) or len(result) != 3:
+        return wrong(f"return three tensors (output, keys, values), got {type(result).__name__}.")
+    out, keys, values = result
+    ref_out, ref_k, ref_v = reference_append_and_attend(*case)
+    H, H_kv = case[0].shape[1], case[1].shape[1]
+    for name, got, exp in (("keys", keys, ref_k), ("values", values, ref_v)):
+        if close(got, repeat_kv(exp, H)):
+            return wrong(f"your cached {name} have the H = {H} repeated heads: store the H_kv = {H_kv} key/value "
+                         f"heads and repeat them only for the attention itself; the repeated copy costs {H // H_kv}x the memory.")
+        if not close(got, exp):
+            return wrong(f"the returned {name} should be the cache with the new positions appended, shape {tuple(exp.shape)} "
+                         f"([B, H_kv, S_past + S_new, D_k]); got {tuple(getattr(got, 'shape', ()))}.")
+    if close(out, ref_out):
+        return correct("the two new tokens get exactly the last two rows of one causal pass over all 7 positions.")
+    return diagnose(out, APPEND_MISTAKES, *case) or wrong(
+        f"output differs from the last rows of a causal pass over all positions (expected shape {tuple(ref_out.shape)})."
+    )
+
+
+def full_causal_pass(case: tuple[Tensor, ...]) -> Tensor:
+    """The last ``S_new`` rows of one causal pass over all positions (what the cache must reproduce)."""
+    q_new, keys, values = case[0], *_cat(*case)
+    S_new = q_new.shape[2]
+    q_all = torch.cat([torch.zeros_like(keys[:, :1, :-S_new]).expand(-1, q_new.shape[1], -1, -1), q_new], 2)
+    return _attend(q_all, keys, values, is_causal=True)[:, :, -S_new:]  # S_q == S_k: top-left is bottom-right
+
+
+# ---- exercise 2: a windowed cache's size ----------------------------------------------------------
+
+_WINDOW_MODEL = dict(layers=24, heads=16, kv_heads=4, head_dim=96, window=2048, dtype_bytes=2)
+
+
+def reference_window_cache_bytes(seq_len: int) -> int:
+    """Bytes of the described model's cache for one sequence of ``seq_len`` tokens."""
+    m = _WINDOW_MODEL
+    kept = min(seq_len, m["window"])
+    return 2 * m["layers"] * m["kv_heads"] * m["head_dim"] * kept * m["dtype_bytes"]
+
+
+def _bytes(kept: Callable[[int], int], heads: str = "kv_heads", factor: int = 2) -> Callable[[int], int]:
+    m = _WINDOW_MODEL
+    return lambda S: factor * m["layers"] * m[heads] * m["head_dim"] * kept(S) * m["dtype_bytes"]
+
+
+_W = _WINDOW_MODEL["window"]
+WINDOW_MISTAKES = (
+    Mistake("window + 1", _bytes(lambda S: min(S, _W + 1)),
+            "off by one: a query sees the last `window` positions itself included, so the rolling buffer keeps "
+            "window = 2048 positions, not window + 1 (the paper's 'i - W to i' would be W + 1)."),
+    Mistake("window - 1", _bytes(lambda S: min(S, _W - 1)),
+            "off by one: the buffer keeps window = 2048 positions; the newest token is one of them."),
+    Mistake("no window", _bytes(lambda S: S),
+            "beyond 2048 tokens the cache stops growing: it keeps only the last window positions (min(seq_len, window))."),
+    Mistake("query heads", _bytes(lambda S: min(S, _W), heads="heads"),
+            "you cached the 16 query heads: only the 4 key/value heads are stored; grouped-query attention repeats them at compute time."),
+    Mistake("K only", _bytes(lambda S: min(S, _W), factor=1),
+            "half the answer: the cache holds keys AND values."),
+)
+
+
+def check_window_cache_bytes(fn: Callable[[int], Any]) -> Feedback:
+    """Check ``fn(seq_len) -> bytes`` for the model described in the exercise, at several lengths."""
+    lengths = (100, 2047, 2048, 2049, 10_000)
+    got = []
+    for S in lengths:
+        value, fb = run_reader_code(fn, S)
+        if fb is not None:
+            return fb
+        if isinstance(value, Tensor):
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            return wrong(f"return a number of bytes, got {type(value).__name__}.")
+        got.append(float(value))
+    expected = [reference_window_cache_bytes(S) for S in lengths]
+    if got == expected:
+        return correct(f"{expected[-1]:,} bytes = {expected[-1] / 2**20:.0f} MiB per sequence, whatever the length beyond 2048.")
+    for m in WINDOW_MISTAKES:
+        if got == [m.compute(S) for S in lengths]:
+            return wrong(m.hint)
+    bad = next(S for S, g, e in zip(lengths, got, expected) if g != e)
+    return wrong(f"for seq_len = {bad} you return {got[lengths.index(bad)]:,.0f} bytes; count 2 x layers x KV heads x "
+                 "head dim x cached positions x bytes per number.")

@@ -1,0 +1,222 @@
+"""Input validation for attnlib, out of the reading path. Each check raises ``ValueError`` naming
+what it got and what it expected. Checks of tensor *values* are skipped while ``torch.compile`` or
+``torch.export`` traces, so no traced path branches on data."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+MASK_HINT = (
+    "convert a Hugging Face 1/0 mask with attnlib.padding_mask(m), nn.MultiheadAttention's "
+    "key_padding_mask (True = ignore) with attnlib.from_key_padding_mask(m), an additive float mask "
+    "(0 = keep, -inf = hide) with attnlib.from_additive_mask(m)"
+)
+
+
+def tracing() -> bool:
+    """True while torch.compile or torch.export traces: value-dependent checks must stay out."""
+    return torch.compiler.is_compiling()
+
+
+def shape(t: Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def is_int(value: object) -> bool:
+    """An ``int``, NumPy integer or symbolic size (under torch.export), but not a bool."""
+    return isinstance(value, (numbers.Integral, torch.SymInt)) and not isinstance(value, (bool, np.bool_))
+
+
+def positive_int(name: str, value: object, *, minimum: int = 1) -> int:
+    if not is_int(value) or value < minimum:
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return value if isinstance(value, torch.SymInt) else int(value)
+
+
+def head_counts(d_model: object, num_heads: object, num_kv_heads: object = None) -> tuple[int, int, int]:
+    """``(D, H, H_kv)`` of a multi-head block: ``H`` divides ``D``, ``H_kv`` (default ``H``) divides ``H``."""
+    D, H = positive_int("d_model", d_model), positive_int("num_heads", num_heads)
+    H_kv = H if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
+    if D % H != 0:
+        raise ValueError(f"d_model = {D} is not divisible by num_heads = {H}")
+    if H % H_kv != 0:
+        raise ValueError(f"num_heads = {H} is not a multiple of num_kv_heads = {H_kv}")
+    return D, H, H_kv
+
+
+def positive_scalar(name: str, value: object) -> float | Tensor:
+    """A finite real number > 0; a 0-d tensor comes back as it is, so gradients can flow into it."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, Tensor):
+        if value.dim() != 0 or value.dtype == torch.bool or value.is_complex():
+            raise ValueError(f"{name} must be a real 0-d tensor, got shape {shape(value)} and dtype {value.dtype}")
+        if tracing() or value.device.type == "meta":
+            return value
+        number = float(value.detach())
+    elif isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(
+            f"{name} must be a real number (int, float, NumPy scalar or 0-d tensor), got {type(value).__name__} {value!r}"
+        )
+    else:
+        number = value = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {number!r}")
+    return value
+
+
+def float_tensor(name: str, t: object, *, min_dim: int = 0) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if t.dim() < min_dim:
+        raise ValueError(f"{name} must have at least {min_dim} dims, got shape {shape(t)}")
+    return t
+
+
+def tensor_with_dims(name: str, t: object, dims: int, layout: str) -> Tensor:
+    """A tensor with exactly ``dims`` dims; ``layout`` names them, e.g. ``"[B, S, D]"``."""
+    if not isinstance(t, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor {layout}, got {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must be {layout} ({dims} dims), got shape {shape(t)}")
+    return t
+
+
+def dim_index(t: Tensor, dim: object) -> int:
+    """A valid axis of ``t`` (negative counts from the end)."""
+    n = max(t.dim(), 1)
+    if not is_int(dim) or not -n <= dim < n:
+        raise ValueError(f"dim {dim!r} is out of range for a tensor of shape {shape(t)}")
+    return int(dim)
+
+
+def qkv(q: Tensor, k: Tensor, v: Tensor, mask: object = None) -> None:
+    """Queries ``[..., S_q, D_k]``, keys ``[..., S_k, D_k]``, values ``[..., S_k, D_v]``, optional mask."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        float_tensor(name, t, min_dim=2)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q and k must have the same last dim D_k: got q {shape(q)} [..., S_q, D_k] and k {shape(k)} [..., S_k, D_k]"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"k and v must have the same number of positions S_k: got k {shape(k)} [..., S_k, D_k] and v {shape(v)} [..., S_k, D_v]"
+        )
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(f"q, k, v must share their leading (batch, head) dims: got q {shape(q)}, k {shape(k)}, v {shape(v)}")
+    if mask is not None:
+        mask_for(mask, (*shape(q)[:-1], k.shape[-2]), q.device)
+
+
+def bool_mask(mask: object, name: str = "mask") -> Tensor:
+    """A ``torch.bool`` tensor; anything else is refused with the converter to use."""
+    if not isinstance(mask, Tensor):
+        raise ValueError(f"{name} must be a torch.bool tensor (True = may attend), got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise ValueError(f"{name} must have dtype torch.bool (True = may attend), got {mask.dtype}; {MASK_HINT}")
+    return mask
+
+
+def mask_for(mask: object, scores_shape: tuple[int, ...], device: torch.device) -> Tensor:
+    """A bool mask that broadcasts to the scores ``[..., S_q, S_k]`` without growing them."""
+    mask = bool_mask(mask)
+    if mask.device != device:
+        raise ValueError(f"mask is on {mask.device} but the scores are on {device}")
+    try:
+        broadcast = torch.broadcast_shapes(mask.shape, scores_shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != torch.Size(scores_shape):
+        raise ValueError(f"mask shape {shape(mask)} cannot broadcast to scores {tuple(scores_shape)}")
+    return mask
+
+
+def only_values(name: str, t: Tensor, allowed: Callable[[Tensor], Tensor], expected: str, hint: str = "") -> None:
+    """Every entry of ``t`` passes ``allowed`` (a value check: skipped while tracing)."""
+    if tracing():
+        return
+    bad = ~allowed(t)
+    if bool(bad.any()):
+        values = sorted({float(x) for x in t[bad].flatten()[:5].tolist()})
+        raise ValueError(f"{name} must hold only {expected}, found {values}{hint}")
+
+
+def warn_empty_sequences(keep: Tensor, source: str) -> None:
+    """Warn when a sequence of a ``[B, S]`` key mask lets nothing through: an inverted mask does that."""
+    if tracing() or keep.numel() == 0:
+        return
+    empty = (~keep.any(dim=-1)).nonzero().flatten().tolist()
+    if empty:
+        warnings.warn(
+            f"{source}: sequence(s) {empty[:10]} have no key left to attend to, so their outputs are all zero. "
+            "If this mask came from nn.MultiheadAttention's key_padding_mask (True = ignore), convert it with "
+            "attnlib.from_key_padding_mask(m); attnlib's padding_mask expects 1 = real token, 0 = padding.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def module_inputs(x: object, attention_mask: object, d_model: int, weight: Tensor, past: int = 0) -> Tensor:
+    """Token vectors ``[B, S, D]`` matching a module's weights, and an optional ``[B, past + S]`` mask
+    (``past``: the positions a KV cache has already seen)."""
+    x = tensor_with_dims("hidden_states", x, 3, f"[B, S, D] with D = {d_model}")
+    if x.shape[-1] != d_model:
+        raise ValueError(f"hidden_states last dim is {x.shape[-1]} but d_model = {d_model} (got shape {shape(x)})")
+    if x.dtype != weight.dtype or x.device != weight.device:
+        raise ValueError(
+            f"hidden_states is {x.dtype} on {x.device} but the module's weights are "
+            f"{weight.dtype} on {weight.device}; use module.to(...) or hidden_states.to(...)"
+        )
+    if attention_mask is not None:
+        B, S = shape(x)[:2]
+        expected, what = (B, past + S), "hidden_states [B, S]" if not past else f"[B, cache.length + S] = [{B}, {past} + {S}]"
+        m = tensor_with_dims("attention_mask", attention_mask, 2, f"[B, S] = {expected}")
+        if shape(m) != expected:
+            raise ValueError(f"attention_mask shape {shape(m)} does not match {what} = {expected}")
+        if m.device != x.device:
+            raise ValueError(f"attention_mask is on {m.device} but hidden_states is on {x.device}")
+    return x
+
+
+def cache_update(buffers: list[Tensor], new: tuple[Tensor, ...]) -> None:
+    """New cache entries ``[B, H_kv, S_new, D_k]`` that match each other and what is cached."""
+    for t in new:
+        tensor_with_dims("cache entry", t, 4, "[B, H_kv, S_new, D_k]")
+    if len({(t.shape[:2], t.shape[-2]) for t in new}) != 1 or len({(t.dtype, t.device) for t in new}) != 1:
+        raise ValueError(f"keys and values must share B, H_kv, S_new, dtype and device, got {[shape(t) for t in new]}")
+    if buffers and buffers[0].shape[0] != new[0].shape[0]:
+        raise ValueError(f"batch size changed mid-sequence: the cache holds B = {buffers[0].shape[0]}, the new positions have B = {new[0].shape[0]}")
+    if buffers:
+        got = [(shape(t)[:2] + shape(t)[3:], t.dtype, t.device) for t in new]
+        cached = [(shape(b)[:2] + shape(b)[3:], b.dtype, b.device) for b in buffers]
+        if got != cached:
+            raise ValueError(
+                f"new entries [B, H_kv, D_k], dtype, device {got} do not match the cached {cached}; "
+                "a KVCache holds one layer's sequences of one batch: start a new KVCache()"
+            )
+
+
+def cache_for(cache: object, owner: tuple) -> tuple[int, int]:
+    """A KVCache used by one layer and one batch; returns the positions it has seen and still holds."""
+    from .kv_cache import KVCache
+
+    if not isinstance(cache, KVCache):
+        raise ValueError(f"cache must be an attnlib.KVCache, got {type(cache).__name__}")
+    if cache.owner is not None and cache.owner != owner:
+        raise ValueError(f"this cache was filled by a layer {cache.owner} but is used by {owner}; use one KVCache per layer")
+    cache.owner = owner
+    return cache.length, 0 if cache.keys is None else cache.keys.shape[-2]

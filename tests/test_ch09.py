@@ -1,0 +1,96 @@
+"""Chapter 9: the counts agree with FlopCounterMode, the checkers recognise every known mistake,
+the slider's frames show what the cache holds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnbook import ch09, toy_lm
+from attnbook.feedback import close
+from attnlib import KVCache, MultiHeadLatentAttention, MultiHeadSelfAttention
+from attnlib.cost import count_flops
+
+
+@pytest.mark.parametrize("H_kv", [4, 2, 1])
+def test_layer_flops_match_the_counter(H_kv: int) -> None:
+    torch.manual_seed(0)
+    layer, x, cache = MultiHeadSelfAttention(32, 4, num_kv_heads=H_kv), torch.randn(1, 10, 32), KVCache()
+    layer(x[:, :7], causal=True, cache=cache)
+    assert count_flops(lambda: layer(x[:, 7:], causal=True, cache=cache)) == ch09.layer_flops(32, 4, H_kv, 3, 10)
+    assert count_flops(lambda: layer(x, causal=True)) == ch09.layer_flops(32, 4, H_kv, 10, 10)
+
+
+@pytest.mark.parametrize("absorbed", [False, True])
+def test_mla_counts_match_the_counter(absorbed: bool) -> None:
+    torch.manual_seed(0)
+    mla, x, cache = MultiHeadLatentAttention(64, 4, latent_dim=24), torch.randn(1, 38, 64), KVCache()
+    mla(x[:, :37], causal=True, cache=cache)
+    n = count_flops(lambda: mla(x[:, 37:], causal=True, cache=cache, absorbed=absorbed))
+    assert n == ch09.mla_decode_counts(64, 4, 24, 38)["absorbed" if absorbed else "decompress"]["flops"]
+
+
+def test_decode_is_memory_bound_and_prefill_is_not() -> None:
+    D, S = 4096, 4096  # a Llama 2 7B layer
+    decode = ch09.layer_flops(D, 32, 32, 1, S) / ch09.layer_bytes(D, 32, 32, 1, S)
+    prefill = ch09.layer_flops(D, 32, 32, S, S) / ch09.layer_bytes(D, 32, 32, S, S)
+    assert 0.9 < decode < 1.1 and prefill > 1000
+
+
+def test_toy_step_flops_and_copied_positions() -> None:
+    model = toy_lm.TinyLM(20, d_model=16, num_heads=2, max_len=40)
+    f = ch09.toy_step_flops(model, 30)
+    assert f["no cache"] == ch09.layer_flops(16, 2, 2, 31, 31) + 31 * 2 * 16 * 20
+    assert f["cache"] == ch09.layer_flops(16, 2, 2, 1, 31) + 2 * 16 * 20
+    assert ch09.copied_positions(9) == {"torch.cat": 45, "KVCache": 9 + 1 + 2 + 4 + 8}  # each append + each doubling
+
+
+def test_cache_sizes_of_real_models() -> None:
+    llama2_7b, llama2_70b, llama3_8b, mistral = ch09.MODELS
+    assert llama2_7b.cache_bytes(1) == 2**19  # 0.5 MiB per token
+    assert llama3_8b.cache_bytes(1) == 2**17 and llama2_70b.cache_bytes(1) == 5 * 2**16
+    assert mistral.cache_bytes(32_768) == mistral.cache_bytes(4096) == 2**29  # the window caps it
+    assert mistral.crossover() is None and 25_000 < llama2_7b.crossover() < 26_000
+
+
+def test_append_and_attend_checker() -> None:
+    assert ch09.check_append_and_attend(ch09.reference_append_and_attend).passed
+    case = ch09._append_case()
+    assert close(ch09.reference_append_and_attend(*case)[0], ch09.full_causal_pass(case))
+    for m in ch09.APPEND_MISTAKES:  # every mistake gets its own hint
+        fb = ch09.check_append_and_attend(lambda *a, m=m: (m.compute(*a), *ch09._cat(*a)))
+        assert fb.status == "wrong" and fb.message == m.hint, m.name
+    repeated = lambda *a: (lambda o, k, v: (o, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)))(*ch09.reference_append_and_attend(*a))
+    assert "repeated heads" in ch09.check_append_and_attend(repeated).message
+
+    def stub(*a):
+        raise NotImplementedError
+
+    assert ch09.check_append_and_attend(stub).status == "todo"
+
+
+def test_window_cache_checker() -> None:
+    assert ch09.check_window_cache_bytes(ch09.reference_window_cache_bytes).passed
+    for m in ch09.WINDOW_MISTAKES:
+        fb = ch09.check_window_cache_bytes(m.compute)
+        assert fb.status == "wrong" and fb.message == m.hint, m.name
+    assert "for seq_len = 100" in ch09.check_window_cache_bytes(lambda S: 1).message
+
+
+def test_generation_frames() -> None:
+    frame = ch09.generation_frame(12)
+    full, windowed = frame.panels
+    assert "Full cache: the cache held 11 positions before this step, afterwards positions 0-11." in frame.caption
+    assert "Window W = 4: the cache held 4 positions before this step, afterwards positions 8-11 (positions 0-7 have left" in frame.caption
+    for p in (full, windowed):
+        assert abs(p.matrix.sum() - 1) < 1e-6
+    assert windowed.masked[0, :8].all() and not windowed.masked[0, 8:].any() and not full.masked.any()
+    assert "have left" not in ch09.generation_frame(4).caption
+
+
+def test_absorption_pays_for_few_queries_against_many_latents() -> None:
+    f = lambda S_new, S_k: ch09.mla_attention_flops(128, 512, 128, S_new, S_k)
+    assert f(1, 4096)["absorbed"] < f(1, 4096)["decompress"]
+    assert f(4096, 4096)["absorbed"] > f(4096, 4096)["decompress"]  # a prefill
+    S_k = 10**6  # far from the prompt's start the break-even is close to L D_k / (L - D_k) = 170.7
+    assert f(170, S_k)["absorbed"] < f(170, S_k)["decompress"] and f(171, S_k)["absorbed"] > f(171, S_k)["decompress"]
