@@ -265,7 +265,9 @@ def test_keyboard_reaches_the_interactives(visit: tuple[TocPage, Visit]) -> None
     slider_id = v.page.evaluate("() => document.querySelector('.attnlib-slider')?.id")
     if slider_id:
         page = v.page
-        page.evaluate("() => { document.activeElement?.blur(); window.scrollTo(0, 0); }")
+        # start from the top, as a reader who has just opened the page (earlier tests moved focus)
+        page.evaluate("""() => { const top = document.createElement('span'); top.tabIndex = -1;
+          document.body.prepend(top); top.focus(); top.remove(); window.scrollTo(0, 0); }""")
         for presses in range(1, 11):
             page.keyboard.press("Tab")
             if page.evaluate("() => document.activeElement.getAttribute('href')") == f"#{slider_id}":
