@@ -46,8 +46,12 @@ test: setup
 		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900 -q
 
 # Browser tests of the built site (site_tests/, not part of `make test`): every page of _toc.yml
-# in headless Chromium with the network cut off. Rebuilds first (Sphinx only re-reads changed
-# pages), so the site tested is the site of this checkout. Screenshots: _build/screenshots/.
+# in headless Chromium with the network cut off, checked with axe-core (accessibility, light and
+# dark mode), at phone width and against a page-weight budget. Rebuilds first (Sphinx only
+# re-reads changed pages), so the site tested is the site of this checkout. Screenshots (light,
+# dark, 390 px): _build/screenshots/; measurements: _build/site-report.json.
+# axe-core comes from the npm registry, pinned in package-lock.json, installed with the explorer's
+# packages by the $(NODE_STAMP) rule above (again only when the lock file changes).
 test-site: book
 	$(BIN)/python -m pytest site_tests -q
 
@@ -61,4 +65,4 @@ bench-explorer: book
 	$(BIN)/python benchmarks/bench_explorer.py
 
 clean:
-	rm -rf _build
+	rm -rf _build node_modules

@@ -1,18 +1,24 @@
-"""Quizzes: questions live as JSON files in ``attnbook/quizzes/``; ``jupyterquiz`` renders them.
+"""Quizzes: questions live as JSON files in ``attnbook/quizzes/`` (jupyterquiz's format); the
+book draws them with its own small widget, :func:`quiz_html`.
 
-The rendered quiz is plain HTML + JavaScript with everything inlined, so it works in JupyterLab,
-in Colab and on the static website with no network. Element ids are derived from the quiz name
-(not random), so a notebook's stored output is the same on every run.
+The rendered quiz is plain HTML + CSS + JavaScript with everything inlined, so it works in
+JupyterLab, in Colab and on the static website with no network. It is built to be usable by
+keyboard and screen reader: answers are buttons or labelled fields, nothing is graded until the
+reader clicks or presses Enter (arrow keys never answer), and feedback is read out from an
+``aria-live`` region. Element ids come from the quiz name (not random), so a notebook's stored
+output is the same on every run.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["QUIZ_DIR", "quiz_dir", "load_quiz", "show_quiz", "validate_quiz"]
+__all__ = ["QUIZ_DIR", "quiz_dir", "load_quiz", "quiz_html", "show_quiz", "validate_quiz"]
 
 #: The quiz files ship inside this package: ``attnbook/quizzes/NN_slug.json``.
 QUIZ_DIR = Path(__file__).resolve().parent / "quizzes"
@@ -51,6 +57,11 @@ def validate_quiz(questions: Any, name: str = "quiz") -> list[dict[str, Any]]:
         for j, a in enumerate(answers, 1):
             if not a.get("feedback"):
                 raise ValueError(f"{where}, answer {j}: every answer needs 'feedback' that explains why")
+            if kind != "numeric" and not a.get("answer"):
+                raise ValueError(f"{where}, answer {j}: a choice needs an 'answer' text")
+            if kind == "numeric" and not ("value" in a or a.get("type") == "default"
+                                          or (isinstance(a.get("range"), list) and len(a["range"]) == 2)):
+                raise ValueError(f"{where}, answer {j}: a numeric answer needs a 'value', a 'range' [low, high] or type 'default'")
     return questions
 
 
@@ -62,18 +73,102 @@ def load_quiz(name: str) -> list[dict[str, Any]]:
     return validate_quiz(json.loads(path.read_text(encoding="utf-8")), name)
 
 
-def show_quiz(name: str, **options: Any) -> None:
-    """Display quiz ``name`` (``quizzes/<name>.json``) with jupyterquiz.
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "quiz"
 
-    Extra keyword arguments go to ``jupyterquiz.display_quiz``. Answers are shuffled in the
-    browser, so the stored notebook output does not depend on Python's random state.
+
+# Styles use the surrounding text colour (currentColor), so the quiz reads in light and dark
+# themes alike (the website, JupyterLab, Colab); verdicts are words, not only colours.
+_CSS = """
+.attnbook-quiz{margin:1em 0}
+.attnbook-quiz .aq-q{margin:0 0 1.2em;padding:.6em .8em;border:1px solid;border-color:rgba(127,127,127,.6);border-radius:6px}
+.attnbook-quiz .aq-text{font-weight:bold;margin:0 0 .5em}
+.attnbook-quiz .aq-opts{display:flex;flex-direction:column;gap:.4em}
+.attnbook-quiz button{font:inherit;color:inherit;background:transparent;text-align:left;cursor:pointer;
+ border:1px solid currentColor;border-radius:4px;padding:.35em .6em;max-width:100%;overflow-wrap:anywhere}
+.attnbook-quiz input{font:inherit;color:inherit;background:transparent;border:1px solid currentColor;border-radius:4px;padding:.25em .4em;width:9em}
+.attnbook-quiz button:focus-visible,.attnbook-quiz input:focus-visible{outline:3px solid currentColor;outline-offset:2px}
+.attnbook-quiz button:hover{border-width:2px;padding:calc(.35em - 1px) calc(.6em - 1px)}
+.attnbook-quiz .aq-right{border-left:6px solid #1a7f37}
+.attnbook-quiz .aq-wrong{border-left:6px solid #cf222e}
+.attnbook-quiz .aq-fb:empty{display:none}
+.attnbook-quiz .aq-fb{margin-top:.5em;padding:.35em .6em}
+"""
+
+# One handler per quiz box. Multiple choice: a click (or Enter/Space on the focused button)
+# grades that answer; arrow keys do nothing. Numeric: Enter in the field or the Check button
+# grades what was typed (a fraction a/b is accepted; with `precision`, both sides are rounded to
+# that many significant digits, as jupyterquiz does). Feedback goes to an aria-live region.
+_JS = """(function(){
+var root=document.getElementById(%(uid)s);if(!root)return;
+var data=JSON.parse(root.querySelector("script[type='application/json']").textContent);
+function say(q,ok,text,extra){var fb=q.querySelector(".aq-fb");
+ fb.className="aq-fb "+(ok?"aq-right":"aq-wrong");fb.textContent="";
+ var b=document.createElement("strong");b.textContent=ok?"Correct. ":"Not quite. ";
+ fb.appendChild(b);fb.appendChild(document.createTextNode(text+(extra||"")));
+ if(window.MathJax&&MathJax.typesetPromise)MathJax.typesetPromise([fb]).catch(function(){});}
+function num(s){s=String(s).trim().replace(",",".");if(s.indexOf("/")>0){var p=s.split("/");return Number(p[0])/Number(p[1]);}return s===""?NaN:Number(s);}
+function gradeNumeric(q,d){var x=num(q.querySelector("input").value);
+ if(!isFinite(x)){say(q,false,"Type a number, then press Enter or Check.");return;}
+ var p=d.precision,r=function(v){return p?Number(Number(v).toPrecision(p)):v;},fallback="Not this one. Try again.";
+ x=r(x);for(var i=0;i<d.answers.length;i++){var a=d.answers[i];
+  if(a.type==="default"){fallback=a.feedback;continue;}
+  var hit="value" in a?x===r(a.value):("range" in a&&x>=a.range[0]&&x<a.range[1]);
+  if(hit){say(q,!!a.correct,a.feedback);return;}}
+ say(q,false,fallback);}
+root.querySelectorAll(".aq-q").forEach(function(q){var d=data[Number(q.dataset.q)];
+ if(d.type==="numeric"){var inp=q.querySelector("input");
+  inp.addEventListener("keydown",function(e){if(e.key==="Enter"){e.preventDefault();gradeNumeric(q,d);}});
+  q.querySelector(".aq-check").addEventListener("click",function(){gradeNumeric(q,d);});return;}
+ var total=d.answers.filter(function(a){return a.correct;}).length;
+ q.querySelectorAll(".aq-opts button").forEach(function(btn){btn.addEventListener("click",function(){
+  var a=d.answers[Number(btn.dataset.a)];
+  if(d.type==="multiple_choice")q.querySelectorAll(".aq-opts button").forEach(function(o){o.setAttribute("aria-pressed","false");o.classList.remove("aq-right","aq-wrong");});
+  btn.setAttribute("aria-pressed","true");btn.classList.add(a.correct?"aq-right":"aq-wrong");
+  var found=q.querySelectorAll(".aq-opts button.aq-right").length;
+  say(q,!!a.correct,a.feedback,d.type==="many_choice"?" ("+found+" of "+total+" correct answers found.)":"");});});});
+})();"""
+
+
+def quiz_html(name: str, questions: list[dict[str, Any]]) -> str:
+    """The quiz as one self-contained block of HTML, CSS and JavaScript (no network, no kernel).
+
+    Element ids derive from ``name`` and the answers' order from ``name`` and the question's
+    number, so the output is the same on every run. Multiple-choice answers are buttons (Tab to
+    reach, Enter, Space or a click to answer); a numeric answer is a labelled text field.
     """
-    from jupyterquiz import display_quiz
+    uid = f"attnbook-quiz-{_slug(name)}"
+    esc = html.escape
+    parts, data = [], []
+    for n, q in enumerate(questions, 1):
+        qid = f"{uid}-q{n}"
+        head = f'<p class="aq-text" id="{qid}-text">Question {n} of {len(questions)}. {esc(q["question"])}</p>'
+        if q["type"] == "numeric":
+            body = (f'<label for="{qid}-input">Your answer:</label> '
+                    f'<input id="{qid}-input" type="text" inputmode="decimal" autocomplete="off" aria-describedby="{qid}-text"> '
+                    f'<button type="button" class="aq-check">Check</button>')
+            data.append({"type": "numeric", "precision": q.get("precision"), "answers": q["answers"]})
+        else:
+            order = list(range(len(q["answers"])))
+            random.Random(f"{name}-{n}").shuffle(order)
+            hint = "Choose every right answer" if q["type"] == "many_choice" else "Choose one answer"
+            buttons = "".join(f'<button type="button" aria-pressed="false" data-a="{i}">{esc(q["answers"][i]["answer"])}</button>' for i in order)
+            body = f'<div class="aq-opts" role="group" aria-label="{hint}">{buttons}</div>'
+            data.append({"type": q["type"], "answers": [{"correct": bool(a.get("correct")), "feedback": a["feedback"]} for a in q["answers"]]})
+        parts.append(f'<div class="aq-q" data-q="{n - 1}" role="group" aria-labelledby="{qid}-text">{head}{body}'
+                     f'<div class="aq-fb" id="{qid}-fb" aria-live="polite"></div></div>')
+    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
+    script = _JS % {"uid": json.dumps(uid)}
+    return (f'<div class="attnbook-quiz" id="{uid}"><style>{" ".join(_CSS.split())}</style>{"".join(parts)}'
+            f'<script type="application/json">{payload}</script><script>{script}</script></div>')
 
-    questions = load_quiz(name)
-    state = random.getstate()
-    random.seed(f"attnlib-quiz-{name}")  # jupyterquiz draws its element id from `random`
-    try:
-        display_quiz(questions, **{"colors": "fdsp", **options})
-    finally:
-        random.setstate(state)
+
+def show_quiz(name: str) -> None:
+    """Display quiz ``name`` (``quizzes/<name>.json``) in the notebook or on the page.
+
+    The quiz is inline HTML and JavaScript (:func:`quiz_html`), so it works in JupyterLab, in
+    Colab and on the static website with no network, and its stored output is the same on every run.
+    """
+    from IPython.display import HTML, display
+
+    display(HTML(quiz_html(name, load_quiz(name))))

@@ -2,9 +2,12 @@
 
 * :func:`live_slider`: ipywidgets, redraws with a running kernel (JupyterLab, Colab).
 * :func:`static_slider`: kernel-free. Every slider position is computed in Python ahead of
-  time and rendered as an HTML heatmap; a few lines of inline JavaScript only show the frame the
-  slider points at. It needs no kernel and no network, so it works on the static website.
+  time; the numbers of each frame are stored once as JSON data, and a few lines of inline
+  JavaScript draw the heatmaps of the frame the slider points at. It needs no kernel and no
+  network, so it works on the static website.
 
+Both draw the same HTML: a table per heatmap, each cell's background from the colour map and its
+text black or white, whichever contrasts more (always at least 4.58:1, WCAG AA asks 4.5:1).
 The numbers shown in a static slider are real outputs of the notebook (and nbval compares them).
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import html
+import json
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -20,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 from IPython.display import HTML
 
-__all__ = ["Panel", "Frame", "frame_html", "static_slider", "live_slider", "redraw_ms"]
+__all__ = ["Panel", "Frame", "frame_html", "static_slider", "live_slider", "redraw_ms", "contrast_ratio"]
 
 
 @dataclass
@@ -54,57 +58,122 @@ class Frame:
     caption: str = ""
 
 
+def _luminance(rgb: Sequence[float]) -> float:
+    """WCAG 2.1 relative luminance of an sRGB colour with channels in [0, 1]."""
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def contrast_ratio(a: Sequence[float], b: Sequence[float]) -> float:
+    """WCAG 2.1 contrast ratio of two sRGB colours (channels in [0, 1]): 1 (none) to 21.
+
+    >>> round(contrast_ratio((0, 0, 0), (1, 1, 1)), 1)
+    21.0
+    """
+    la, lb = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
+
+
 @functools.lru_cache(maxsize=None)
-def _colormap(name: str) -> Any:
+def palette(cmap: str) -> tuple[tuple[str, str], ...]:
+    """The colour map's own lookup table as ``(background, text)`` hex pairs.
+
+    The text is black or white, whichever contrasts more with the background; one of the two
+    always reaches sqrt(21) = 4.58:1, since their ratios multiply to 21.
+    """
     import matplotlib
 
-    return matplotlib.colormaps[name]  # a fresh copy on every lookup (slow to initialise), so keep one
+    lut = matplotlib.colormaps[cmap]
+    pairs = []
+    for r, g, b, _ in lut(np.arange(lut.N)):
+        black = contrast_ratio((r, g, b), (0, 0, 0)) >= contrast_ratio((r, g, b), (1, 1, 1))
+        pairs.append((f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}", "#000" if black else "#fff"))
+    return tuple(pairs)
 
 
-def _colour(value: float, vmin: float, vmax: float, cmap: str) -> tuple[str, str]:
-    t = 0.5 if vmax <= vmin else (value - vmin) / (vmax - vmin)
-    r, g, b, _ = _colormap(cmap)(float(np.clip(t, 0.0, 1.0)))
-    luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
-    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}", ("#000" if luminance > 0.5 else "#fff")
+def _indices(m: np.ndarray, vmin: float, vmax: float, n: int) -> np.ndarray:
+    """Each value's entry in an ``n``-colour table, as matplotlib's ``cmap(t)`` picks it."""
+    t = np.full(m.shape, 0.5) if vmax <= vmin else (m - vmin) / (vmax - vmin)
+    return np.minimum((np.clip(np.nan_to_num(t), 0.0, 1.0) * n).astype(int), n - 1)
 
 
-def _panel_html(p: Panel, fmt: str, cmap: str) -> str:
+def _panel_data(p: Panel, fmt: str, n: int) -> dict[str, Any]:
+    """A panel as data: labels, the formatted cell texts and each cell's colour index (-1: masked)."""
     m = np.asarray(p.matrix, dtype=float)
     if m.ndim == 1:
         m = m[None, :]
     masked = np.zeros(m.shape, dtype=bool) if p.masked is None else np.asarray(p.masked, dtype=bool).reshape(m.shape)
-    visible = m[~masked & np.isfinite(m)]
+    masked = masked | ~np.isfinite(m)
+    visible = m[~masked]
     vmin = p.vmin if p.vmin is not None else (float(visible.min()) if visible.size else 0.0)
     vmax = p.vmax if p.vmax is not None else (float(visible.max()) if visible.size else 1.0)
-    rows = []
-    if p.col_labels is not None:
-        head = "".join(f'<th scope="col" style="padding:2px 4px;font-weight:normal">{html.escape(str(c))}</th>' for c in p.col_labels)
-        rows.append(f"<tr><th></th>{head}</tr>")
-    for i in range(m.shape[0]):
-        cells = []
-        if p.row_labels is not None:
-            cells.append(f'<th scope="row" style="padding:2px 6px;text-align:right;font-weight:normal">{html.escape(str(p.row_labels[i]))}</th>')
-        for j in range(m.shape[1]):
-            if masked[i, j] or not np.isfinite(m[i, j]):
-                cells.append('<td class="attnlib-masked" title="masked" style="background:repeating-linear-gradient(45deg,#ddd,#ddd 3px,#bbb 3px,#bbb 6px);min-width:3em"></td>')
-            else:
-                bg, fg = _colour(m[i, j], vmin, vmax, cmap)
-                cells.append(
-                    f'<td style="background:{bg};color:{fg};padding:2px 6px;text-align:center;min-width:3em">{fmt.format(m[i, j])}</td>'
-                )
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    title = f'<div style="font-weight:bold;margin:4px 0">{html.escape(p.title)}</div>' if p.title else ""
-    return (
-        f'<div style="display:inline-block;vertical-align:top;margin:0 12px 8px 0">{title}'
-        f'<table class="attnlib-heatmap" style="border-collapse:collapse;font-size:12px">{"".join(rows)}</table></div>'
-    )
+    idx = np.where(masked, -1, _indices(m, vmin, vmax, n))
+    return {
+        "t": p.title,
+        "r": None if p.row_labels is None else [str(x) for x in p.row_labels],
+        "k": None if p.col_labels is None else [str(x) for x in p.col_labels],
+        "w": m.shape[1],
+        "v": ["" if masked.flat[i] else fmt.format(m.flat[i]) for i in range(m.size)],
+        "i": [int(x) for x in idx.flat],
+    }
 
 
-def _frame_body(frame: Frame, fmt: str, cmap: str) -> str:
-    """A frame's caption followed by its heatmaps (shared by the live and the kernel-free form)."""
-    panels = "".join(_panel_html(p, fmt, cmap) for p in frame.panels)
-    caption = f'<div class="attnlib-caption" style="margin:4px 0">{html.escape(frame.caption)}</div>' if frame.caption else ""
-    return caption + panels
+def _frame_data(frame: Frame, fmt: str, n: int) -> dict[str, Any]:
+    return {"l": frame.label, "c": frame.caption, "p": [_panel_data(p, fmt, n) for p in frame.panels]}
+
+
+# The markup of one frame, written once in Python (frame_html, the first frame of a static slider)
+# and once in JavaScript (_RENDER_JS, the other frames); tests/test_attnbook.py and the site tests
+# check that both give the same HTML.
+_HIDDEN = "position:absolute;width:1px;height:1px;overflow:hidden;clip:rect(0 0 0 0);white-space:nowrap"
+_MASKED = "background:repeating-linear-gradient(45deg,#ddd,#ddd 3px,#bbb 3px,#bbb 6px);min-width:3em"
+_CELL = "padding:2px 6px;text-align:center;min-width:3em"
+_HEAD = "padding:2px 4px;font-weight:normal"
+_ROW_HEAD = "padding:2px 6px;text-align:right;font-weight:normal"
+_CORNER = f'<td><span style="{_HIDDEN}">row \\ column</span></td>'
+
+
+def _frame_markup(data: dict[str, Any], pal: Sequence[tuple[str, str]]) -> str:
+    esc = html.escape
+    out = [f'<div class="attnlib-caption" style="margin:4px 0">{esc(data["c"])}</div>' if data["c"] else ""]
+    for p in data["p"]:
+        rows = []
+        if p["k"] is not None:
+            corner = _CORNER if p["r"] is not None else ""
+            rows.append("<tr>" + corner + "".join(f'<th scope="col" style="{_HEAD}">{esc(c)}</th>' for c in p["k"]) + "</tr>")
+        for i in range(len(p["v"]) // p["w"]):
+            cells = [f'<th scope="row" style="{_ROW_HEAD}">{esc(p["r"][i])}</th>'] if p["r"] is not None else []
+            for j in range(i * p["w"], (i + 1) * p["w"]):
+                k = p["i"][j]
+                if k < 0:
+                    cells.append(f'<td class="attnlib-masked" style="{_MASKED}"><span style="{_HIDDEN}">masked</span></td>')
+                else:
+                    cells.append(f'<td style="background:{pal[k][0]};color:{pal[k][1]};{_CELL}">{esc(p["v"][j])}</td>')
+            rows.append("<tr>" + "".join(cells) + "</tr>")
+        title = f'<div style="font-weight:bold;margin:4px 0">{esc(p["t"])}</div>' if p["t"] else ""
+        out.append(f'<div style="display:inline-block;vertical-align:top;margin:0 12px 8px 0">{title}'
+                   f'<table class="attnlib-heatmap" style="border-collapse:collapse;font-size:12px">{"".join(rows)}</table></div>')
+    return "".join(out)
+
+
+# Draws frame k of the JSON data into the frame box; the same markup as _frame_markup.
+_RENDER_JS = (
+    "function(d,k){var S=d.s,P=d.pal,f=d.f[k],o=[];"
+    "function e(x){return String(x).replace(/&/g,'&amp;').replace(/</g,'&lt;').replace(/>/g,'&gt;')"
+    ".replace(/\"/g,'&quot;').replace(/'/g,'&#x27;');}"
+    "o.push(f.c?'<div class=\"attnlib-caption\" style=\"margin:4px 0\">'+e(f.c)+'</div>':'');"
+    "f.p.forEach(function(p){var r=[],i,j,h;"
+    "if(p.k){r.push('<tr>'+(p.r?S.corner:'')+p.k.map(function(c){return '<th scope=\"col\" style=\"'+S.head+'\">'+e(c)+'</th>';}).join('')+'</tr>');}"
+    "for(i=0;i<p.v.length/p.w;i++){h=p.r?['<th scope=\"row\" style=\"'+S.rowhead+'\">'+e(p.r[i])+'</th>']:[];"
+    "for(j=i*p.w;j<(i+1)*p.w;j++){var c=p.i[j];h.push(c<0?'<td class=\"attnlib-masked\" style=\"'+S.masked+'\"><span style=\"'+S.hidden+'\">masked</span></td>'"
+    ":'<td style=\"background:'+P[c][0]+';color:'+P[c][1]+';'+S.cell+'\">'+e(p.v[j])+'</td>');}"
+    "r.push('<tr>'+h.join('')+'</tr>');}"
+    "o.push('<div style=\"display:inline-block;vertical-align:top;margin:0 12px 8px 0\">'+(p.t?'<div style=\"font-weight:bold;margin:4px 0\">'+e(p.t)+'</div>':'')"
+    "+'<table class=\"attnlib-heatmap\" style=\"border-collapse:collapse;font-size:12px\">'+r.join('')+'</table></div>');});"
+    "return o.join('');}"
+)
+
+_FRAME_BOX = 'class="attnlib-frame" style="overflow-x:auto;max-width:100%"'
 
 
 def frame_html(frame: Frame, *, fmt: str = "{:.2f}", cmap: str = "viridis") -> HTML:
@@ -114,7 +183,13 @@ def frame_html(frame: Frame, *, fmt: str = "{:.2f}", cmap: str = "viridis") -> H
     redraws far faster than a figure is rendered to PNG, and the live slider then looks exactly
     like its kernel-free twin built by :func:`static_slider` from the same frames.
     """
-    return HTML(f'<div class="attnlib-frame">{_frame_body(frame, fmt, cmap)}</div>')
+    pal = palette(cmap)
+    return HTML(f"<div {_FRAME_BOX}>{_frame_markup(_frame_data(frame, fmt, len(pal)), pal)}</div>")
+
+
+def _json_for_script(data: Any) -> str:
+    """JSON that is safe inside ``<script type="application/json">`` (no ``</script>`` can end it)."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
 
 
 def static_slider(
@@ -131,7 +206,8 @@ def static_slider(
     """A kernel-free slider: ``frame(**setting)`` for each setting, precomputed, one per position.
 
     The same ``frame`` function drives :func:`live_slider`, so the website shows exactly what a
-    running kernel would draw for those settings.
+    running kernel would draw for those settings. The first frame shown is HTML (readable with
+    no JavaScript); every frame's numbers are stored once as JSON and drawn when the slider moves.
 
     Args:
         frame: returns the :class:`Frame` to show for one setting, e.g. ``frame(temperature=0.5)``.
@@ -151,31 +227,34 @@ def static_slider(
         raise ValueError("static_slider needs at least one setting")
     if not 0 <= initial < len(frames):
         raise ValueError(f"initial = {initial} is out of range for {len(frames)} settings")
-    bodies = []
-    for i, f in enumerate(frames):
-        hidden = "" if i == initial else ' style="display:none"'
-        bodies.append(f'<div class="attnlib-frame" data-index="{i}"{hidden}>{_frame_body(f, fmt, cmap)}</div>')
-    body = "".join(bodies)
-    uid = "attnlib-slider-" + hashlib.sha1((title + slider_label + body).encode()).hexdigest()[:10]
-    labels = [html.escape(f.label) for f in frames]
-    label_json = "[" + ",".join('"' + lab.replace('"', "&quot;") + '"' for lab in labels) + "]"
+    pal = palette(cmap)
+    data = [_frame_data(f, fmt, len(pal)) for f in frames]
+    used = sorted({k for d in data for p in d["p"] for k in p["i"] if k >= 0})
+    styles = {"hidden": _HIDDEN, "masked": _MASKED, "cell": _CELL, "head": _HEAD, "rowhead": _ROW_HEAD, "corner": _CORNER}
+    payload = _json_for_script({"s": styles, "pal": {str(k): pal[k] for k in used}, "f": data})
+    uid = "attnlib-slider-" + hashlib.sha1((title + slider_label + payload).encode()).hexdigest()[:10]
+    labels = [f.label for f in frames]
+    esc = html.escape
     script = (
         "<script>(function(){"
         f'var root=document.getElementById("{uid}");if(!root)return;'
-        'var input=root.querySelector("input[type=range]");var out=root.querySelector(".attnlib-value");'
-        f"var labels={label_json};"
-        'function show(){var k=Number(input.value);root.querySelectorAll(".attnlib-frame").forEach(function(f){'
-        'f.style.display=(Number(f.dataset.index)===k)?"":"none";});out.textContent=labels[k];}'
+        'var d=JSON.parse(root.querySelector("script[type=\'application/json\']").textContent);'
+        'var input=root.querySelector("input[type=range]"),out=root.querySelector(".attnlib-value"),'
+        f'box=root.querySelector(".attnlib-frame"),render={_RENDER_JS};'
+        'function show(){var k=Number(input.value);if(String(k)!==box.dataset.index){box.innerHTML=render(d,k);box.dataset.index=k;}'
+        'out.textContent=d.f[k].l;input.setAttribute("aria-valuetext",d.f[k].l);}'
         'input.addEventListener("input",show);show();})();</script>'
     )
     markup = (
-        f'<div id="{uid}" class="attnlib-slider" role="figure" aria-label="{html.escape(alt)}">'
-        f'<div style="font-weight:bold;font-size:1.05em">{html.escape(title)}</div>'
-        f'<label style="display:block;margin:6px 0">{html.escape(slider_label)}: '
-        f'<input type="range" min="0" max="{len(frames) - 1}" step="1" value="{initial}" '
-        f'aria-label="{html.escape(slider_label)}" style="vertical-align:middle;width:16em"> '
-        f'<output class="attnlib-value">{labels[initial]}</output></label>'
-        f"{body}{script}</div>"
+        f'<div id="{uid}" class="attnlib-slider" role="group" aria-labelledby="{uid}-title" aria-describedby="{uid}-alt">'
+        f'<div id="{uid}-title" style="font-weight:bold;font-size:1.05em">{esc(title)}</div>'
+        f'<div id="{uid}-alt" style="{_HIDDEN}">{esc(alt)}</div>'
+        f'<div style="margin:6px 0"><label for="{uid}-input">{esc(slider_label)}:</label> '
+        f'<input id="{uid}-input" type="range" min="0" max="{len(frames) - 1}" step="1" value="{initial}" '
+        f'aria-valuetext="{esc(labels[initial])}" style="vertical-align:middle;width:16em;max-width:60%"> '
+        f'<output class="attnlib-value" for="{uid}-input" aria-hidden="true">{esc(labels[initial])}</output></div>'
+        f'<div {_FRAME_BOX} data-index="{initial}">{_frame_markup(data[initial], pal)}</div>'
+        f'<script type="application/json">{payload}</script>{script}</div>'
     )
     return HTML(markup)
 

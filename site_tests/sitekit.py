@@ -80,6 +80,7 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 def base_url() -> Iterator[str]:
     if not (SITE / "index.html").is_file():
         pytest.exit(f"no built site at {SITE}: run `make book` first (make test-site does)", returncode=1)
+    REPORT.unlink(missing_ok=True)  # this run's measurements only
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(SITE)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -154,24 +155,75 @@ def open_page(browser: Any, url: str, *, width: int = 1280) -> Visit:
 #: Console messages that are known to be harmless, each with the reason. Keep it short.
 #: An entry (pattern, reason, marker): the error matches ``pattern``; when ``marker`` is given, the
 #: error must also have been thrown on a line of the page's HTML that contains ``marker``.
-ALLOWED_CONSOLE_ERRORS: list[tuple[str, str, str | None]] = [
-    (
-        r"^uncaught: Identifier 'THEBE_JS_URL' has already been declared$",
-        "sphinx-thebe 0.3.1 (added by Jupyter Book) writes its inline `const THEBE_JS_URL = ...` "
-        "config script into every page twice; the second copy throws, the first has already "
-        "defined the constants. Thebe (live code via Binder) is not enabled in this book, so "
-        "nothing on the page uses them.",
-        None,
-    ),
-    (
-        r"^uncaught: Cannot read properties of undefined \(reading '0'\) @ ",
-        "jupyterquiz (inline in each quiz output) reads MathJax.version[0] 500 ms after drawing a "
-        "quiz, to typeset it; when the page's MathJax (a deferred script) has not finished loading "
-        "by then, as on a slow machine, that read throws. The quiz is already drawn, and MathJax "
-        "typesets it on its own first pass (test_math_is_rendered checks that no raw TeX is left).",
-        'version[0] == "2"',
-    ),
-]
+ALLOWED_CONSOLE_ERRORS: list[tuple[str, str, str | None]] = []
+
+
+# --- Accessibility (axe-core) -------------------------------------------------------------------
+
+#: axe-core, installed from the npm registry by ``make test-site`` (``npm ci``; pinned in package.json).
+AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
+#: The rules checked: WCAG 2.0/2.1 A and AA, plus axe's best practices.
+AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "best-practice"]
+#: Impacts that fail a page. Moderate and minor findings are reported, not failed.
+AXE_FAILING = ("critical", "serious")
+#: The one list of axe rules that cannot be fixed in this book, each with the reason and the
+#: upstream issue. A rule listed here is not run. Empty: every critical and serious finding,
+#: whatever its origin (the book, the theme), is fixed.
+AXE_EXEMPT: dict[str, str] = {}
+
+
+def run_axe(page: Any, selector: str | None = None) -> list[dict[str, Any]]:
+    """axe-core's violations on the page (or inside ``selector``): ``id``, ``impact``, ``nodes``, ``help``."""
+    if not page.evaluate("() => typeof window.axe !== 'undefined'"):
+        if not AXE.is_file():
+            pytest.exit(f"axe-core is not installed ({AXE}): run `npm ci` (make test-site does)", returncode=1)
+        page.add_script_tag(path=str(AXE))
+    options = {"runOnly": {"type": "tag", "values": AXE_TAGS},
+               "rules": {rule: {"enabled": False} for rule in AXE_EXEMPT}}
+    return page.evaluate(
+        """async ([selector, options]) => {
+          const r = await axe.run(selector ? document.querySelector(selector) : document, options);
+          return r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
+            nodes: v.nodes.map(n => n.target.join(' ') + ' :: ' + (n.failureSummary || '').split(String.fromCharCode(10)).slice(1, 2).join('').trim())}));
+        }""",
+        [selector, options],
+    )
+
+
+def failing(violations: list[dict[str, Any]]) -> list[str]:
+    """One line per critical or serious violation node."""
+    return [f"{v['impact']} {v['id']} ({v['help']}): {n}" for v in violations if v["impact"] in AXE_FAILING for n in v["nodes"]]
+
+
+def set_mode(page: Any, mode: str) -> None:
+    """Switch the theme to ``light`` or ``dark`` the way its colour-mode button does (and without
+    CSS transitions, so colours are final when axe reads them)."""
+    page.evaluate(
+        """mode => {
+          if (!document.getElementById('attnbook-no-transitions')) {
+            const s = document.createElement('style'); s.id = 'attnbook-no-transitions';
+            s.textContent = '*, *::before, *::after { transition: none !important; animation: none !important; }';
+            document.head.appendChild(s);
+          }
+          document.documentElement.dataset.mode = mode; document.documentElement.dataset.theme = mode;
+          localStorage.setItem('mode', mode); localStorage.setItem('theme', mode);
+        }""",
+        mode,
+    )
+
+
+#: Where the site tests write what they measured (page weights, axe counts) for the README.
+REPORT = Path(os.environ.get("SITE_REPORT", ROOT / "_build" / "site-report.json")).resolve()
+
+
+def record(page: str, **values: Any) -> None:
+    """Merge ``values`` into the report's entry for ``page``."""
+    import json
+
+    data = json.loads(REPORT.read_text(encoding="utf-8")) if REPORT.is_file() else {}
+    data.setdefault(page, {}).update(values)
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _thrown_on_line_with(error: str, marker: str) -> bool:

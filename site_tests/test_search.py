@@ -22,6 +22,27 @@ def test_search_finds_a_word(word: str, page: str, browser: Any, base_url: str) 
         v.page.context.close()
 
 
+def _pages_mentioning(*spellings: str) -> set[str]:
+    from sitekit import PAGES, ROOT
+
+    return {p.url_path for p in PAGES
+            if any(w in (ROOT / p.source).read_text(encoding="utf-8").lower() for w in spellings)}
+
+
+def test_search_flash_finds_every_page_about_flashattention(browser: Any, base_url: str) -> None:
+    expected = _pages_mentioning("flashattention", "flash_attention")
+    assert len(expected) >= 3, expected  # the glossary, chapter 8 and the chapters that point to it
+    v = open_page(browser, f"{base_url}search.html?q=flash")
+    try:
+        v.page.wait_for_function("() => /Search finished|found \\d+ page|did not match/i.test("
+                                 "document.querySelector('#search-results').textContent)", timeout=60_000)
+        hrefs = v.page.eval_on_selector_all("#search-results ul.search li a", "as => as.map(a => a.getAttribute('href'))")
+        found = {h.split("#")[0].split("?")[0] for h in hrefs}
+        assert expected <= found, f"searching 'flash' missed {sorted(expected - found)} (found {sorted(found)})"
+    finally:
+        v.page.context.close()
+
+
 def test_search_reports_no_match(browser: Any, base_url: str) -> None:
     v = open_page(browser, f"{base_url}search.html?q=zqxjkvbwordnotinthebook")
     try:

@@ -70,24 +70,64 @@ def test_validate_quiz_requires_feedback_and_a_correct_answer() -> None:
         validate_quiz([{"question": "q", "type": "essay", "answers": []}])
 
 
-def test_show_quiz_output_is_deterministic(tmp_path, monkeypatch, capsys) -> None:
+def test_show_quiz_output_is_deterministic(tmp_path, monkeypatch) -> None:
     (tmp_path / "demo.json").write_text(json.dumps(
         [{"question": "2+2?", "type": "numeric", "answers": [{"type": "value", "value": 4, "correct": True, "feedback": "yes"}]}]
     ))
     monkeypatch.setattr("attnbook.quiz.QUIZ_DIR", tmp_path)
     shown = []
     monkeypatch.setattr("IPython.display.display", lambda obj, *a, **k: shown.append(obj))
-    monkeypatch.setattr("jupyterquiz.dynamic.display.display", lambda obj, *a, **k: shown.append(obj), raising=False)
     import random
 
     random.seed(1)
     show_quiz("demo")
-    first = [getattr(o, "data", o) for o in shown]
-    shown.clear()
     random.seed(2)
     show_quiz("demo")
-    assert [getattr(o, "data", o) for o in shown] == first
-    assert first, "nothing was displayed"
+    assert len(shown) == 2 and shown[0].data == shown[1].data
+    assert 'id="attnbook-quiz-demo"' in shown[0].data
+
+
+CHOICE = {"question": "Pick <b>", "type": "multiple_choice", "answers": [
+    {"answer": f"option {i}", "correct": i == 2, "feedback": f"because {i}"} for i in range(4)]}
+NUMERIC = {"question": "How many?", "type": "numeric", "precision": 2,
+           "answers": [{"type": "value", "value": 8, "correct": True, "feedback": "yes"}, {"type": "default", "feedback": "no"}]}
+
+
+def test_quiz_html_is_labelled_and_announces_feedback() -> None:
+    from attnbook.quiz import quiz_html
+
+    markup = quiz_html("Demo quiz", [CHOICE, NUMERIC])
+    assert markup == quiz_html("Demo quiz", [CHOICE, NUMERIC])  # deterministic, ids included
+    ids = re.findall(r'id="([^"]+)"', markup)
+    assert len(ids) == len(set(ids)) and all(i.startswith("attnbook-quiz-demo-quiz") for i in ids)
+    # every numeric field has a <label for> and every question a polite live region for its feedback
+    for field in re.findall(r'<input id="([^"]+)"', markup):
+        assert f'<label for="{field}">' in markup
+    assert markup.count('aria-live="polite"') == 2
+    assert "Pick &lt;b&gt;" in markup and "<b>" not in markup  # question text escaped
+    # answers are buttons, in an order that depends only on the quiz name and question number
+    order = re.findall(r'data-a="(\d)">option (\d)<', markup)
+    assert sorted(order) == [(str(i), str(i)) for i in range(4)]
+    assert order == re.findall(r'data-a="(\d)">option (\d)<', quiz_html("Demo quiz", [CHOICE]))
+    assert 'type="radio"' not in markup  # radio groups answer on every arrow key
+    # the answers' data: feedback and the correct flag, never the answer texts twice
+    data = json.loads(re.search(r'<script type="application/json">(.*?)</script>', markup).group(1))
+    assert data[0]["answers"][2] == {"correct": True, "feedback": "because 2"} and data[1]["precision"] == 2
+
+
+def test_validate_quiz_checks_answer_fields() -> None:
+    with pytest.raises(ValueError, match="a choice needs an 'answer' text"):
+        validate_quiz([{**CHOICE, "answers": [{"correct": True, "feedback": "f"}]}])
+    with pytest.raises(ValueError, match="a numeric answer needs a 'value', a 'range'"):
+        validate_quiz([{**NUMERIC, "answers": [{"correct": True, "feedback": "f"}]}])
+
+
+def test_every_quiz_file_is_valid_and_renders() -> None:
+    from attnbook.quiz import QUIZ_DIR, load_quiz, quiz_html
+
+    for path in sorted(QUIZ_DIR.glob("*.json")):
+        questions = load_quiz(path.stem)
+        assert quiz_html(path.stem, questions).count('class="aq-q"') == len(questions)
 
 
 def demo_frame(t: int) -> Frame:
@@ -98,14 +138,21 @@ def demo_frame(t: int) -> Frame:
 SETTINGS = [{"t": t} for t in (1, 2, 3)]
 
 
-def test_static_slider_renders_every_frame_and_hides_all_but_one() -> None:
+def _slider_data(markup: str) -> dict:
+    return json.loads(re.search(r'<script type="application/json">(.*?)</script>', markup).group(1))
+
+
+def test_static_slider_stores_every_frame_as_data_and_shows_one() -> None:
     html = static_slider(demo_frame, SETTINGS, slider_label="temperature", title="Demo", alt="a demo", initial=1).data
-    assert html.count('class="attnlib-frame"') == 3
-    assert html.count('style="display:none"') == 2
-    assert 'max="2"' in html and 'value="1"' in html
-    assert "0.75" in html and "entropy 3.00" in html
+    assert html.count('class="attnlib-frame"') == 1 and 'data-index="1"' in html  # the first frame, drawn
+    data = _slider_data(html)
+    assert [f["l"] for f in data["f"]] == ["T = 1", "T = 2", "T = 3"]
+    assert data["f"][2]["p"][0]["v"] == ["0.75", "0.25"] and data["f"][2]["c"] == "entropy 3.00"
+    assert 'max="2"' in html and 'value="1"' in html and 'aria-valuetext="T = 2"' in html
+    assert '<label for="' in html and "entropy 2.00" in html
     uid = re.search(r'id="(attnlib-slider-[0-9a-f]+)"', html).group(1)
-    assert static_slider(demo_frame, SETTINGS, slider_label="temperature", title="Demo", alt="a demo", initial=1).data.count(uid) == 2
+    assert static_slider(demo_frame, SETTINGS, slider_label="temperature", title="Demo", alt="a demo", initial=1).data == html
+    assert all(i.startswith(uid) for i in re.findall(r' id="([^"]+)"', html))  # one deterministic id prefix
     with pytest.raises(ValueError, match="out of range"):
         static_slider(demo_frame, SETTINGS, slider_label="t", title="x", alt="y", initial=3)
     with pytest.raises(ValueError, match="at least one setting"):
@@ -115,7 +162,35 @@ def test_static_slider_renders_every_frame_and_hides_all_but_one() -> None:
 def test_static_slider_draws_masked_cells_without_numbers() -> None:
     p = Panel(np.array([[1.0, 0.0]]), masked=np.array([[False, True]]))
     html = static_slider(lambda: Frame("one", [p]), [{}], slider_label="s", title="t", alt="a").data
-    assert html.count("attnlib-masked") == 1 and "1.00" in html and "0.00" not in html
+    drawn = html.split("<script")[0]
+    assert drawn.count('class="attnlib-masked"') == 1 and "1.00" in drawn and "0.00" not in html
+    assert _slider_data(html)["f"][0]["p"][0]["i"][1] == -1
+
+
+def test_heatmap_text_contrast_is_at_least_4_5_over_the_whole_colour_map() -> None:
+    from attnbook.slider import contrast_ratio, palette
+
+    def rgb(hex_colour: str) -> tuple[float, ...]:
+        h = hex_colour.lstrip("#")
+        h = "".join(c * 2 for c in h) if len(h) == 3 else h
+        return tuple(int(h[i:i + 2], 16) / 255 for i in (0, 2, 4))
+
+    for cmap in ("viridis", "cividis", "magma"):
+        pairs = palette(cmap)
+        assert len(pairs) == 256
+        worst = min(contrast_ratio(rgb(bg), rgb(fg)) for bg, fg in pairs)
+        assert worst >= 4.5, f"{cmap}: worst cell contrast {worst:.2f}"
+    assert round(contrast_ratio(rgb("#777777"), rgb("#ffffff")), 2) == 4.48  # WCAG's own example value
+    # the old rule (white below luminance 0.5) put white on mid-viridis teal: 3.4-3.9:1
+    assert contrast_ratio(rgb("#21918c"), (1, 1, 1)) < 4.5 <= contrast_ratio(rgb("#21918c"), (0, 0, 0))
+
+
+def test_heatmap_has_no_empty_header_cells() -> None:
+    from attnbook import frame_html
+
+    markup = frame_html(demo_frame(1)).data
+    assert "<th></th>" not in markup and re.search(r"<th[^>]*>\s*</th>", markup) is None
+    assert "row \\ column" in markup  # the corner cell names the axes for screen readers
 
 
 def test_heatmap_checks_labels() -> None:
@@ -152,4 +227,5 @@ def test_frame_html_shows_one_frame_like_the_static_slider() -> None:
     markup = frame_html(frame).data
     assert "H = 0.56" in markup and "0.75" in markup and ">a<" in markup
     assert "input" not in markup  # no slider around a single frame
-    assert markup.split('class="attnlib-caption"')[1] in static_slider(lambda: frame, [{}], slider_label="T", title="t", alt="a").data
+    inner = markup.split(">", 1)[1].rsplit("</div>", 1)[0]
+    assert inner in static_slider(lambda: frame, [{}], slider_label="T", title="t", alt="a").data

@@ -1,0 +1,137 @@
+"""The book's own small Sphinx extension (listed in ``_config.yml``, ``sphinx.local_extensions``).
+
+* Each inline script and script file appears once per page. sphinx-thebe 0.3.1 and
+  sphinx-togglebutton 0.4.5 call ``app.add_js_file(None, body=...)`` after the HTML builder
+  exists; Sphinx 7.4 then stores the script twice, once as filename ``None`` (the builder's copy)
+  and once as ``''`` (copied again from the registry), which its duplicate check sees as two
+  scripts. The second ``const THEBE_JS_URL`` threw "Identifier 'THEBE_JS_URL' has already been
+  declared" on every page.
+* Long inline code may wrap on a phone (:data:`LONG_LITERAL`).
+* Search aliases (:data:`SEARCH_ALIASES`): "flash" finds every page about FlashAttention.
+* The book's own static files (``book/_static``) are copied on every build, changed or not.
+* ``fontawesome.js`` (1.45 MB, every icon of Font Awesome 6) is replaced by a few kilobytes
+  holding only the icons the built pages use (see :func:`slim_fontawesome`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
+
+ICON_JS = Path(__file__).resolve().parent / "icons.js"
+STATIC = Path(__file__).resolve().parent.parent / "_static"
+
+
+def dedupe_scripts(app: Any, pagename: str, templatename: str, context: dict, doctree: Any) -> None:
+    seen, unique = set(), []
+    for script in context.get("script_files", []):
+        key = (getattr(script, "filename", str(script)) or "", tuple(sorted((k, str(v)) for k, v in getattr(script, "attributes", {}).items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append(script)
+    if "script_files" in context:
+        context["script_files"][:] = unique
+
+
+# Runs the theme's own fontawesome.js under Node with a stand-in `window`, and prints the
+# [width, height, path] of the icons asked for (argv: the bundle, then the names), per icon set.
+_EXTRACT_JS = """
+global.window = {}; global.document = {documentElement: {}, head: null, readyState: "loading",
+  addEventListener() {}, querySelector() { return null; }};
+require(process.argv[1]);
+const styles = window.___FONT_AWESOME___.styles, want = new Set(process.argv.slice(2)), out = {};
+for (const set of ["fas", "far", "fab"]) {
+  out[set] = {};
+  for (const [name, icon] of Object.entries(styles[set] || {}))
+    if (want.has(name)) out[set][name] = [icon[0], icon[1], icon[4]];
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def slim_fontawesome(app: Any, exception: Exception | None) -> None:
+    """Overwrite the built ``_static/scripts/fontawesome.js`` with the book's icon script.
+
+    The icons are those named (``fa-NAME``) in the built HTML or the theme's scripts, with their
+    paths taken from the theme's own fontawesome.js (read by Node), so the pages look the same.
+    Without Node the theme's file stays as it is (the site works; it is only heavier).
+    """
+    if exception is not None or app.builder.format != "html":
+        return
+    out = Path(app.outdir)
+    target = out / "_static" / "scripts" / "fontawesome.js"
+    node = shutil.which("node")
+    if not target.is_file() or node is None:
+        logger.info("attnbook_site: fontawesome.js kept as the theme ships it (no Node found)")
+        return
+    bundle = target.read_text(encoding="utf-8")
+    if bundle.startswith("/* attnbook icons"):  # already slimmed (an incremental build)
+        return
+    used: set[str] = set()
+    for path in [*out.rglob("*.html"), *(out / "_static" / "scripts").glob("*.js")]:
+        if path != target:
+            used |= set(re.findall(r"\bfa-([a-z0-9-]+)", path.read_text(encoding="utf-8", errors="replace")))
+    run = subprocess.run([node, "-e", _EXTRACT_JS, str(target), *sorted(used)], capture_output=True, text=True, check=True)
+    icons = json.loads(run.stdout)
+    script = ICON_JS.read_text(encoding="utf-8").replace("/*ICONS*/{}", json.dumps(icons, separators=(",", ":")))
+    target.write_text("/* attnbook icons: the Font Awesome 6 Free icons this book uses (icons CC BY 4.0, "
+                      "fontawesome.com/license/free) */\n" + script, encoding="utf-8")
+    target.with_name("fontawesome.js.map").unlink(missing_ok=True)
+
+
+#: Words a reader may type that a page does not spell out as a word of its own: search matches
+#: whole words, so "flash" did not find the pages that only say "FlashAttention" or
+#: ``flash_attention``. A page that mentions a key gets its alias as a search keyword.
+SEARCH_ALIASES = {"flashattention": "flash", "flash_attention": "flash"}
+
+
+#: Inline code at least this long may break anywhere on a phone (class ``attnbook-long``, see
+#: attnbook.css): ``torch.nn.functional.scaled_dot_product_attention`` made pages 528 px wide.
+#: Shorter code keeps the theme's no-wrap, so ``-inf`` is never split into ``-`` and ``inf``.
+LONG_LITERAL = 16
+
+
+def mark_long_literals(app: Any, doctree: Any) -> None:
+    from docutils import nodes
+
+    for node in doctree.findall(nodes.literal):
+        if len(node.astext()) >= LONG_LITERAL:
+            node["classes"].append("attnbook-long")
+
+
+def add_search_aliases(app: Any, doctree: Any) -> None:
+    from docutils import nodes
+
+    text = doctree.astext().lower()
+    words = sorted({alias for key, alias in SEARCH_ALIASES.items() if key in text})
+    if words:
+        doctree.append(nodes.meta("", name="keywords", content=", ".join(words)))
+
+
+def refresh_static(app: Any, exception: Exception | None) -> None:
+    """Copy the book's own static files again: an incremental Sphinx 7.4 build keeps an older
+    copy already in ``_build/html/_static`` rather than overwrite it."""
+    if exception is not None or app.builder.format != "html":
+        return
+    for source in STATIC.iterdir():
+        target = Path(app.outdir) / "_static" / source.name
+        if source.is_file() and (not target.is_file() or target.read_bytes() != source.read_bytes()):
+            shutil.copyfile(source, target)
+
+
+def setup(app: Any) -> dict[str, Any]:
+    # Early: html-page-context stops at the first listener that returns a template name.
+    app.connect("html-page-context", dedupe_scripts, priority=100)
+    app.connect("doctree-read", add_search_aliases)
+    app.connect("doctree-read", mark_long_literals)
+    app.connect("build-finished", refresh_static)
+    app.connect("build-finished", slim_fontawesome)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

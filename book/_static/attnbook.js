@@ -1,0 +1,70 @@
+// The book's own fixes to the theme's markup, for screen readers and keyboards
+// (listed in _config.yml, html_js_files). Runs once the page, and the theme's deferred scripts, are ready.
+document.addEventListener("DOMContentLoaded", function () {
+  // A search field-button shows "Search Ctrl+K"; its name should contain what it shows, so it
+  // takes its name from its text instead of the shorter aria-label "Search".
+  document.querySelectorAll(".search-button-field[aria-label]").forEach(function (b) { b.removeAttribute("aria-label"); });
+  // The colour-mode button's icons are decoration; the button's name is "Color mode".
+  document.querySelectorAll(".theme-switch-button .theme-switch").forEach(function (icon) {
+    icon.removeAttribute("title");
+    icon.setAttribute("aria-hidden", "true");
+    icon.querySelectorAll("title").forEach(function (t) { t.remove(); });
+  });
+  // A hidden cell's toggle shows "Show code cell source"; its name should be what it shows.
+  document.querySelectorAll("summary[aria-label]").forEach(function (s) {
+    if (s.textContent.trim()) s.removeAttribute("aria-label");
+  });
+  // The sidebar (logo, search, table of contents) is a landmark, so no content lies outside one.
+  var sidebar = document.getElementById("pst-primary-sidebar");
+  if (sidebar && !sidebar.hasAttribute("role")) { sidebar.setAttribute("role", "complementary"); sidebar.setAttribute("aria-label", "Book"); }
+  // Skip links to each interactive (shown when focused, next to the theme's "Skip to main
+  // content"): a keyboard reader reaches a slider or the quiz in a few Tab presses instead of
+  // passing every link, copy button and code block before it.
+  var skip = document.getElementById("pst-skip-link");
+  if (skip) {
+    document.querySelectorAll(".attnlib-slider[id], .attnbook-quiz[id]").forEach(function (w) {
+      var title = document.getElementById(w.id + "-title");
+      var link = document.createElement("a");
+      link.href = "#" + w.id;
+      link.className = "attnbook-skip";
+      link.textContent = w.classList.contains("attnbook-quiz") ? "Skip to the quiz" : "Skip to the slider: " + (title ? title.textContent : "");
+      skip.appendChild(link);
+    });
+  }
+  // Figures: a tap or click opens the image at full size, where a phone can zoom into it.
+  document.querySelectorAll(".cell_output img").forEach(function (img) {
+    if (img.closest("a")) return;
+    var link = document.createElement("a");
+    link.href = img.src;
+    link.className = "attnbook-zoom";
+    link.setAttribute("aria-label", "Open the figure full size" + (img.alt ? ": " + img.alt : ""));
+    img.replaceWith(link);
+    link.appendChild(img);
+  });
+});
+
+// A box that scrolls sideways must be reachable by keyboard, so that the arrow keys can scroll it:
+// wide code blocks and outputs (the theme marks these once, at load), display formulas (no
+// longer Tab stops, see _config.yml), the heatmaps of a slider on a phone. They are measured
+// again whenever something may have changed their width: a resize, a solution or a hidden
+// cell opened, a slider moved.
+(function () {
+  var BOXES = "pre, .cell_output > .output, .pst-scrollable-table-container, .attnlib-frame, mjx-container[display='true']";
+  function mark() {
+    document.querySelectorAll(BOXES).forEach(function (box) {
+      var scrolls = box.scrollWidth > box.clientWidth + 1;
+      if (scrolls) box.setAttribute("tabindex", "0");
+      else if (box.getAttribute("tabindex") === "0") box.setAttribute("tabindex", "-1");
+    });
+  }
+  var timer = null;
+  function later() { clearTimeout(timer); timer = setTimeout(mark, 350); }
+  window.addEventListener("load", function () {
+    var ready = window.MathJax && MathJax.startup && MathJax.startup.promise;
+    (ready || Promise.resolve()).then(mark);
+    window.addEventListener("resize", later);
+    document.addEventListener("click", later, true);
+    document.addEventListener("toggle", later, true);
+    document.addEventListener("input", later, true);
+  });
+})();
