@@ -12,7 +12,7 @@ itself needs around it:
 * :mod:`attnbook.examples`: the book's example sentences and toy token vectors;
 * :mod:`attnbook.ch01` ... :mod:`attnbook.ch09`: each chapter's checkers, experiments and figures.
 
-It needs IPython, ipywidgets, matplotlib and jupyterquiz (``pip install "attnlib[book]"``).
+It needs IPython, ipywidgets and matplotlib (``pip install "attnlib[book]"``).
 """
 
 from .feedback import Feedback, compare_tensors, run_reader_code

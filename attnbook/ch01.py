@@ -19,7 +19,16 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from .feedback import Feedback, Mistake, close, compare_tensors, correct, diagnose, run_reader_code, wrong
+from .feedback import (
+    Feedback,
+    Mistake,
+    close,
+    compare_tensors,
+    correct,
+    diagnose,
+    run_reader_code,
+    wrong,
+)
 
 __all__ = [
     "soft_lookup_inputs", "check_soft_lookup", "SOFT_LOOKUP_MISTAKES",

@@ -18,7 +18,17 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .feedback import Feedback, Mistake, as_cpu_float64, close, compare_tensors, correct, diagnose, run_reader_code, wrong
+from .feedback import (
+    Feedback,
+    Mistake,
+    as_cpu_float64,
+    close,
+    compare_tensors,
+    correct,
+    diagnose,
+    run_reader_code,
+    wrong,
+)
 
 __all__ = [
     "qkv_inputs", "reference_attention", "check_self_attention", "check_cross_attention",

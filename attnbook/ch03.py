@@ -18,7 +18,17 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
-from .feedback import Feedback, Mistake, as_cpu_float64, close, compare_tensors, correct, diagnose, run_reader_code, wrong
+from .feedback import (
+    Feedback,
+    Mistake,
+    as_cpu_float64,
+    close,
+    compare_tensors,
+    correct,
+    diagnose,
+    run_reader_code,
+    wrong,
+)
 
 __all__ = ["check_scaled_weights", "check_entropy", "entropy", "WEIGHT_MISTAKES", "ENTROPY_MISTAKES", "TEMPERATURE"]
 

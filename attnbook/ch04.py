@@ -22,7 +22,17 @@ from attnlib.core import scaled_dot_product_attention
 from attnlib.masks import causal_mask, combine_masks, padding_mask
 from attnlib.multihead import MultiHeadSelfAttention
 
-from .feedback import Feedback, Mistake, close, compare_tensors, correct, diagnose, run_reader_code, todo, wrong
+from .feedback import (
+    Feedback,
+    Mistake,
+    close,
+    compare_tensors,
+    correct,
+    diagnose,
+    run_reader_code,
+    todo,
+    wrong,
+)
 from .measure import interleaved_median_ms
 
 __all__ = [

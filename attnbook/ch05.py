@@ -26,7 +26,15 @@ from attnlib.cost import attention_weights_bytes, mha_param_count
 from attnlib.heads import merge_heads, split_heads
 from attnlib.multihead import MultiHeadSelfAttention
 
-from .feedback import Feedback, Mistake, close, correct, diagnose, run_reader_code, wrong
+from .feedback import (
+    Feedback,
+    Mistake,
+    close,
+    correct,
+    diagnose,
+    run_reader_code,
+    wrong,
+)
 
 __all__ = [
     "relation_subspaces", "relation_batch", "best_single_head_error", "two_head_module", "relative_error",

@@ -28,7 +28,16 @@ from torch import Tensor
 
 from attnlib.heads import split_heads
 
-from .feedback import Feedback, Mistake, close, correct, diagnose, run_reader_code, todo, wrong
+from .feedback import (
+    Feedback,
+    Mistake,
+    close,
+    correct,
+    diagnose,
+    run_reader_code,
+    todo,
+    wrong,
+)
 
 __all__ = [
     "memory_layout",

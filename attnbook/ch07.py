@@ -24,7 +24,6 @@ from attnlib.multihead import MultiHeadSelfAttention
 from .feedback import (
     Feedback,
     Mistake,
-    as_cpu_float64,
     close,
     compare_tensors,
     correct,
@@ -53,9 +52,6 @@ __all__ = [
     "load_sentence_pairs",
     "Ablation",
     "head_ablation",
-    "line_view_svg",
-    "svg_slider",
-    "live_line_view",
     "LINK_CASES",
     "link_case",
     "reference_strongest_link",
@@ -638,83 +634,3 @@ def norm_shares(contributions: Tensor) -> dict[str, Tensor]:
     norms = contributions.norm(dim=-1)  # [S]
     total = contributions.sum(0)  # [D]
     return {"of_sum_of_norms": norms / norms.sum(), "projection": contributions @ total / total.dot(total)}
-
-
-# --- a line view of one head (BertViz style), kernel-free -------------------------------------
-
-
-def line_view_svg(weights: Tensor, toks: Sequence[str], *, title: str, query: int | None = None,
-                  min_weight: float = 0.01) -> str:
-    """One head as an SVG: queries on the left, keys on the right, a line per pair, opacity = weight.
-
-    ``weights`` is ``[S, S]`` (rows are queries). With ``query`` set, only that query's lines are
-    drawn. Lines below ``min_weight`` are left out (invisible anyway). The SVG has ``role="img"``, an
-    ``aria-label`` and a ``<title>``, and its ``<desc>`` lists every query's strongest key, so a screen
-    reader gets the same content as the picture.
-    """
-    import html as _html
-
-    w = as_cpu_float64(weights)
-    S = w.shape[0]
-    if tuple(w.shape) != (S, S) or len(toks) != S:
-        raise ValueError(f"weights must be [S, S] with S = len(toks) = {len(toks)}, got {tuple(w.shape)}")
-    row_h, width, left, right, top = 22, 360, 110, 250, 30
-    height = top + S * row_h + 6
-    ys = [top + i * row_h + row_h / 2 for i in range(S)]
-    rows = range(S) if query is None else [query]
-    strongest = "; ".join(f"{toks[i]} to {toks[int(w[i].argmax())]} {float(w[i].max()):.2f}" for i in rows)
-    label = f"{title}. Line view: each query on the left is joined to each key on the right, darker lines carry more weight."
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{_html.escape(label)}" '
-        f'viewBox="0 0 {width} {height}" style="max-width:{width}px;width:100%;height:auto;font-family:sans-serif">',
-        f"<title>{_html.escape(title)}</title><desc>{_html.escape('Strongest key of each query: ' + strongest)}</desc>",
-        f'<text x="{left - 8}" y="16" text-anchor="end" font-size="13" fill="currentColor">query</text>',
-        f'<text x="{right + 8}" y="16" font-size="13" fill="currentColor">key</text>',
-    ]
-    for i in rows:
-        for j in range(S):
-            if float(w[i, j]) >= min_weight:
-                parts.append(f'<line x1="{left}" y1="{ys[i]:.1f}" x2="{right}" y2="{ys[j]:.1f}" stroke="#0072B2" '
-                             f'stroke-width="3" stroke-opacity="{float(w[i, j]):.3f}"/>')
-    for i, t in enumerate(toks):
-        weight = "bold" if i == query else "normal"
-        parts.append(f'<text x="{left - 8}" y="{ys[i] + 5:.1f}" text-anchor="end" font-size="14" font-weight="{weight}" '
-                     f'fill="currentColor">{_html.escape(t)}</text>')
-        parts.append(f'<text x="{right + 8}" y="{ys[i] + 5:.1f}" font-size="14" fill="currentColor">{_html.escape(t)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def svg_slider(svgs: Sequence[str], labels: Sequence[str], *, slider_label: str, title: str, initial: int = 0) -> Any:
-    """A kernel-free slider over pre-rendered SVGs (each carries its own ``role="img"`` and text alternative)."""
-    import hashlib
-    import html as _html
-
-    from IPython.display import HTML
-
-    if len(svgs) != len(labels) or not svgs or not 0 <= initial < len(svgs):
-        raise ValueError(f"need as many labels as SVGs (got {len(labels)} and {len(svgs)}) and 0 <= initial < {len(svgs)}")
-    uid = "attnbook-lines-" + hashlib.sha1("".join(svgs).encode()).hexdigest()[:10]
-    frames = "".join(f'<div class="attnbook-lines-frame" data-index="{i}"{"" if i == initial else " hidden"}>{s}</div>'
-                     for i, s in enumerate(svgs))
-    names = "[" + ",".join('"' + _html.escape(lab).replace('"', "&quot;") + '"' for lab in labels) + "]"
-    script = (f'<script>(function(){{var r=document.getElementById("{uid}");if(!r)return;'
-              f'var i=r.querySelector("input"),o=r.querySelector("output"),n={names};'
-              'function s(){var k=Number(i.value);r.querySelectorAll(".attnbook-lines-frame").forEach(function(f){'
-              'f.hidden=Number(f.dataset.index)!==k;});o.textContent=n[k];}i.addEventListener("input",s);s();})();</script>')
-    return HTML(
-        f'<div id="{uid}" class="attnbook-lines"><div style="font-weight:bold">{_html.escape(title)}</div>'
-        f'<label style="display:block;margin:6px 0">{_html.escape(slider_label)}: <input type="range" min="0" '
-        f'max="{len(svgs) - 1}" step="1" value="{initial}" aria-label="{_html.escape(slider_label)}" style="width:16em;vertical-align:middle"> '
-        f"<output>{_html.escape(labels[initial])}</output></label>{frames}{script}</div>"
-    )
-
-
-def live_line_view(svg_fn: Callable[..., str], **controls: Any) -> Any:
-    """``svg_fn(**values)`` redrawn under ipywidgets controls (needs a kernel; the book tags the cell like a live slider)."""
-    import ipywidgets
-    from IPython.display import HTML, display
-
-    widget = ipywidgets.interactive(lambda **values: display(HTML(svg_fn(**values))), **controls)
-    display(widget)
-    return widget

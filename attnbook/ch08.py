@@ -22,7 +22,15 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from .feedback import Feedback, Mistake, close, correct, diagnose, run_reader_code, wrong
+from .feedback import (
+    Feedback,
+    Mistake,
+    close,
+    correct,
+    diagnose,
+    run_reader_code,
+    wrong,
+)
 from .slider import Frame, Panel
 
 __all__ = [

@@ -21,9 +21,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlib import KVCache, MultiHeadSelfAttention, causal_mask, kv_cache_bytes, repeat_kv
+from attnlib import (
+    KVCache,
+    MultiHeadSelfAttention,
+    causal_mask,
+    kv_cache_bytes,
+    repeat_kv,
+)
 
-from .feedback import Feedback, Mistake, close, correct, diagnose, run_reader_code, wrong
+from .feedback import (
+    Feedback,
+    Mistake,
+    close,
+    correct,
+    diagnose,
+    run_reader_code,
+    wrong,
+)
 from .measure import interleaved_median_ms
 from .slider import Frame, Panel
 

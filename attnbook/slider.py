@@ -38,6 +38,9 @@ class Panel:
         title: shown above the heatmap.
         vmin, vmax: colour range; ``None`` means the matrix's own min/max.
         masked: optional bool ``[R, C]``; True cells are drawn as hidden (hatched grey, no number).
+        style: ``"heatmap"`` (a table of coloured cells) or ``"lines"`` (a line view: rows on the
+            left, columns on the right, one line per cell with opacity = its value in ``[0, 1]``,
+            lines below 0.01 left out; for attention weights ``[S_q, S_k]``, as in BertViz).
     """
 
     matrix: Any
@@ -47,6 +50,7 @@ class Panel:
     vmin: float | None = None
     vmax: float | None = None
     masked: Any = None
+    style: str = "heatmap"
 
 
 @dataclass
@@ -97,11 +101,27 @@ def _indices(m: np.ndarray, vmin: float, vmax: float, n: int) -> np.ndarray:
     return np.minimum((np.clip(np.nan_to_num(t), 0.0, 1.0) * n).astype(int), n - 1)
 
 
+def _lines_data(p: Panel, m: np.ndarray) -> dict[str, Any]:
+    """A line-view panel as data: labels, each line's opacity ('' = not drawn) and a text alternative."""
+    if p.style != "lines":
+        raise ValueError(f"Panel style must be 'heatmap' or 'lines', got {p.style!r}")
+    R, C = m.shape
+    rows = [str(x) for x in (p.row_labels if p.row_labels is not None else range(R))]
+    cols = [str(x) for x in (p.col_labels if p.col_labels is not None else range(C))]
+    strongest = "; ".join(f"{rows[i]} to {cols[int(np.nanargmax(m[i]))]} {float(np.nanmax(m[i])):.2f}" for i in range(R))
+    return {"y": "lines", "t": p.title, "r": rows, "k": cols, "w": C, "i": [],
+            "v": [f"{x:.3f}" if np.isfinite(x) and x >= 0.01 else "" for x in m.flat],
+            "d": "Line view: each row on the left is joined to each column on the right, darker lines carry "
+                 "more weight. Strongest of each row: " + strongest}
+
+
 def _panel_data(p: Panel, fmt: str, n: int) -> dict[str, Any]:
     """A panel as data: labels, the formatted cell texts and each cell's colour index (-1: masked)."""
     m = np.asarray(p.matrix, dtype=float)
     if m.ndim == 1:
         m = m[None, :]
+    if p.style != "heatmap":
+        return _lines_data(p, m)
     masked = np.zeros(m.shape, dtype=bool) if p.masked is None else np.asarray(p.masked, dtype=bool).reshape(m.shape)
     masked = masked | ~np.isfinite(m)
     visible = m[~masked]
@@ -137,6 +157,9 @@ def _frame_markup(data: dict[str, Any], pal: Sequence[tuple[str, str]]) -> str:
     esc = html.escape
     out = [f'<div class="attnlib-caption" style="margin:4px 0">{esc(data["c"])}</div>' if data["c"] else ""]
     for p in data["p"]:
+        if p.get("y") == "lines":
+            out.append(_lines_markup(p))
+            continue
         rows = []
         if p["k"] is not None:
             corner = _CORNER if p["r"] is not None else ""
@@ -156,13 +179,37 @@ def _frame_markup(data: dict[str, Any], pal: Sequence[tuple[str, str]]) -> str:
     return "".join(out)
 
 
+def _lines_markup(p: dict[str, Any]) -> str:
+    """The SVG of a line-view panel (integer coordinates, so the JavaScript twin writes the same text)."""
+    esc = html.escape
+    S, C = len(p["r"]), p["w"]
+    height = 36 + 22 * max(S, C)
+    lines = "".join(f'<line x1="110" y1="{41 + 22 * (j // C)}" x2="250" y2="{41 + 22 * (j % C)}" stroke-opacity="{o}"/>'
+                    for j, o in enumerate(p["v"]) if o)
+    left = "".join(f'<text x="102" y="{46 + 22 * i}" text-anchor="end">{esc(t)}</text>' for i, t in enumerate(p["r"]))
+    right = "".join(f'<text x="258" y="{46 + 22 * i}">{esc(t)}</text>' for i, t in enumerate(p["k"]))
+    title = f'<div style="font-weight:bold;margin:4px 0">{esc(p["t"])}</div>' if p["t"] else ""
+    return (f'<div style="display:inline-block;vertical-align:top;margin:0 12px 8px 0">{title}'
+            f'<svg class="attnlib-lines" role="img" aria-label="{esc(p["t"] + ". " + p["d"])}" viewBox="0 0 360 {height}" '
+            f'style="max-width:360px;width:100%;height:auto;font-family:sans-serif">'
+            f'<g stroke="#0072B2" stroke-width="3">{lines}</g><g font-size="14" fill="currentColor">{left}{right}</g></svg></div>')
+
+
 # Draws frame k of the JSON data into the frame box; the same markup as _frame_markup.
 _RENDER_JS = (
     "function(d,k){var S=d.s,P=d.pal,f=d.f[k],o=[];"
     "function e(x){return String(x).replace(/&/g,'&amp;').replace(/</g,'&lt;').replace(/>/g,'&gt;')"
     ".replace(/\"/g,'&quot;').replace(/'/g,'&#x27;');}"
     "o.push(f.c?'<div class=\"attnlib-caption\" style=\"margin:4px 0\">'+e(f.c)+'</div>':'');"
-    "f.p.forEach(function(p){var r=[],i,j,h;"
+    "function L(p){var S=p.r.length,C=p.w,a=[],b=[],j;"
+    "p.v.forEach(function(o,j){if(o)a.push('<line x1=\"110\" y1=\"'+(41+22*Math.floor(j/C))+'\" x2=\"250\" y2=\"'+(41+22*(j%C))+'\" stroke-opacity=\"'+o+'\"/>');});"
+    "p.r.forEach(function(t,i){b.push('<text x=\"102\" y=\"'+(46+22*i)+'\" text-anchor=\"end\">'+e(t)+'</text>');});"
+    "p.k.forEach(function(t,i){b.push('<text x=\"258\" y=\"'+(46+22*i)+'\">'+e(t)+'</text>');});"
+    "return '<div style=\"display:inline-block;vertical-align:top;margin:0 12px 8px 0\">'+(p.t?'<div style=\"font-weight:bold;margin:4px 0\">'+e(p.t)+'</div>':'')"
+    "+'<svg class=\"attnlib-lines\" role=\"img\" aria-label=\"'+e(p.t+'. '+p.d)+'\" viewBox=\"0 0 360 '+(36+22*Math.max(S,C))+'\" '"
+    "+'style=\"max-width:360px;width:100%;height:auto;font-family:sans-serif\">'"
+    "+'<g stroke=\"#0072B2\" stroke-width=\"3\">'+a.join('')+'</g><g font-size=\"14\" fill=\"currentColor\">'+b.join('')+'</g></svg></div>';}"
+    "f.p.forEach(function(p){if(p.y==='lines'){o.push(L(p));return;}var r=[],i,j,h;"
     "if(p.k){r.push('<tr>'+(p.r?S.corner:'')+p.k.map(function(c){return '<th scope=\"col\" style=\"'+S.head+'\">'+e(c)+'</th>';}).join('')+'</tr>');}"
     "for(i=0;i<p.v.length/p.w;i++){h=p.r?['<th scope=\"row\" style=\"'+S.rowhead+'\">'+e(p.r[i])+'</th>']:[];"
     "for(j=i*p.w;j<(i+1)*p.w;j++){var c=p.i[j];h.push(c<0?'<td class=\"attnlib-masked\" style=\"'+S.masked+'\"><span style=\"'+S.hidden+'\">masked</span></td>'"

@@ -229,3 +229,45 @@ def test_frame_html_shows_one_frame_like_the_static_slider() -> None:
     assert "input" not in markup  # no slider around a single frame
     inner = markup.split(">", 1)[1].rsplit("</div>", 1)[0]
     assert inner in static_slider(lambda: frame, [{}], slider_label="T", title="t", alt="a").data
+
+
+def _lines_frame(k: int) -> Frame:
+    w = np.array([[0.5, 0.5, 0.0], [0.2, 0.7, 0.1], [0.005, 0.005, 0.99]]) ** k
+    w = w / w.sum(axis=1, keepdims=True)
+    toks = ["a", "b", "<c>"]
+    return Frame(f"k = {k}", [Panel(w, toks, toks, title="one head", style="lines"),
+                              Panel(w, toks, toks, title="weights", vmin=0, vmax=1)], caption=f"power {k}")
+
+
+def test_line_view_panel_draws_one_line_per_visible_weight_with_a_text_alternative() -> None:
+    from attnbook import frame_html
+
+    markup = frame_html(_lines_frame(1)).data
+    svg = re.search(r"<svg .*?</svg>", markup).group(0)
+    assert svg.count("<line ") == 6  # 9 weights: no line for the 0 nor for the two of 0.005 (below 0.01)
+    assert 'role="img"' in svg and "Strongest of each row: a to a 0.50; b to b 0.70; &lt;c&gt; to &lt;c&gt; 0.99" in svg
+    assert svg.count("<text ") == 6 and "&lt;c&gt;" in svg  # labels escaped
+    with pytest.raises(ValueError, match="style must be 'heatmap' or 'lines'"):
+        frame_html(Frame("x", [Panel(np.eye(2), style="arrows")]))
+
+
+def test_javascript_renderer_writes_the_same_markup_as_python(tmp_path) -> None:
+    """Every frame the slider's script draws equals the frame Python draws (heatmap and line view)."""
+    import shutil
+    import subprocess
+
+    from attnbook import slider as sl
+
+    node = shutil.which("node")
+    assert node, "Node.js is needed for this test (the Makefile and .ci/run install it)"
+    settings = [{"k": k} for k in (1, 2, 3)]
+    frames = [_lines_frame(**s) for s in settings]
+    markup = static_slider(_lines_frame, settings, slider_label="k", title="t", alt="a").data
+    payload = re.search(r'<script type="application/json">(.*?)</script>', markup, re.S).group(1)
+    (tmp_path / "data.json").write_text(payload, encoding="utf-8")
+    script = f"const d=JSON.parse(require('fs').readFileSync({str(tmp_path / 'data.json')!r},'utf8'));" \
+             f"const render={sl._RENDER_JS};console.log(JSON.stringify(d.f.map((_,k)=>render(d,k))));"
+    out = subprocess.run([node, "-e", script], capture_output=True, text=True, check=True).stdout
+    pal = sl.palette("viridis")
+    expected = [sl._frame_markup(sl._frame_data(f, "{:.2f}", len(pal)), pal) for f in frames]
+    assert json.loads(out) == expected

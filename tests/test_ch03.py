@@ -8,7 +8,13 @@ import pytest
 import torch
 from torch import Tensor
 
-from attnbook.ch03 import ENTROPY_MISTAKES, WEIGHT_MISTAKES, check_entropy, check_scaled_weights, entropy
+from attnbook.ch03 import (
+    ENTROPY_MISTAKES,
+    WEIGHT_MISTAKES,
+    check_entropy,
+    check_scaled_weights,
+    entropy,
+)
 
 
 def _raw(q: Tensor, k: Tensor) -> Tensor:

@@ -8,7 +8,11 @@ import pytest
 import torch
 
 from attnbook import ch04
-from attnbook.ch04 import check_combined_mask, check_fully_masked_prediction, check_masking_order
+from attnbook.ch04 import (
+    check_combined_mask,
+    check_fully_masked_prediction,
+    check_masking_order,
+)
 from attnlib import MultiHeadSelfAttention, causal_mask
 
 

@@ -12,11 +12,8 @@ from torch import Tensor
 
 from attnbook.ch06 import (
     REPEAT_KV_MISTAKES,
-    STRIDE_MISTAKES,
-    packed_split_is_right,
-    split_blocks,
-    split_groups,
     SPLIT_ZOO,
+    STRIDE_MISTAKES,
     check_merge_heads,
     check_repeat_kv,
     check_split_heads,
@@ -24,6 +21,9 @@ from attnbook.ch06 import (
     check_split_test,
     check_transposed_strides,
     decode_tag,
+    packed_split_is_right,
+    split_blocks,
+    split_groups,
     tagged_tokens,
 )
 from attnlib import (

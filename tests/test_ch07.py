@@ -327,17 +327,3 @@ def test_norm_shares_sum_to_one_and_differ() -> None:
     sh = ch07.norm_shares(c)
     torch.testing.assert_close(sh["of_sum_of_norms"], torch.full((3,), 1 / 3))
     torch.testing.assert_close(sh["projection"], torch.tensor([0.0, 1.0, 0.0]))
-
-
-def test_line_view_svg_is_accessible_and_draws_one_line_per_visible_weight() -> None:
-    w = torch.tensor([[0.5, 0.5, 0.0], [0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
-    svg = ch07.line_view_svg(w, ["a", "b", "<c>"], title="toy head")
-    assert 'role="img"' in svg and "aria-label=" in svg and "<title>toy head</title>" in svg
-    assert svg.count("<line ") == 6 and 'stroke-opacity="1.000"' in svg
-    assert "&lt;c&gt;" in svg and "<c>" not in svg  # tokens are escaped
-    assert "b to b 1.00" in svg  # the text alternative names each query's strongest key
-    assert ch07.line_view_svg(w, ["a", "b", "c"], title="t", query=2).count("<line ") == 3
-    with pytest.raises(ValueError, match="S = len"):
-        ch07.line_view_svg(w, ["a", "b"], title="t")
-    html = ch07.svg_slider([svg, svg], ["x", "y"], slider_label="head", title="t").data
-    assert html.count('class="attnbook-lines-frame"') == 2 and 'type="range"' in html

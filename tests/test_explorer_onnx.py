@@ -28,7 +28,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from attnbook import ch07, explorer as ex
+from attnbook import ch07
+from attnbook import explorer as ex
 from attnlib import pretrained
 
 JS = ROOT / "book" / "_static" / "explorer"

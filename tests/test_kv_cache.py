@@ -9,7 +9,13 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlib import KVCache, MultiHeadLatentAttention, MultiHeadSelfAttention, causal_mask, kv_cache_bytes
+from attnlib import (
+    KVCache,
+    MultiHeadLatentAttention,
+    MultiHeadSelfAttention,
+    causal_mask,
+    kv_cache_bytes,
+)
 
 CHUNKS = (4, 1, 1, 1, 3, 1)  # a prefill of several tokens, single tokens, an uneven chunk
 S = sum(CHUNKS)
