@@ -13,10 +13,13 @@ The numbers shown in a static slider are real outputs of the notebook (and nbval
 
 from __future__ import annotations
 
+import base64
 import functools
+import gzip
 import hashlib
 import html
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -147,7 +150,8 @@ def _frame_data(frame: Frame, fmt: str, n: int) -> dict[str, Any]:
 # check that both give the same HTML.
 _HIDDEN = "position:absolute;width:1px;height:1px;overflow:hidden;clip:rect(0 0 0 0);white-space:nowrap"
 _MASKED = "background:repeating-linear-gradient(45deg,#ddd,#ddd 3px,#bbb 3px,#bbb 6px);min-width:3em"
-_CELL = "padding:2px 6px;text-align:center;min-width:3em"
+#: The style every heatmap cell shares, written once per output instead of once per cell.
+_CELL_STYLE = "<style>table.attnlib-heatmap td{padding:2px 6px;text-align:center;min-width:3em}</style>"
 _HEAD = "padding:2px 4px;font-weight:normal"
 _ROW_HEAD = "padding:2px 6px;text-align:right;font-weight:normal"
 _CORNER = f'<td><span style="{_HIDDEN}">row \\ column</span></td>'
@@ -171,7 +175,7 @@ def _frame_markup(data: dict[str, Any], pal: Sequence[tuple[str, str]]) -> str:
                 if k < 0:
                     cells.append(f'<td class="attnlib-masked" style="{_MASKED}"><span style="{_HIDDEN}">masked</span></td>')
                 else:
-                    cells.append(f'<td style="background:{pal[k][0]};color:{pal[k][1]};{_CELL}">{esc(p["v"][j])}</td>')
+                    cells.append(f'<td style="background:{pal[k][0]};color:{pal[k][1]}">{esc(p["v"][j])}</td>')
             rows.append("<tr>" + "".join(cells) + "</tr>")
         title = f'<div style="font-weight:bold;margin:4px 0">{esc(p["t"])}</div>' if p["t"] else ""
         out.append(f'<div style="display:inline-block;vertical-align:top;margin:0 12px 8px 0">{title}'
@@ -213,7 +217,7 @@ _RENDER_JS = (
     "if(p.k){r.push('<tr>'+(p.r?S.corner:'')+p.k.map(function(c){return '<th scope=\"col\" style=\"'+S.head+'\">'+e(c)+'</th>';}).join('')+'</tr>');}"
     "for(i=0;i<p.v.length/p.w;i++){h=p.r?['<th scope=\"row\" style=\"'+S.rowhead+'\">'+e(p.r[i])+'</th>']:[];"
     "for(j=i*p.w;j<(i+1)*p.w;j++){var c=p.i[j];h.push(c<0?'<td class=\"attnlib-masked\" style=\"'+S.masked+'\"><span style=\"'+S.hidden+'\">masked</span></td>'"
-    ":'<td style=\"background:'+P[c][0]+';color:'+P[c][1]+';'+S.cell+'\">'+e(p.v[j])+'</td>');}"
+    ":'<td style=\"background:'+P[c][0]+';color:'+P[c][1]+'\">'+e(p.v[j])+'</td>');}"
     "r.push('<tr>'+h.join('')+'</tr>');}"
     "o.push('<div style=\"display:inline-block;vertical-align:top;margin:0 12px 8px 0\">'+(p.t?'<div style=\"font-weight:bold;margin:4px 0\">'+e(p.t)+'</div>':'')"
     "+'<table class=\"attnlib-heatmap\" style=\"border-collapse:collapse;font-size:12px\">'+r.join('')+'</table></div>');});"
@@ -231,12 +235,25 @@ def frame_html(frame: Frame, *, fmt: str = "{:.2f}", cmap: str = "viridis") -> H
     like its kernel-free twin built by :func:`static_slider` from the same frames.
     """
     pal = palette(cmap)
-    return HTML(f"<div {_FRAME_BOX}>{_frame_markup(_frame_data(frame, fmt, len(pal)), pal)}</div>")
+    return HTML(f"{_CELL_STYLE}<div {_FRAME_BOX}>{_frame_markup(_frame_data(frame, fmt, len(pal)), pal)}</div>")
 
 
-def _json_for_script(data: Any) -> str:
-    """JSON that is safe inside ``<script type="application/json">`` (no ``</script>`` can end it)."""
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
+def _packed_for_script(data: Any) -> str:
+    """The frames' data as gzip-compressed JSON in base64 (deterministic: ``mtime=0``).
+
+    The numbers of 72 heatmaps repeat a lot: compressed they take about a fifth of the bytes, which
+    keeps the longest chapter's page light. Browsers unpack it with ``DecompressionStream``.
+    """
+    raw = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode("ascii")
+
+
+def unpack_slider_data(markup: str) -> dict[str, Any]:
+    """The data of the static slider in ``markup`` (its heatmaps' numbers, colours and labels), as Python objects."""
+    packed = re.search(r'<script type="application/gzip" class="attnlib-data">([^<]*)</script>', markup)
+    if packed is None:
+        raise ValueError("no static slider data found in the markup")
+    return json.loads(gzip.decompress(base64.b64decode(packed.group(1))))
 
 
 def static_slider(
@@ -277,23 +294,26 @@ def static_slider(
     pal = palette(cmap)
     data = [_frame_data(f, fmt, len(pal)) for f in frames]
     used = sorted({k for d in data for p in d["p"] for k in p["i"] if k >= 0})
-    styles = {"hidden": _HIDDEN, "masked": _MASKED, "cell": _CELL, "head": _HEAD, "rowhead": _ROW_HEAD, "corner": _CORNER}
-    payload = _json_for_script({"s": styles, "pal": {str(k): pal[k] for k in used}, "f": data})
+    styles = {"hidden": _HIDDEN, "masked": _MASKED, "head": _HEAD, "rowhead": _ROW_HEAD, "corner": _CORNER}
+    payload = _packed_for_script({"s": styles, "pal": {str(k): pal[k] for k in used}, "f": data})
     uid = "attnlib-slider-" + hashlib.sha1((title + slider_label + payload).encode()).hexdigest()[:10]
     labels = [f.label for f in frames]
     esc = html.escape
     script = (
         "<script>(function(){"
         f'var root=document.getElementById("{uid}");if(!root)return;'
-        'var d=JSON.parse(root.querySelector("script[type=\'application/json\']").textContent);'
         'var input=root.querySelector("input[type=range]"),out=root.querySelector(".attnlib-value"),'
         f'box=root.querySelector(".attnlib-frame"),render={_RENDER_JS};'
-        'function show(){var k=Number(input.value);if(String(k)!==box.dataset.index){box.innerHTML=render(d,k);box.dataset.index=k;}'
+        'function ready(d){function show(){var k=Number(input.value);if(String(k)!==box.dataset.index){box.innerHTML=render(d,k);box.dataset.index=k;}'
         'out.textContent=d.f[k].l;input.setAttribute("aria-valuetext",d.f[k].l);}'
-        'input.addEventListener("input",show);show();})();</script>'
+        'input.addEventListener("input",show);show();root.dataset.ready="1";}'
+        'if(!window.DecompressionStream){input.disabled=true;out.textContent+=" (this browser cannot unpack the other frames)";return;}'
+        'var b=atob(root.querySelector("script.attnlib-data").textContent),u=new Uint8Array(b.length);'
+        'for(var i=0;i<b.length;i++)u[i]=b.charCodeAt(i);'
+        'new Response(new Blob([u]).stream().pipeThrough(new DecompressionStream("gzip"))).json().then(ready);})();</script>'
     )
     markup = (
-        f'<div id="{uid}" class="attnlib-slider" role="group" aria-labelledby="{uid}-title" aria-describedby="{uid}-alt">'
+        f'{_CELL_STYLE}<div id="{uid}" class="attnlib-slider" role="group" aria-labelledby="{uid}-title" aria-describedby="{uid}-alt">'
         f'<div id="{uid}-title" style="font-weight:bold;font-size:1.05em">{esc(title)}</div>'
         f'<div id="{uid}-alt" style="{_HIDDEN}">{esc(alt)}</div>'
         f'<div style="margin:6px 0"><label for="{uid}-input">{esc(slider_label)}:</label> '
@@ -301,7 +321,7 @@ def static_slider(
         f'aria-valuetext="{esc(labels[initial])}" style="vertical-align:middle;width:16em;max-width:60%"> '
         f'<output class="attnlib-value" for="{uid}-input" aria-hidden="true">{esc(labels[initial])}</output></div>'
         f'<div {_FRAME_BOX} data-index="{initial}">{_frame_markup(data[initial], pal)}</div>'
-        f'<script type="application/json">{payload}</script>{script}</div>'
+        f'<script type="application/gzip" class="attnlib-data">{payload}</script>{script}</div>'
     )
     return HTML(markup)
 

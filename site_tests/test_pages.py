@@ -195,6 +195,7 @@ def test_sliders_change_the_figure(visit: tuple[TocPage, Visit]) -> None:
     sliders = page.locator(".attnlib-slider")
     if sliders.count() == 0:
         pytest.skip("no kernel-free slider on this page")
+    page.evaluate(SLIDERS_READY)
     for i in range(sliders.count()):
         slider, where = sliders.nth(i), f"{v.url} slider {i}"
         slider.scroll_into_view_if_needed()
@@ -210,7 +211,7 @@ def test_sliders_change_the_figure(visit: tuple[TocPage, Visit]) -> None:
             label = value.inner_text()
             assert rng.get_attribute("aria-valuetext") == label, f"{where}: aria-valuetext is not the shown value {label!r}"
             labels.add(label)
-            assert box.locator("table.attnlib-heatmap").count() >= 1, f"{where}: frame {k} has no heatmap"
+            assert box.locator("table.attnlib-heatmap, svg.attnlib-lines").count() >= 1, f"{where}: frame {k} has no heatmap or line view"
         assert len(labels) == frames, f"{where}: {frames} frames but {len(labels)} distinct labels"
         rng.fill(start)
         # the frame drawn by the page's JavaScript is exactly the one Python drew
@@ -283,6 +284,11 @@ def test_keyboard_reaches_the_interactives(visit: tuple[TocPage, Visit]) -> None
     assert favicon and v.page.request.get(favicon).ok, f"{v.url}: no favicon ({favicon})"
 
 
+#: Resolves once every static slider on the page has unpacked its frames (data-ready="1").
+SLIDERS_READY = """() => Promise.all([...document.querySelectorAll('.attnlib-slider')].map(root => new Promise(done => {
+  const wait = () => root.dataset.ready === '1' ? done() : setTimeout(wait, 20); wait();
+})))"""
+
 #: Draws every frame of every slider on the page at once (test only): the slider is moved to each
 #: position in turn and a copy of the frame it drew is kept inside the slider, so one axe run sees
 #: every frame, in the slider's own styles and colour mode.
@@ -302,6 +308,7 @@ def test_accessibility_light_and_dark(visit: tuple[TocPage, Visit]) -> None:
     toc_page, v = visit
     page, before = v.page, len(v.errors)
     page.wait_for_timeout(500)  # attnbook.js re-measures scrolling boxes 350 ms after the last click
+    page.evaluate(SLIDERS_READY)
     page.evaluate(SHOW_ALL_FRAMES)
     problems, report = [], {}
     try:

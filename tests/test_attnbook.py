@@ -24,6 +24,7 @@ from attnbook import (
 from attnbook.feedback import Feedback
 from attnbook.figures import attention_heatmap
 from attnbook.quiz import show_quiz, validate_quiz
+from attnbook.slider import unpack_slider_data
 
 
 def test_feedback_repr_and_truth() -> None:
@@ -139,7 +140,7 @@ SETTINGS = [{"t": t} for t in (1, 2, 3)]
 
 
 def _slider_data(markup: str) -> dict:
-    return json.loads(re.search(r'<script type="application/json">(.*?)</script>', markup).group(1))
+    return unpack_slider_data(markup)
 
 
 def test_static_slider_stores_every_frame_as_data_and_shows_one() -> None:
@@ -227,7 +228,10 @@ def test_frame_html_shows_one_frame_like_the_static_slider() -> None:
     markup = frame_html(frame).data
     assert "H = 0.56" in markup and "0.75" in markup and ">a<" in markup
     assert "input" not in markup  # no slider around a single frame
-    inner = markup.split(">", 1)[1].rsplit("</div>", 1)[0]
+    from attnbook.slider import _CELL_STYLE
+
+    assert markup.startswith(_CELL_STYLE)  # the cells' shared style, once per output
+    inner = markup.removeprefix(_CELL_STYLE).split(">", 1)[1].rsplit("</div>", 1)[0]
     assert inner in static_slider(lambda: frame, [{}], slider_label="T", title="t", alt="a").data
 
 
@@ -263,8 +267,7 @@ def test_javascript_renderer_writes_the_same_markup_as_python(tmp_path) -> None:
     settings = [{"k": k} for k in (1, 2, 3)]
     frames = [_lines_frame(**s) for s in settings]
     markup = static_slider(_lines_frame, settings, slider_label="k", title="t", alt="a").data
-    payload = re.search(r'<script type="application/json">(.*?)</script>', markup, re.S).group(1)
-    (tmp_path / "data.json").write_text(payload, encoding="utf-8")
+    (tmp_path / "data.json").write_text(json.dumps(sl.unpack_slider_data(markup)), encoding="utf-8")
     script = f"const d=JSON.parse(require('fs').readFileSync({str(tmp_path / 'data.json')!r},'utf8'));" \
              f"const render={sl._RENDER_JS};console.log(JSON.stringify(d.f.map((_,k)=>render(d,k))));"
     out = subprocess.run([node, "-e", script], capture_output=True, text=True, check=True).stdout
