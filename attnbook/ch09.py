@@ -289,7 +289,7 @@ def generation_frame(step: int, window: int = 4) -> Frame:
     """Step ``step`` (1-based) of generation: the newest token's weights over what the cache holds,
     once with a full cache and once with a sliding window of ``window`` (4 or None)."""
     panels, captions = zip(*(_generation_panel(step, w) for w in (None, window)))
-    intro = f"Token {step} ({GENERATION_TOKENS[step - 1]!r}) is the newest query; it attends to the cached keys and to itself."
+    intro = f"The token at position {step - 1} ({GENERATION_TOKENS[step - 1]!r}) is the newest query; it attends to the cached keys and to itself."
     return Frame(label=f"step {step}", panels=list(panels), caption=" ".join((intro, *captions)))
 
 
