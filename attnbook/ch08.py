@@ -2,7 +2,10 @@
 
 * :data:`GPUS`: datasheet numbers of two GPUs (not measurements), with their sources.
 * :func:`standard_attention_io`, :func:`flash_v1_io`, :func:`fused_forward_io`: exact HBM traffic.
-* :func:`tile_frame`: the frame of the tile-schedule slider.
+* :func:`tile_frame`, :func:`tile_grid_html`: the frame of the tile-schedule slider, and its live redraw.
+* :func:`exp_per_s`: exponentials per second of a GPU's special-function units (datasheet-derived).
+* :func:`triton_demo_lines`, :data:`TRITON_INTERPRETER_RUN`: the Triton example, live or as stored.
+* :func:`lazy_online_softmax`: the online softmax that rescales only when the maximum grows a lot.
 * :func:`check_online_softmax_update`: one step of the online softmax (fold a tile of scores
   into the running max ``m``, running sum ``l`` and running output ``acc``).
 * :func:`check_tile_weights`: recover one tile's weights from the scores and the logsumexp.
@@ -39,6 +42,12 @@ __all__ = [
     "flash_v1_io",
     "fused_forward_io",
     "tile_frame",
+    "TILE_FMT",
+    "tile_grid_html",
+    "exp_per_s",
+    "lazy_online_softmax",
+    "TRITON_INTERPRETER_RUN",
+    "triton_demo_lines",
     "reference_tile_weights",
     "check_tile_weights",
     "reference_merge_partials",
@@ -54,18 +63,34 @@ __all__ = [
 #: give one kernel (its L1/shared total in brackets), SM count, dense float16/bfloat16 tensor-core FLOP/s.
 GPUS: dict[str, dict[str, Any]] = {
     "A100 SXM4 80GB": dict(
-        hbm_bytes_per_s=2039e9, smem_kib=164, l1_smem_kib=192, sms=108, fp16_flops=312e12,
+        hbm_bytes_per_s=2039e9, smem_kib=164, l1_smem_kib=192, sms=108, fp16_flops=312e12, boost_hz=1.41e9,
         source="NVIDIA A100 Tensor Core GPU datasheet (2,039 GB/s; FP16 and BF16 Tensor Core 312 TFLOPS, "
                "624 with sparsity); NVIDIA Ampere GPU Architecture Tuning Guide (up to 164 KB shared memory "
-               "of a 192 KB L1/shared memory per SM; 108 SMs)",
+               "of a 192 KB L1/shared memory per SM; 108 SMs; boost clock 1,410 MHz)",
     ),
     "H100 SXM5 80GB": dict(
-        hbm_bytes_per_s=3.35e12, smem_kib=228, l1_smem_kib=256, sms=132, fp16_flops=989.4e12,
+        hbm_bytes_per_s=3.35e12, smem_kib=228, l1_smem_kib=256, sms=132, fp16_flops=989.4e12, boost_hz=1.83e9,
         source="NVIDIA H100 Tensor Core GPU datasheet (3.35 TB/s; FP16 and BF16 Tensor Core 1,979 TFLOPS "
                "with sparsity, i.e. 989.4 dense, the figure of the NVIDIA H100 architecture whitepaper); "
-               "NVIDIA Hopper Tuning Guide (up to 228 KB shared memory of a 256 KB L1/shared memory per SM; 132 SMs)",
+               "NVIDIA Hopper Tuning Guide (up to 228 KB shared memory of a 256 KB L1/shared memory per SM; 132 SMs); "
+               "boost clock 1,830 MHz (the clock at which 132 SMs give 989.4 TFLOP/s)",
     ),
 }
+
+#: Exponentials (``exp2``, the special-function units' ``MUFU.EX2``) per clock per SM on compute
+#: capability 8.0 and 9.0: the arithmetic-instruction throughput table of the CUDA C++ Programming Guide.
+SFU_OPS_PER_CLOCK_PER_SM = 16
+
+
+def exp_per_s(gpu: dict[str, Any]) -> float:
+    """Exponentials per second of a GPU's special-function units: SMs x 16 per clock x boost clock.
+
+    A datasheet-derived bound, not a measurement.
+
+    >>> round(exp_per_s(GPUS["H100 SXM5 80GB"]) / 1e12, 2)
+    3.86
+    """
+    return gpu["sms"] * SFU_OPS_PER_CLOCK_PER_SM * gpu["boost_hz"]
 
 
 def standard_attention_io(N: int, d: int) -> int:
@@ -78,16 +103,25 @@ def standard_attention_io(N: int, d: int) -> int:
     return 4 * N * d + 4 * N * N
 
 
-def flash_v1_io(N: int, d: int, M: int) -> int:
+def flash_v1_io(N: int, d: int, M: int | None = None, *, block_k: int | None = None) -> int:
     """HBM numbers of FlashAttention's forward (Algorithm 1 of Dao et al., 2022), per (batch, head).
 
-    ``M`` is the on-chip memory in numbers. Key/value blocks of ``B_c = ceil(M / 4d)`` rows are
+    The loop order of FlashAttention-1: key/value blocks outside, query blocks inside. Line 2
+    initialises ``O``, ``l`` and ``m`` in HBM (``Nd + 2N``). Key/value blocks of ``B_c`` rows are
     loaded once (``2Nd`` in all); for each of the ``T_c = ceil(N / B_c)`` of them every query block
     is loaded and the output and the statistics ``l, m`` are read and written back
-    (``3Nd + 4N`` per key block). Total ``2Nd + T_c (3Nd + 4N)``: Theta(N^2 d^2 / M).
+    (``3Nd + 4N`` per key block). Total ``3Nd + 2N + T_c (3Nd + 4N)``: Theta(N^2 d^2 / M).
+
+    Args:
+        N, d: sequence length and head width.
+        M: on-chip memory in numbers; the paper's key block is then ``B_c = ceil(M / 4d)``.
+        block_k: the key block ``B_c`` directly (to compare loop orders at equal block sizes).
     """
-    T_c = math.ceil(N / math.ceil(M / (4 * d)))
-    return 2 * N * d + T_c * (3 * N * d + 4 * N)
+    if (M is None) == (block_k is None):
+        raise ValueError(f"give exactly one of M and block_k, got M = {M!r}, block_k = {block_k!r}")
+    B_c = math.ceil(M / (4 * d)) if block_k is None else block_k
+    T_c = math.ceil(N / B_c)
+    return (N * d + 2 * N) + 2 * N * d + T_c * (3 * N * d + 4 * N)
 
 
 def fused_forward_io(N: int, d: int, block_q: int, causal: bool = False) -> int:
@@ -99,6 +133,17 @@ def fused_forward_io(N: int, d: int, block_q: int, causal: bool = False) -> int:
     """
     key_rows = sum(min(N, q0 + block_q) if causal else N for q0 in range(0, N, block_q))
     return 2 * N * d + N + 2 * d * key_rows
+
+
+#: How the tile grid prints its cells (kinds 0, 1, 2), live and static alike.
+TILE_FMT = "{:.0f}"
+
+
+def tile_grid_html(block: int) -> Any:
+    """The tile grid of :func:`tile_frame` as HTML, formatted as the static slider formats it (live redraws)."""
+    from .slider import frame_html
+
+    return frame_html(tile_frame(block), fmt=TILE_FMT)
 
 
 def tile_frame(block: int, S: int = 1024, d: int = 64) -> Frame:
@@ -114,9 +159,87 @@ def tile_frame(block: int, S: int = 1024, d: int = 64) -> Frame:
                f"HBM traffic per head: {fused / 1e6:.2f} M numbers fused vs {standard / 1e6:.2f} M standard "
                f"({standard / fused:.1f}x less); arithmetic intensity in float16 about "
                f"{2 * S * S * d / (2 * fused):.0f} FLOP/byte.")
-    panel = Panel(kind.numpy(), labels, labels, f"query block (rows) x key block (columns), block = {block}",
+    legend = "2 = on the diagonal (masked inside), 1 = computed in full, hatched = skipped"
+    panel = Panel(kind.numpy(), labels, labels, f"query block (rows) x key block (columns), block = {block}: {legend}",
                   vmin=0, vmax=2, masked=(kind == 0).numpy())
     return Frame(label=f"block {block}", panels=[panel], caption=caption)
+
+
+def lazy_online_softmax(s: Tensor, v: Tensor, block: int, threshold: float = 8.0) -> tuple[Tensor, int, int]:
+    """Online softmax over key blocks that rescales only when the maximum grows by more than ``threshold``.
+
+    The reference point ``m`` of the running sums ``l`` and ``acc`` need not be the true maximum:
+    any ``m`` gives the same ``acc / l``, because the common factor ``exp(-m)`` cancels. It only
+    has to keep ``exp(s - m)`` from overflowing. So a row keeps its stale ``m`` while every new score
+    stays below ``m + threshold`` (``exp(8) ~ 2981``, far from float32's limit), and is rescaled only
+    when a score climbs higher. FlashAttention-4 skips rescales this way.
+
+    Args:
+        s: ``[S_q, S_k]`` scores.
+        v: ``[S_k, D_v]`` values.
+        block: keys per block.
+        threshold: how far a new score may exceed the row's reference point before it is moved.
+
+    Returns:
+        ``(out [S_q, D_v], rescales, max_changes)``: the output, how many (row, block) steps
+        rescaled, and how many the exact online softmax would rescale (the row maximum grew).
+
+    >>> s, v = torch.randn(4, 64, dtype=torch.float64), torch.randn(64, 3, dtype=torch.float64)
+    >>> out, lazy, exact = lazy_online_softmax(s, v, block=16)
+    >>> torch.allclose(out, torch.softmax(s, dim=-1) @ v), lazy <= exact
+    (True, True)
+    """
+    S_q = s.shape[0]
+    m = torch.full((S_q, 1), float("-inf"), dtype=s.dtype)  # [S_q, 1] reference point, possibly stale
+    m_true = m.clone()  # [S_q, 1] the true running maximum, only to count what the exact version does
+    l = torch.zeros(S_q, 1, dtype=s.dtype)  # [S_q, 1]
+    acc = torch.zeros(S_q, v.shape[1], dtype=s.dtype)  # [S_q, D_v]
+    rescales = max_changes = 0
+    for k0 in range(0, s.shape[1], block):
+        s_blk, v_blk = s[:, k0:k0 + block], v[k0:k0 + block]  # [S_q, bk], [bk, D_v]
+        blk_max = s_blk.amax(dim=-1, keepdim=True)  # [S_q, 1]
+        grew = blk_max > m_true  # [S_q, 1] the exact online softmax rescales these rows
+        max_changes += int(grew[torch.isfinite(m_true)].sum())  # the first block is not a rescale
+        m_true = torch.maximum(m_true, blk_max)
+        move = blk_max > m + threshold  # [S_q, 1] rows whose reference point must move
+        rescales += int(move[torch.isfinite(m)].sum())
+        m_new = torch.where(move, blk_max, m)  # [S_q, 1]
+        alpha = torch.exp(m - m_new)  # [S_q, 1]: 1 for the rows that keep m, 0 on the first block
+        p = torch.exp(s_blk - m_new)  # [S_q, bk], at most exp(threshold)
+        l = l * alpha + p.sum(dim=-1, keepdim=True)
+        acc = acc * alpha + p @ v_blk
+        m = m_new
+    return acc / l, rescales, max_changes
+
+
+#: What :func:`triton_demo_lines` printed in Triton's interpreter on a CPU (float32), for readers without Triton.
+TRITON_INTERPRETER_RUN: tuple[str, ...] = (
+    "grid of program instances: (4, 2) | output (1, 2, 50, 32) torch.float32",
+    "equal to SDPA within 1e-05: True",
+)
+
+
+def triton_demo_lines(device: torch.device | str) -> list[str]:
+    """Run :func:`attnlib.triton_flash_attention` on a tiny causal example and describe the result.
+
+    ``[1, 2, 50, 32]`` inputs with 16-blocks: a grid of ``(ceil(50 / 16), 1 * 2) = (4, 2)`` program
+    instances. float16 on CUDA, float32 on the CPU (Triton's interpreter, ``TRITON_INTERPRET=1``);
+    compared with ``F.scaled_dot_product_attention`` in float32. Raises ``AssertionError`` if they differ.
+    """
+    import torch.nn.functional as F
+    from attnlib.triton_flash import triton_flash_attention
+
+    device = torch.device(device)
+    dtype = torch.float16 if device.type == "cuda" else torch.float32  # the interpreter runs float16/float32
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, 50, 32, generator=gen).to(device, dtype) for _ in range(3))  # [B, H, S, D_k]
+    out = triton_flash_attention(q, k, v, causal=True, block_q=16, block_k=16)  # [B, H, S, D_k]
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    tol = 2e-3 if dtype == torch.float16 else 1e-5
+    same = torch.allclose(out.float(), ref, atol=tol)
+    assert same, f"triton_flash_attention differs from SDPA by {(out.float() - ref).abs().max().item():.2e}"
+    return [f"grid of program instances: {(math.ceil(50 / 16), 1 * 2)} | output {tuple(out.shape)} {out.dtype}",
+            f"equal to SDPA within {tol:g}: {same}"]
 
 
 def reference_online_update(m: Tensor, l: Tensor, acc: Tensor, s: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:

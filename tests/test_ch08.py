@@ -20,6 +20,12 @@ from attnbook.ch08 import (
     reference_tile_weights,
     standard_attention_io,
     tile_frame,
+    TILE_FMT,
+    TRITON_INTERPRETER_RUN,
+    GPUS,
+    exp_per_s,
+    lazy_online_softmax,
+    tile_grid_html,
 )
 
 
@@ -173,8 +179,10 @@ def test_io_counts_by_hand() -> None:
     # block 4: two query blocks, each reads all 8 key rows of K and V (2 * 2 numbers per row)
     assert fused_forward_io(N, d, 4) == 2 * 8 * 2 + 8 + 2 * 2 * (8 + 8)
     assert fused_forward_io(N, d, 4, causal=True) == 2 * 8 * 2 + 8 + 2 * 2 * (4 + 8)
-    # M = 16 numbers: B_c = ceil(16 / 8) = 2, T_c = 4 key blocks
-    assert flash_v1_io(N, d, 16) == 2 * 8 * 2 + 4 * (3 * 8 * 2 + 4 * 8)
+    # M = 16 numbers: B_c = ceil(16 / 8) = 2, T_c = 4 key blocks; O, l, m initialised first (N d + 2N)
+    assert flash_v1_io(N, d, 16) == (8 * 2 + 2 * 8) + 2 * 8 * 2 + 4 * (3 * 8 * 2 + 4 * 8)
+    assert flash_v1_io(N, d, block_k=2) == flash_v1_io(N, d, 16)
+    assert flash_v1_io(N, d, block_k=8) == (8 * 2 + 2 * 8) + 2 * 8 * 2 + 1 * (3 * 8 * 2 + 4 * 8)
 
 
 def test_io_grows_like_n_squared_d_squared_over_m() -> None:
@@ -187,3 +195,81 @@ def test_tile_frame_counts_the_causal_tiles() -> None:
     frame = tile_frame(256)  # S = 1024: 4 x 4 tiles, 10 computed, 4 on the diagonal
     assert frame.caption.startswith("10 of 16 tiles computed (4 on the diagonal)")
     assert int(frame.panels[0].masked.sum()) == 6
+
+
+def test_flash_v1_io_needs_exactly_one_block_rule() -> None:
+    with pytest.raises(ValueError, match="exactly one of M and block_k"):
+        flash_v1_io(64, 8)
+    with pytest.raises(ValueError, match="exactly one of M and block_k"):
+        flash_v1_io(64, 8, 256, block_k=8)
+
+
+@pytest.mark.parametrize("N, d", [(4096, 64), (2048, 128), (1000, 40)])
+@pytest.mark.parametrize("block", [32, 64, 128, 328])
+def test_fa2_order_moves_about_a_third_less_at_equal_blocks(N: int, d: int, block: int) -> None:
+    """Per block, FA-1's order streams Q in and O in and out (3Nd), FA-2's streams K and V in (2Nd)."""
+    ratio = flash_v1_io(N, d, block_k=block) / fused_forward_io(N, d, block)
+    assert 1.4 < ratio < 1.6
+
+
+def test_exp_throughput_from_the_datasheet_numbers() -> None:
+    a100, h100 = GPUS["A100 SXM4 80GB"], GPUS["H100 SXM5 80GB"]
+    assert exp_per_s(a100) == 108 * 16 * 1.41e9
+    # the boost clocks are the ones at which the tensor cores give the datasheet's dense fp16 rate
+    assert abs(a100["fp16_flops"] / (108 * 2048 * a100["boost_hz"]) - 1) < 0.01  # 1024 FMA per clock per SM
+    assert abs(h100["fp16_flops"] / (132 * 4096 * h100["boost_hz"]) - 1) < 0.01  # 2048 FMA per clock per SM
+    # with d = 64 an H100 spends as long on the N^2 exponentials as on the 4 N^2 d matmul FLOPs
+    assert abs((4 * 64 / h100["fp16_flops"]) / (1 / exp_per_s(h100)) - 1) < 0.01
+
+
+@pytest.mark.parametrize("seed, S_q, S_k, block", [(0, 5, 64, 16), (1, 7, 100, 32), (2, 3, 33, 8)])
+def test_lazy_online_softmax_equals_softmax(seed: int, S_q: int, S_k: int, block: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.randn(S_q, S_k, generator=gen, dtype=torch.float64) * 3 + torch.linspace(0, 30, S_k, dtype=torch.float64)
+    v = torch.randn(S_k, 4, generator=gen, dtype=torch.float64)
+    for threshold in (0.0, 2.0, 8.0, 100.0):
+        out, lazy, exact = lazy_online_softmax(s, v, block, threshold)
+        torch.testing.assert_close(out, torch.softmax(s, dim=-1) @ v)
+        assert 0 <= lazy <= exact
+    # threshold 0: rescale whenever the maximum grows, like the exact online softmax
+    assert lazy_online_softmax(s, v, block, 0.0)[1] == lazy_online_softmax(s, v, block, 0.0)[2]
+    assert lazy_online_softmax(s, v, block, 100.0)[1] == 0  # never moves: exp(s - m) stays below e^100
+
+
+def test_lazy_online_softmax_stays_finite_in_float32() -> None:
+    s = torch.linspace(0, 80, 256).repeat(2, 1)  # exp(80) overflows float32 without a moving reference
+    v = torch.ones(256, 3)
+    out, lazy, exact = lazy_online_softmax(s, v, block=16, threshold=8.0)
+    assert torch.isfinite(out).all() and lazy > 0 and lazy < exact
+    torch.testing.assert_close(out, torch.ones(2, 3))
+
+
+def test_live_and_static_tile_grids_format_alike() -> None:
+    import re
+
+    from attnbook.slider import static_slider, unpack_slider_data
+
+    live = tile_grid_html(128).data
+    static = static_slider(tile_frame, [dict(block=128)], slider_label="block", title="t", alt="a", fmt=TILE_FMT).data
+    values = unpack_slider_data(static)["f"][0]["p"][0]["v"]
+    assert set(values) == {"", "1", "2"}
+    assert ">2<" in live and ">1<" in live and "2.00" not in live
+    legend = "2 = on the diagonal (masked inside), 1 = computed in full, hatched = skipped"
+    assert legend in live and legend in static
+    assert re.search(r"HBM traffic per head", live)
+
+
+def test_stored_triton_run_matches_a_real_interpreter_run() -> None:
+    """The lines shown to readers without Triton are what the interpreter really prints."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    code = "from attnbook.ch08 import triton_demo_lines; print(repr(tuple(triton_demo_lines('cpu'))))"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == repr(TRITON_INTERPRETER_RUN)
