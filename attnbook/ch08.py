@@ -3,6 +3,7 @@
 * :data:`GPUS`: datasheet numbers of two GPUs (not measurements), with their sources.
 * :func:`standard_attention_io`, :func:`flash_v1_io`, :func:`fused_forward_io`: exact HBM traffic.
 * :func:`tile_frame`, :func:`tile_grid_html`: the frame of the tile-schedule slider, and its live redraw.
+* :func:`steady_median_ms`: timings that load from other programs does not inflate (one thread, CPU time).
 * :func:`exp_per_s`: exponentials per second of a GPU's special-function units (datasheet-derived).
 * :func:`triton_demo_lines`, :data:`TRITON_INTERPRETER_RUN`: the Triton example, live or as stored.
 * :func:`lazy_online_softmax`: the online softmax that rescales only when the maximum grows a lot.
@@ -43,6 +44,7 @@ __all__ = [
     "fused_forward_io",
     "tile_frame",
     "TILE_FMT",
+    "steady_median_ms",
     "tile_grid_html",
     "exp_per_s",
     "lazy_online_softmax",
@@ -133,6 +135,29 @@ def fused_forward_io(N: int, d: int, block_q: int, causal: bool = False) -> int:
     """
     key_rows = sum(min(N, q0 + block_q) if causal else N for q0 in range(0, N, block_q))
     return 2 * N * d + N + 2 * d * key_rows
+
+
+def steady_median_ms(fns: dict[str, Callable[[], Any]], *, repeats: int, warmup: int = 1,
+                     device: torch.device | str = "cpu") -> dict[str, float]:
+    """Median milliseconds of each callable, measured so that other programs on a CPU do not inflate them.
+
+    On a CPU, torch runs on one thread for the measurement (the setting is restored afterwards) and
+    each call is timed by that thread's CPU time (``time.thread_time``), which waiting for the cores
+    does not add to; the callables take turns as in :func:`attnbook.measure.interleaved_median_ms`.
+    On CUDA it is that function's wall time, synchronised. Print the results with the book's ``~``.
+    """
+    import time
+
+    from .measure import interleaved_median_ms
+
+    if torch.device(device).type != "cpu":
+        return interleaved_median_ms(fns, repeats=repeats, warmup=warmup, device=device)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return interleaved_median_ms(fns, repeats=repeats, warmup=warmup, device=device, clock=time.thread_time)
+    finally:
+        torch.set_num_threads(threads)
 
 
 #: How the tile grid prints its cells (kinds 0, 1, 2), live and static alike.

@@ -26,6 +26,7 @@ from attnbook.ch08 import (
     exp_per_s,
     lazy_online_softmax,
     tile_grid_html,
+    steady_median_ms,
 )
 
 
@@ -273,3 +274,20 @@ def test_stored_triton_run_matches_a_real_interpreter_run() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=root)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == repr(TRITON_INTERPRETER_RUN)
+
+
+def test_steady_median_ms_uses_one_thread_and_restores_the_setting() -> None:
+    before = torch.get_num_threads()
+    seen = []
+    ms = steady_median_ms({"a": lambda: seen.append(torch.get_num_threads()), "b": lambda: sum(range(20000))},
+                          repeats=3, warmup=1)
+    assert set(ms) == {"a", "b"} and all(v >= 0 for v in ms.values())
+    assert seen and set(seen) == {1} and torch.get_num_threads() == before
+    assert ms["b"] > ms["a"]  # CPU time of real work exceeds that of an append
+
+
+def test_steady_median_ms_restores_threads_when_a_call_fails() -> None:
+    before = torch.get_num_threads()
+    with pytest.raises(ZeroDivisionError):
+        steady_median_ms({"bad": lambda: 1 / 0}, repeats=1)
+    assert torch.get_num_threads() == before
