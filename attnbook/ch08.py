@@ -3,6 +3,7 @@
 * :data:`GPUS`: datasheet numbers of two GPUs (not measurements), with their sources.
 * :func:`standard_attention_io`, :func:`flash_v1_io`, :func:`fused_forward_io`: exact HBM traffic.
 * :func:`tile_frame`, :func:`tile_grid_html`: the frame of the tile-schedule slider, and its live redraw.
+* :func:`loop_order_figure`: the tile orders of FlashAttention-1 and -2, and what each keeps on chip.
 * :func:`steady_median_ms`: timings that load from other programs does not inflate (one thread, CPU time).
 * :func:`exp_per_s`: exponentials per second of a GPU's special-function units (datasheet-derived).
 * :func:`triton_demo_lines`, :data:`TRITON_INTERPRETER_RUN`: the Triton example, live or as stored.
@@ -44,6 +45,8 @@ __all__ = [
     "fused_forward_io",
     "tile_frame",
     "TILE_FMT",
+    "TILE_LEGEND",
+    "loop_order_figure",
     "steady_median_ms",
     "tile_grid_html",
     "exp_per_s",
@@ -171,23 +174,72 @@ def tile_grid_html(block: int) -> Any:
     return frame_html(tile_frame(block), fmt=TILE_FMT)
 
 
+#: The tile grid's legend. The slider announces hidden (hatched) cells as "masked" to screen readers,
+#: so the legend names them that way too, and the diagonal tiles are described without the word.
+TILE_LEGEND = ("2 = on the diagonal (computed, the future hidden inside the tile), 1 = computed in full, "
+               "hatched (masked) = skipped, never loaded")
+
+
 def tile_frame(block: int, S: int = 1024, d: int = 64) -> Frame:
-    """The causal tile schedule for ``S`` positions and square ``block`` tiles, with its HBM traffic."""
+    """The causal tile schedule for ``S`` positions and square ``block`` tiles, with its HBM traffic.
+
+    The caption's arithmetic intensity divides the FLOPs of the tiles really computed (``Q K^T`` and
+    ``P V`` over every computed tile, masked part included) by the float16 bytes of the fused kernel's
+    traffic in FlashAttention-2's order (:func:`fused_forward_io`).
+    """
     n = math.ceil(S / block)
     kind = torch.zeros(n, n)  # 1 = a full tile, 2 = on the diagonal (masked inside)
     for i in range(n):
         kind[i, : i + 1] = 1
         kind[i, i] = 2
+    sizes = [min(block, S - i * block) for i in range(n)]  # rows (or keys) of each block
+    tile_flops = sum(4 * sizes[i] * sizes[j] * d for i in range(n) for j in range(i + 1))  # computed tiles
     labels = [str(i * block) for i in range(n)]
     fused, standard = fused_forward_io(S, d, block, causal=True), standard_attention_io(S, d)
     caption = (f"{int((kind > 0).sum())} of {n * n} tiles computed ({int((kind == 2).sum())} on the diagonal). "
-               f"HBM traffic per head: {fused / 1e6:.2f} M numbers fused vs {standard / 1e6:.2f} M standard "
-               f"({standard / fused:.1f}x less); arithmetic intensity in float16 about "
-               f"{2 * S * S * d / (2 * fused):.0f} FLOP/byte.")
-    legend = "2 = on the diagonal (masked inside), 1 = computed in full, hatched = skipped"
-    panel = Panel(kind.numpy(), labels, labels, f"query block (rows) x key block (columns), block = {block}: {legend}",
+               f"HBM traffic per head in FlashAttention-2's order: {fused / 1e6:.2f} M numbers, against "
+               f"{standard / 1e6:.2f} M for standard attention ({standard / fused:.1f}x less); FLOPs of the "
+               f"computed tiles per byte moved, in float16: about {tile_flops / (2 * fused):.0f}.")
+    panel = Panel(kind.numpy(), labels, labels, f"query block (rows) x key block (columns), block = {block}: {TILE_LEGEND}",
                   vmin=0, vmax=2, masked=(kind == 0).numpy())
     return Frame(label=f"block {block}", panels=[panel], caption=caption)
+
+
+def loop_order_figure() -> Any:
+    """Two panels: the order in which FlashAttention-1 and FlashAttention-2 visit a 4 x 4 grid of tiles.
+
+    Each tile is numbered by the step that computes it; the orange tiles are the first four steps,
+    during which one block stays in on-chip SRAM, and the text under each grid says what stays
+    and what moves through HBM. Returns the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    n = 4
+    fig, axes = plt.subplots(1, 2, figsize=(7.2, 4.9))
+    orders = (
+        ("FlashAttention-1: key blocks outside", lambda i, j: j * n + i, lambda i, j: j == 0,
+         "steps 1-4: K1, V1 stay in SRAM\nevery step: read Q_i, and read and\nwrite back O_i, l_i, m_i in HBM"),
+        ("FlashAttention-2: query blocks outside", lambda i, j: i * n + j, lambda i, j: i == 0,
+         "steps 1-4: Q1, its acc, l and m stay\nin SRAM; every step: read K_j, V_j;\nO1 written once, after step 4"),
+    )
+    for ax, (title, step, first, text) in zip(axes, orders):
+        for i in range(n):
+            for j in range(n):
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#E69F00" if first(i, j) else "#FFFFFF",
+                                       edgecolor="#555555", lw=1))
+                ax.text(j + 0.5, i + 0.5, str(step(i, j) + 1), ha="center", va="center", fontsize=12)
+        ax.set(xlim=(0, n), ylim=(n, 0), aspect="equal")
+        ax.set_title(title, fontsize=10)
+        ax.set_xticks([j + 0.5 for j in range(n)], [f"K{j + 1}" for j in range(n)], fontsize=9)
+        ax.set_yticks([i + 0.5 for i in range(n)], [f"Q{i + 1}" for i in range(n)], fontsize=9)
+        ax.set_xlabel("key/value blocks", fontsize=9)
+        ax.set_ylabel("query blocks", fontsize=9)
+        ax.tick_params(length=0)
+        ax.text(0.0, -0.2, text, ha="left", va="top", fontsize=9.5, transform=ax.transAxes)
+    fig.suptitle("Tiles numbered in the order computed (orange: steps 1-4)", fontsize=11)
+    fig.subplots_adjust(left=0.08, right=0.98, top=0.88, bottom=0.27, wspace=0.3)
+    return fig
 
 
 def lazy_online_softmax(s: Tensor, v: Tensor, block: int, threshold: float = 8.0) -> tuple[Tensor, int, int]:

@@ -21,6 +21,8 @@ from attnbook.ch08 import (
     standard_attention_io,
     tile_frame,
     TILE_FMT,
+    TILE_LEGEND,
+    loop_order_figure,
     TRITON_INTERPRETER_RUN,
     GPUS,
     exp_per_s,
@@ -198,6 +200,34 @@ def test_tile_frame_counts_the_causal_tiles() -> None:
     assert int(frame.panels[0].masked.sum()) == 6
 
 
+def test_tile_frame_intensity_counts_the_computed_tiles() -> None:
+    """At block 512 three tiles run: 1.5x the useful causal FLOPs, and the caption divides those by the bytes."""
+    S, d, block = 1024, 64, 512
+    computed = 3 * 4 * block * block * d
+    assert computed == 1.5 * 4 * d * S * S / 2
+    caption = tile_frame(block, S, d).caption
+    assert f"about {computed / (2 * fused_forward_io(S, d, block, causal=True)):.0f}." in caption
+    # FlashAttention-2's order: about block FLOPs per float16 byte, whatever d is, once K/V re-reads dominate
+    for d_ in (64, 128):
+        flops = 4 * 8192 * 8192 * d_
+        assert abs(flops / (2 * fused_forward_io(8192, d_, 128)) / 128 - 1) < 0.05
+
+
+def test_loop_order_figure_shows_both_orders() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = loop_order_figure()
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["FlashAttention-1: key blocks outside", "FlashAttention-2: query blocks outside"]
+    # FA-1 numbers down the columns, FA-2 along the rows: tile (row 0, column 1) is step 5 and step 2
+    steps = [[t.get_text() for t in ax.texts][:16] for ax in fig.axes]
+    assert steps[0][1] == "5" and steps[1][1] == "2"
+    plt.close(fig)
+
+
 def test_flash_v1_io_needs_exactly_one_block_rule() -> None:
     with pytest.raises(ValueError, match="exactly one of M and block_k"):
         flash_v1_io(64, 8)
@@ -255,8 +285,7 @@ def test_live_and_static_tile_grids_format_alike() -> None:
     values = unpack_slider_data(static)["f"][0]["p"][0]["v"]
     assert set(values) == {"", "1", "2"}
     assert ">2<" in live and ">1<" in live and "2.00" not in live
-    legend = "2 = on the diagonal (masked inside), 1 = computed in full, hatched = skipped"
-    assert legend in live and legend in static
+    assert TILE_LEGEND in live and TILE_LEGEND in static
     assert re.search(r"HBM traffic per head", live)
 
 
