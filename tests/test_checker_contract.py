@@ -124,12 +124,20 @@ def _as_list(value: Any) -> Any:
     if isinstance(value, Tensor):
         return value.tolist()
     if isinstance(value, tuple):
+        if not any(isinstance(x, Tensor) for x in value):  # a list for a tuple of numbers is a right answer
+            raise _NotApplicable
         return [_as_list(x) if isinstance(x, Tensor) else x for x in value]
     if isinstance(value, dict):
         return list(value.values())
     if isinstance(value, (int, float, np.integer, np.floating, bool, np.bool_)):
         return [value]
     raise _NotApplicable
+
+
+def _numpy_scalar(x: Any) -> Any:
+    if isinstance(x, (bool, np.bool_)):
+        return np.bool_(x)
+    return np.int64(x) if isinstance(x, (int, np.integer)) else np.float64(x)
 
 
 def _tuple_as_list(value: Any) -> Any:
@@ -162,7 +170,7 @@ WRONG_VARIANTS: dict[str, Callable[[Any], Any]] = {
 RIGHT_VARIANTS: dict[str, Callable[[Any], Any]] = {
     "float64": lambda r: _map(r, lambda t: _float_tensor(t, lambda u: u.double()), None),
     "a list instead of a tuple": lambda r: _tuple_as_list(r),
-    "NumPy scalars": lambda r: _map(r, lambda t: t, lambda x: np.int64(x) if isinstance(x, (int, np.integer)) else np.float64(x)),
+    "NumPy scalars": lambda r: _map(r, lambda t: t, _numpy_scalar),
     "0-d tensors": lambda r: _map(r, lambda t: t, lambda x: torch.tensor(x)),
     "a non-contiguous copy": lambda r: _map(r, lambda t: torch.stack([t.detach(), t.detach()], -1)[..., 0] if t.dim() else t, None),
 }
