@@ -329,3 +329,51 @@ def test_several_right_answers_are_announced_on_screen() -> None:
     first, second = markup.split('data-q="1"')
     assert '<p class="aq-how">Select all that apply.</p>' in first
     assert "Select all that apply" not in second.split("<script")[0]
+
+
+def _grade(question: dict, text: str) -> tuple[bool, str]:
+    """The widget's numeric grading (quiz.py's gradeNumeric), in Python, on a typed answer."""
+    import math
+
+    from attnbook.quiz import parse_number
+
+    x = parse_number(text)
+    if not math.isfinite(x):
+        return False, "Type a number"
+    p = question.get("precision")
+    r = (lambda v: float(f"{float(v):.{p}g}")) if p else (lambda v: v)
+    x, fallback = r(x), "Not this one."
+    for a in question["answers"]:
+        if a.get("type") == "default":
+            fallback = a["feedback"]
+            continue
+        hit = x == r(a["value"]) if "value" in a else a["range"][0] <= x < a["range"][1]
+        if hit:
+            return bool(a.get("correct")), a["feedback"]
+    return False, fallback
+
+
+@pytest.mark.parametrize(("quiz", "number", "typed", "right"), [
+    ("01_attention_at_a_glance", 3, "1,600", True), ("01_attention_at_a_glance", 3, "1 600", True),
+    ("01_attention_at_a_glance", 3, "1.6e3", True), ("01_attention_at_a_glance", 3, "1600.0", True),
+    ("05_multi_head_attention", 2, "1,050,624", True),
+    ("04_masks", 3, "21", True), ("04_masks", 3, "21.4", False),
+    ("08_cost_and_flash_attention", 10, "0.8808", True), ("08_cost_and_flash_attention", 10, "0.5", False),
+    ("09_kv_cache_decoding", 2, "1", True), ("09_kv_cache_decoding", 5, "512", True),
+])
+def test_flagged_numeric_quiz_items_grade_as_a_reader_expects(quiz: str, number: int, typed: str, right: bool) -> None:
+    """Review items ch1 Q1, ch4 #23, ch5 #40, ch8 #18, ch9 #36."""
+    from attnbook.quiz import load_quiz
+
+    ok, feedback = _grade(load_quiz(quiz)[number - 1], typed)
+    assert ok == right, feedback
+
+
+def test_a_near_miss_is_not_misdiagnosed() -> None:
+    """ch9 #36: 1.5 FLOP/byte is not 'one byte per number'; 0.5 (GiB) is named as GiB."""
+    from attnbook.quiz import load_quiz
+
+    ok, feedback = _grade(load_quiz("09_kv_cache_decoding")[1], "1.5")
+    assert not ok and "one byte" not in feedback
+    ok, feedback = _grade(load_quiz("09_kv_cache_decoding")[4], "0.5")
+    assert not ok and "GiB" in feedback
