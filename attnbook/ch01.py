@@ -164,8 +164,14 @@ def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Feedbac
     case (``N = D``), where a transposed product runs and can be recognised.
     """
     square = soft_lookup_inputs(7, 7)
-    for case in SOFT_LOOKUP_CASES:
+    for c, case in enumerate(SOFT_LOOKUP_CASES):
         problem = _lookup_one(fn, soft_lookup_inputs(*case), square)
+        if problem is not None and c > 0 and problem.message.startswith("your code raised"):
+            N, D, D_v, _ = case
+            return wrong(f"right when the values are as wide as the keys, but with N = {N}, D = {D} and D_v = {D_v} "
+                         f"{problem.message}. The output has the values' width D_v: a loop that starts from "
+                         "torch.zeros_like(query) only works while D_v = D (start from torch.zeros(values.shape[1]), "
+                         "or use weights @ values).")
         if problem is not None:
             return problem
     query, keys, _ = soft_lookup_inputs(*SOFT_LOOKUP_CASES[0])
@@ -288,7 +294,8 @@ def check_attention_shapes(fn: Callable[[int, int, int, int, int], dict[str, Any
             for m in SHAPE_MISTAKES:  # else the first mistake that gives this step this shape
                 if m.compute(*config)[step] == got != expected[step]:
                     return wrong(m.hint.format(**hints))
-            return wrong(f"'{step}' is {got}; for B={B}, S={S}, D={D}, D_k={D_k}, D_v={D_v} it should be {expected[step]}.")
+            return wrong(f"'{step}' is {got}, which is not its shape for B={B}, S={S}, D={D}, D_k={D_k}, D_v={D_v}: "
+                         "write the step's axes by name first (such as [B, S, D_k]), then put in the sizes.")
     names = ", ".join(f"(B, S, D, D_k, D_v) = {c}" for c in SHAPE_CONFIGS)
     return correct(f"every shape matches, for {names}.")
 
