@@ -58,8 +58,8 @@ def soft_lookup_inputs(N: int = 5, D: int = 7, D_v: int | None = None, dtype: to
     ``N = D`` gives the square probe that lets a transposed answer run.
     """
     D_v = D if D_v is None else D_v
-    gen = torch.Generator().manual_seed(1000 * N + 10 * D + D_v)
-    query = torch.randn(D, generator=gen, dtype=torch.float64).to(dtype)  # [D]
+    gen = torch.Generator().manual_seed(6 if (N, D, D_v) == (5, 7, 7) else 1000 * N + 10 * D + D_v)
+    query = (0.5 * torch.randn(D, generator=gen, dtype=torch.float64)).to(dtype)  # [D]: weights neither flat nor one-hot
     keys = torch.randn(N, D, generator=gen, dtype=torch.float64).to(dtype)  # [N, D]
     values = torch.randn(N, D_v, generator=gen, dtype=torch.float64).to(dtype)  # [N, D_v]
     return query, keys, values
