@@ -281,7 +281,8 @@ def _entropy_one(fn: Callable[[Tensor], Tensor], w: Tensor, has_zero: Tensor) ->
     if torch.allclose(g[ok], expected.to(torch.float64)[ok]):
         if not torch.isfinite(g[has_zero]).all():
             return wrong("rows that contain a 0 give NaN: 0 * ln 0 must count as 0. Clamp p before the log "
-                         "(p.clamp_min(tiny)) or use torch.where(p > 0, p * torch.log(p), 0).")
+                         "(p.clamp_min(tiny)), or use torch.where(p > 0, p * torch.log(p), 0) (right here, but in "
+                         "training its backward pass still computes log(0) and gives NaN gradients; the clamp does not).")
         return wrong("right for rows without zeros, but wrong where a weight is 0: a zero weight contributes nothing (0 ln 0 = 0).")
     on_rows = tuple(Mistake(m.name, lambda x, m=m: m.compute(x)[ok], m.hint) for m in ENTROPY_MISTAKES)
     hint = diagnose(got[ok], on_rows, w)
