@@ -14,6 +14,7 @@ same tables.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Callable
 
 import torch
@@ -22,16 +23,19 @@ from torch import Tensor, nn
 from .feedback import (
     Feedback,
     Mistake,
+    MistakeTable,
     close,
     compare_tensors,
     correct,
+    describe,
     diagnose,
+    exercise,
     run_reader_code,
     wrong,
 )
 
 __all__ = [
-    "soft_lookup_inputs", "check_soft_lookup", "SOFT_LOOKUP_MISTAKES",
+    "soft_lookup_inputs", "check_soft_lookup", "SOFT_LOOKUP_MISTAKES", "SOFT_LOOKUP_CASES",
     "reference_shapes", "check_attention_shapes", "SHAPE_KEYS", "SHAPE_MISTAKES", "SHAPE_CONFIGS",
     "layers_until_linked", "encoder_layer_figure",
 ]
@@ -40,22 +44,33 @@ __all__ = [
 # ---------------------------------------------------------------- soft lookup
 
 
-def soft_lookup_inputs(N: int = 5, D: int = 4) -> tuple[Tensor, Tensor, Tensor]:
-    """A fixed test case: ``query [D]``, ``keys [N, D]``, ``values [N, D]``.
+#: The soft-lookup checker's cases ``(N, D, D_v, dtype)``. The first has ``D_v = D`` so that
+#: "scored against the values" and "mixed the keys" are possible (and recognisable) mistakes, and
+#: ``D = 7`` so that sqrt(D) is no small integer (dividing by 2 is not dividing by sqrt(D)); the
+#: second differs in every size, has ``D_v != D`` and is float64, so a hard-coded size, a loop that
+#: starts from ``zeros_like(query)`` or a float32 constant cannot pass.
+SOFT_LOOKUP_CASES: tuple[tuple[int, int, int, torch.dtype], ...] = ((5, 7, 7, torch.float32), (6, 5, 3, torch.float64))
 
-    Values have the keys' width so that "scored against the values" and "mixed the keys" are
-    possible (and recognisable) mistakes. The checker uses ``N = 5, D = 4``; ``N = D = 4`` is
-    the square probe that lets a transposed answer run.
+
+def soft_lookup_inputs(N: int = 5, D: int = 7, D_v: int | None = None, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:
+    """A fixed test case: ``query [D]``, ``keys [N, D]``, ``values [N, D_v]`` (``D_v = D`` by default).
+
+    ``N = D`` gives the square probe that lets a transposed answer run.
     """
-    gen = torch.Generator().manual_seed(3 if (N, D) == (5, 4) else 4)
-    query = torch.randn(D, generator=gen)  # [D]
-    keys = torch.randn(N, D, generator=gen)  # [N, D]
-    values = torch.randn(N, D, generator=gen)  # [N, D]
+    D_v = D if D_v is None else D_v
+    gen = torch.Generator().manual_seed(6 if (N, D, D_v) == (5, 7, 7) else 1000 * N + 10 * D + D_v)
+    query = (0.5 * torch.randn(D, generator=gen, dtype=torch.float64)).to(dtype)  # [D]: weights neither flat nor one-hot
+    keys = torch.randn(N, D, generator=gen, dtype=torch.float64).to(dtype)  # [N, D]
+    values = torch.randn(N, D_v, generator=gen, dtype=torch.float64).to(dtype)  # [N, D_v]
     return query, keys, values
 
 
 def _lookup(query: Tensor, keys: Tensor, values: Tensor) -> Tensor:
     return torch.softmax(keys @ query, dim=-1) @ values  # [N] @ [N, D_v] -> [D_v]
+
+
+def _w(q: Tensor, k: Tensor) -> Tensor:
+    return torch.softmax(k @ q, dim=-1)  # [N]
 
 
 #: Known wrong answers of the soft-lookup exercise, tried in this order.
@@ -75,58 +90,96 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
             "softmax(keys @ query)."),
     Mistake("scored the values", lambda q, k, v: torch.softmax(v @ q, dim=-1) @ v,
             "you scored the query against the values. The match is measured against the keys: keys @ query."),
-    Mistake("mixed the keys", lambda q, k, v: torch.softmax(k @ q, dim=-1) @ k,
+    Mistake("mixed the keys", lambda q, k, v: _w(q, k) @ k,
             "you mixed the keys. Keys are only for matching; what is handed over is the values: weights @ values."),
     Mistake("divided by sqrt(D)", lambda q, k, v: torch.softmax(k @ q / math.sqrt(q.shape[0]), dim=-1) @ v,
-            "you divided the scores by sqrt(D). That is the scaled attention of chapter 2; this exercise asks "
-            "for the plain lookup softmax(keys @ query) @ values."),
-    Mistake("returned the weights", lambda q, k, v: torch.softmax(k @ q, dim=-1),
+            "you divided the scores by sqrt(D). This exercise leaves that scaling out (chapter 3 explains it); "
+            "it asks for the plain lookup softmax(keys @ query) @ values."),
+    Mistake("divided by D", lambda q, k, v: torch.softmax(k @ q / q.shape[0], dim=-1) @ v,
+            "you divided the scores by D. This exercise asks for the plain lookup softmax(keys @ query) @ values, "
+            "with no scaling."),
+    Mistake("sigmoid", lambda q, k, v: torch.sigmoid(k @ q) @ v,
+            "you used sigmoid: it squashes each score on its own, so the weights do not sum to 1. softmax "
+            "normalises them together: exp(s) / exp(s).sum()."),
+    Mistake("log_softmax", lambda q, k, v: torch.log_softmax(k @ q, dim=-1) @ v,
+            "you used log_softmax, the logarithm of the weights (all negative). Use softmax itself."),
+    Mistake("weighted rows averaged", lambda q, k, v: (_w(q, k)[:, None] * v).mean(dim=0),
+            "you averaged the weighted rows (.mean(0)): the weights already sum to 1, so add the weighted rows "
+            "up (.sum(0), or weights @ values)."),
+    Mistake("returned the weights", lambda q, k, v: _w(q, k),
             "you returned the weights, one number per row. Finish the lookup by mixing the values with them: "
             "weights @ values."),
     Mistake("returned the scores", lambda q, k, v: k @ q,
             "you returned the scores, one number per row. Turn them into weights with softmax and mix the "
             "values: softmax(keys @ query) @ values."),
-    Mistake("weighted rows not summed", lambda q, k, v: torch.softmax(k @ q, dim=-1)[:, None] * v,
+    Mistake("weighted rows not summed", lambda q, k, v: _w(q, k)[:, None] * v,
             "you returned one weighted row per key, shape [N, D_v]: add them up into one vector "
             "(weights @ values), so the result has shape [D_v]."),
     Mistake("keys.T @ query", lambda q, k, v: torch.softmax(k.T @ q, dim=-1) @ v,
             "keys.T @ query only runs when N == D: keys is [N, D] with one row per entry, so keys @ query "
-            "already gives one score per row. Drop the .T (your code raised an error for N = 5, D = 4)."),
+            "already gives one score per row. Drop the .T (your code raised an error when N != D)."),
 )
 
 
-def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Feedback:
-    """Check ``fn(query [D], keys [N, D], values [N, D_v]) -> [D_v]``.
+def _soft_lookup_cases() -> list[tuple[Tensor, Tensor, Tensor]]:
+    return [soft_lookup_inputs(*c) for c in SOFT_LOOKUP_CASES] + [soft_lookup_inputs(7, 7)]
 
-    The right answer is ``softmax(keys @ query) @ values``. When the reader's code raises on the
-    ``N = 5, D = 4`` case, it is tried once more on a square case (``N = D = 4``), where a
-    transposed product runs and can be recognised.
-    """
-    inputs = soft_lookup_inputs()
+
+def _lookup_one(fn: Callable[..., Any], inputs: tuple[Tensor, Tensor, Tensor], square: tuple[Tensor, Tensor, Tensor]) -> Feedback | None:
+    """``None`` when ``fn`` is right on ``inputs``, else the feedback (a known mistake's hint when it is one)."""
     result, feedback = run_reader_code(fn, *(t.clone() for t in inputs))
     if feedback is not None:
-        if feedback.status == "wrong":  # maybe a transpose that only works for square inputs
-            square = soft_lookup_inputs(4, 4)
+        if feedback.status == "wrong" and feedback.message.startswith("your code raised"):  # maybe a transpose that only works for square inputs
             result2, feedback2 = run_reader_code(fn, *(t.clone() for t in square))
             if feedback2 is None:
                 return diagnose(result2, SOFT_LOOKUP_MISTAKES, *square) or feedback
         return feedback
     if not isinstance(result, Tensor):
-        return wrong(f"return a torch.Tensor of shape [D_v], got {type(result).__name__}.")
+        return wrong(f"return a torch.Tensor of shape [D_v], got {describe(result)}.")
     expected = _lookup(*inputs)
     if close(result, expected):
-        weights = torch.softmax(inputs[1] @ inputs[0], dim=-1)
-        return correct(
-            f"the query gets weights {[round(w, 2) for w in weights.tolist()]} over the {len(weights)} rows "
-            "and returns their weighted mix, not one row."
-        )
+        return None
     hint = diagnose(result, SOFT_LOOKUP_MISTAKES, *inputs)
     if hint is not None:
         return hint
     N, D_v = inputs[2].shape
+    D = inputs[0].shape[0]
     if tuple(result.shape) == (N,):
         return wrong(f"you returned {N} numbers (one per row), but the lookup returns one mixed value of width {D_v}.")
-    return compare_tensors(result, expected, name="your result") or correct()
+    if tuple(result.shape) == (D,) and D != D_v:
+        return wrong(f"your result has the query's width D = {D}, but here the values are D_v = {D_v} wide: the "
+                     "output mixes the values, so it has width D_v (a loop that starts from torch.zeros_like(query) "
+                     "only works while D_v = D; start from torch.zeros(values.shape[1]) or use weights @ values).")
+    return compare_tensors(result, expected, name="your result")
+
+
+@exercise(solution=lambda q, k, v: torch.softmax(k @ q, dim=-1) @ v,
+          tables=(MistakeTable(SOFT_LOOKUP_MISTAKES, _soft_lookup_cases, _lookup),),
+          not_generic={"transposed": "the answer is a vector"})
+def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Feedback:
+    """Check ``fn(query [D], keys [N, D], values [N, D_v]) -> [D_v]``.
+
+    The right answer is ``softmax(keys @ query) @ values``. It is tried on every case of
+    :data:`SOFT_LOOKUP_CASES`. When the reader's code raises, it is tried once more on a square
+    case (``N = D``), where a transposed product runs and can be recognised.
+    """
+    square = soft_lookup_inputs(7, 7)
+    for c, case in enumerate(SOFT_LOOKUP_CASES):
+        problem = _lookup_one(fn, soft_lookup_inputs(*case), square)
+        if problem is not None and c > 0 and problem.message.startswith("your code raised"):
+            N, D, D_v, _ = case
+            return wrong(f"right when the values are as wide as the keys, but with N = {N}, D = {D} and D_v = {D_v} "
+                         f"{problem.message}. The output has the values' width D_v: a loop that starts from "
+                         "torch.zeros_like(query) only works while D_v = D (start from torch.zeros(values.shape[1]), "
+                         "or use weights @ values).")
+        if problem is not None:
+            return problem
+    query, keys, _ = soft_lookup_inputs(*SOFT_LOOKUP_CASES[0])
+    weights = _w(query, keys)
+    return correct(
+        f"the query gets weights {[round(w, 2) for w in weights.tolist()]} over the {len(weights)} rows "
+        "and returns their weighted mix, not one row (also right when D_v differs from D)."
+    )
 
 
 # ---------------------------------------------------------------- shapes of single-head attention
@@ -179,16 +232,33 @@ SHAPE_MISTAKES: tuple[Mistake, ...] = (
     Mistake("no output projection", _with(output="B S D_v"),
             "'output' is [B, S, D] = ({B}, {S}, {D}): W^O maps D_v back to the model width D, so that the "
             "residual connection can add the output to the input."),
+    Mistake("output of width D_k", _with(output="B S D_k"),
+            "'output' is [B, S, D] = ({B}, {S}, {D}): W^O maps the context (width D_v) back to the model width D; "
+            "D_k is only the width of queries and keys."),
+    Mistake("scores like q^T k", _with(scores="B D_k D_k", weights="B D_k D_k"),
+            "'scores' is q @ k^T, [S, D_k] @ [D_k, S] = [S, S] per sequence: every query is compared with every "
+            "key. Your [B, D_k, D_k] is q^T @ k, which compares features, not positions."),
 )
 
 
 def _as_shape(value: Any) -> tuple[int, ...] | None:
+    """A shape as a tuple of ints; ``None`` when it is not a sequence of integers (2.7 is not rounded)."""
     try:
-        return tuple(int(n) for n in value)
+        if isinstance(value, (str, bytes, dict)) or isinstance(value, Tensor) and value.dim() != 1:
+            return None
+        return tuple(operator.index(n) for n in value)
     except (TypeError, ValueError):
         return None
 
 
+def _shapes_solution(B: int, S: int, D: int, D_k: int, D_v: int) -> dict[str, tuple[int, ...]]:
+    return {"q": (B, S, D_k), "k": (B, S, D_k), "v": (B, S, D_v), "scores": (B, S, S), "weights": (B, S, S),
+            "context": (B, S, D_v), "output": (B, S, D)}
+
+
+@exercise(solution=_shapes_solution,
+          tables=(MistakeTable(SHAPE_MISTAKES, lambda: SHAPE_CONFIGS, reference_shapes),),
+          not_generic={"transposed": "the answer is a dict of shapes, with no axes to swap"})
 def check_attention_shapes(fn: Callable[[int, int, int, int, int], dict[str, Any]]) -> Feedback:
     """Check ``fn(B, S, D, D_k, D_v) -> {step: shape}`` for the steps in :data:`SHAPE_KEYS`.
 
@@ -200,12 +270,16 @@ def check_attention_shapes(fn: Callable[[int, int, int, int, int], dict[str, Any
         if feedback is not None:
             return feedback
         if not isinstance(result, dict):
-            return wrong(f"return a dict mapping each step name to a shape, got {type(result).__name__}.")
+            return wrong(f"return a dict mapping each step name to a shape, got {describe(result)}.")
         missing = [k for k in SHAPE_KEYS if k not in result]
         if missing:
             return wrong(f"your dict lacks the steps {missing}; it needs all of {list(SHAPE_KEYS)}.")
         expected = reference_shapes(*config)
         shapes = {step: _as_shape(result[step]) for step in SHAPE_KEYS}
+        bad = next((step for step in SHAPE_KEYS if shapes[step] is None), None)
+        if bad is not None:
+            return wrong(f"'{bad}' should be a tuple of ints such as (2, 5, 12), got {result[bad]!r}: "
+                         "every size of a shape is a whole number.")
         hints = {"B": B, "S": S, "D": D, "D_k": D_k, "D_v": D_v}
         for m in SHAPE_MISTAKES:  # a whole answer that equals a known mistake
             if shapes != expected and shapes == m.compute(*config):
@@ -213,13 +287,15 @@ def check_attention_shapes(fn: Callable[[int, int, int, int, int], dict[str, Any
         for step in SHAPE_KEYS:
             got = _as_shape(result[step])
             if got is None:
-                return wrong(f"'{step}' should be a tuple of ints such as (2, 5, 12), got {result[step]!r}.")
+                return wrong(f"'{step}' should be a tuple of ints such as (2, 5, 12), got {result[step]!r}: "
+                             "every size of a shape is a whole number.")
             if got == expected[step]:
                 continue
             for m in SHAPE_MISTAKES:  # else the first mistake that gives this step this shape
                 if m.compute(*config)[step] == got != expected[step]:
                     return wrong(m.hint.format(**hints))
-            return wrong(f"'{step}' is {got}; for B={B}, S={S}, D={D}, D_k={D_k}, D_v={D_v} it should be {expected[step]}.")
+            return wrong(f"'{step}' is {got}, which is not its shape for B={B}, S={S}, D={D}, D_k={D_k}, D_v={D_v}: "
+                         "write the step's axes by name first (such as [B, S, D_k]), then put in the sizes.")
     names = ", ".join(f"(B, S, D, D_k, D_v) = {c}" for c in SHAPE_CONFIGS)
     return correct(f"every shape matches, for {names}.")
 

@@ -21,43 +21,56 @@ from torch import Tensor
 from .feedback import (
     Feedback,
     Mistake,
+    MistakeTable,
     as_cpu_float64,
     close,
     compare_tensors,
     correct,
+    describe,
     diagnose,
+    exercise,
     run_reader_code,
     wrong,
 )
 
 __all__ = [
     "qkv_inputs", "reference_attention", "check_self_attention", "check_cross_attention",
-    "WEIGHT_MISTAKES", "OUTPUT_MISTAKES",
+    "WEIGHT_MISTAKES", "OUTPUT_MISTAKES", "CASES",
 ]
 
-# Sizes of the test case: every width differs, so a wrong shape or divisor names its mistake.
-S_Q, S_K, D, D_K, D_V = 3, 5, 6, 4, 3
+# Sizes of the first test case: every size differs and so does every square root (sqrt(S_q) is not
+# D_v, sqrt(S_k) is not D_k, ...), so a wrong divisor or shape names its own mistake.
+S_Q, S_K, D, D_K, D_V = 3, 7, 6, 5, 2
+
+#: The checkers' cases ``(S_q, S_k, D, D_k, D_v, dtype)``: the second differs from the first in every
+#: size and in the dtype, so that no hard-coded size or constant passes.
+CASES: tuple[tuple[int, int, int, int, int, torch.dtype], ...] = (
+    (S_Q, S_K, D, D_K, D_V, torch.float32),
+    (4, 11, 8, 3, 5, torch.float64),
+)
 
 
-def qkv_inputs(s_q: int = S_Q) -> dict[str, Tensor]:
-    """The checkers' fixed test case.
+def qkv_inputs(s_q: int = S_Q, case: int = 0) -> dict[str, Tensor]:
+    """One of the checkers' test cases (:data:`CASES`).
 
     Returns:
-        ``x [S_K, D]`` (also the key/value sequence of the cross-attention check),
-        ``x_q [s_q, D]`` (the query sequence of the cross-attention check),
-        ``w_q [D, D_K]``, ``w_k [D, D_K]``, ``w_v [D, D_V]`` with ``S_K, D, D_K, D_V = 5, 6, 4, 3``.
-        ``s_q = S_K`` gives the square probe on which code that mixes up the sequences still runs.
+        ``x [S_k, D]`` (also the key/value sequence of the cross-attention check),
+        ``x_q [S_q, D]`` (the query sequence of the cross-attention check),
+        ``w_q [D, D_k]``, ``w_k [D, D_k]``, ``w_v [D, D_v]``.
+        ``qkv_inputs(S_K)`` gives the square probe (``S_q = S_k``) on which code that mixes up the
+        sequences still runs.
     """
-    gen = torch.Generator().manual_seed(2)
-    x = torch.randn(S_K, D, generator=gen)  # [S_k, D]
-    x_q = torch.randn(S_Q, D, generator=gen)  # [S_q, D]
-    scale = 1.0 / math.sqrt(D)  # keeps q.k of order sqrt(D_k), so the weights are neither flat nor one-hot
-    w_q = torch.randn(D, D_K, generator=gen) * scale  # [D, D_k]
-    w_k = torch.randn(D, D_K, generator=gen) * scale  # [D, D_k]
-    w_v = torch.randn(D, D_V, generator=gen) * scale  # [D, D_v]
-    if s_q != S_Q:
-        x_q = torch.randn(s_q, D, generator=gen)  # [s_q, D]
-    return {"x": x, "x_q": x_q, "w_q": w_q, "w_k": w_k, "w_v": w_v}
+    sq, sk, d, dk, dv, dtype = CASES[case]
+    if case == 0:
+        sq = s_q
+    gen = torch.Generator().manual_seed(2 + case)
+    x = torch.randn(sk, d, generator=gen, dtype=torch.float64)  # [S_k, D]
+    x_q = torch.randn(sq, d, generator=gen, dtype=torch.float64)  # [S_q, D]
+    scale = 1.0 / math.sqrt(d)  # keeps q.k of order sqrt(D_k), so the weights are neither flat nor one-hot
+    w_q = torch.randn(d, dk, generator=gen, dtype=torch.float64) * scale  # [D, D_k]
+    w_k = torch.randn(d, dk, generator=gen, dtype=torch.float64) * scale  # [D, D_k]
+    w_v = torch.randn(d, dv, generator=gen, dtype=torch.float64) * scale  # [D, D_v]
+    return {name: t.to(dtype) for name, t in {"x": x, "x_q": x_q, "w_q": w_q, "w_k": w_k, "w_v": w_v}.items()}
 
 
 def reference_attention(x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor) -> tuple[Tensor, Tensor]:
@@ -81,9 +94,21 @@ def _sm(t: Tensor, dim: int = -1) -> Tensor:
     return torch.softmax(t, dim=dim)
 
 
+def _cross_only(t: Tensor, x_q: Tensor, x_kv: Tensor) -> Tensor:
+    if x_q is x_kv or (x_q.shape == x_kv.shape and torch.equal(x_q, x_kv)):
+        raise ValueError("in self-attention x_q is x_kv, so this mistake gives the right answer")
+    return t
+
+
 def _square_only(t: Tensor, x_q: Tensor, x_kv: Tensor) -> Tensor:
     if x_q.shape[0] != x_kv.shape[0]:
         raise ValueError("this mistake is only recognisable when S_q == S_k")
+    return t
+
+
+def _unequal_lengths(t: Tensor, x_q: Tensor, x_kv: Tensor) -> Tensor:
+    if x_q.shape[0] == x_kv.shape[0]:
+        raise ValueError("when S_q = S_k this mistake is the sqrt(S_k) one")
     return t
 
 
@@ -97,10 +122,10 @@ WEIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("K @ Q.T", lambda xq, xk, wq, wk, wv: _sm((xk @ wk) @ (xq @ wq).T / math.sqrt(wq.shape[1])),
             "your weights are those of K @ Q.T (shape [S_k, S_q]): row i must hold query i's scores against "
             "every key, so compute Q @ K.T, shape [S_q, S_k]."),
-    Mistake("keys from x_q", lambda xq, xk, wq, wk, wv: _sm((xq @ wq) @ (xq @ wk).T / math.sqrt(wq.shape[1])),
+    Mistake("keys from x_q", lambda xq, xk, wq, wk, wv: _cross_only(_sm((xq @ wq) @ (xq @ wk).T / math.sqrt(wq.shape[1])), xq, xk),
             "your weights have shape [S_q, S_q]: you took the keys from the query sequence. Keys and values "
             "come from x_kv, so the weights are [S_q, S_k]."),
-    Mistake("queries from x_kv", lambda xq, xk, wq, wk, wv: _sm((xk @ wq) @ (xk @ wk).T / math.sqrt(wq.shape[1])),
+    Mistake("queries from x_kv", lambda xq, xk, wq, wk, wv: _cross_only(_sm((xk @ wq) @ (xk @ wk).T / math.sqrt(wq.shape[1])), xq, xk),
             "your weights have shape [S_k, S_k]: you took the queries from x_kv. Queries come from x_q, so "
             "the weights are [S_q, S_k]."),
     Mistake("raw scores", lambda xq, xk, wq, wk, wv: _scores(xq, xk, wq, wk) / math.sqrt(wq.shape[1]),
@@ -124,9 +149,18 @@ WEIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("no projection, scaled", lambda xq, xk, wq, wk, wv: _sm(xq @ xk.T / math.sqrt(wq.shape[1])), _PROJECT_FIRST),
     Mistake("no projection, scaled by D", lambda xq, xk, wq, wk, wv: _sm(xq @ xk.T / math.sqrt(xq.shape[1])), _PROJECT_FIRST),
     Mistake("Q @ Q.T", lambda xq, xk, wq, wk, wv: _square_only(_sm((xq @ wq) @ (xq @ wq).T / math.sqrt(wq.shape[1])), xq, xk),
-            _PROJECT_FIRST),
+            "you compared the queries with the queries (Q @ Q.T): the scores compare each query with every *key*, "
+            "Q @ K.T, with K = x @ w_k."),
     Mistake("K @ K.T", lambda xq, xk, wq, wk, wv: _square_only(_sm((xk @ wk) @ (xk @ wk).T / math.sqrt(wq.shape[1])), xq, xk),
-            _PROJECT_FIRST),
+            "you compared the keys with the keys (K @ K.T): the scores compare each *query* with every key, "
+            "Q @ K.T, with Q = x @ w_q."),
+    Mistake("divided by sqrt(S_k)", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk) / math.sqrt(xk.shape[0])),
+            "you divided by the square root of a sequence length (the number of keys, S_k = x_kv.shape[0]; in "
+            "self-attention S = x.shape[0]). The scale is sqrt(D_k), the width of the queries and keys: "
+            "shape[-1] of q or k, not shape[0]."),
+    Mistake("divided by sqrt(S_q)", lambda xq, xk, wq, wk, wv: _unequal_lengths(_sm(_scores(xq, xk, wq, wk) / math.sqrt(xq.shape[0])), xq, xk),
+            "you divided by sqrt(S_q), the number of queries (x_q.shape[0]). The scale is sqrt(D_k), the width of "
+            "the queries and keys: shape[-1] of q or k, not shape[0]."),
 )
 
 
@@ -142,7 +176,7 @@ OUTPUT_MISTAKES: tuple[Mistake, ...] = (
             "you mixed the rows of x itself. Mix the values instead: V = x @ w_v, output = weights @ V."),
     Mistake("mixed the keys", lambda xq, xk, wq, wk, wv: _right_weights(xq, xk, wq, wk, wv) @ (xk @ wk),
             "you mixed the keys. Keys are for scoring; the output mixes the values: weights @ V."),
-    Mistake("values from x_q", lambda xq, xk, wq, wk, wv: _right_weights(xq, xk, wq, wk, wv) @ (xq @ wv),
+    Mistake("values from x_q", lambda xq, xk, wq, wk, wv: _cross_only(_right_weights(xq, xk, wq, wk, wv) @ (xq @ wv), xq, xk),
             "you took the values from x_q. Values come from the same sequence as the keys, x_kv: each key "
             "labels one value, so weights [S_q, S_k] @ V [S_k, D_v]. (With S_q != S_k your code raised an error.)"),
     Mistake("weights.T @ V", lambda xq, xk, wq, wk, wv: _right_weights(xq, xk, wq, wk, wv).T @ (xk @ wv),
@@ -155,11 +189,11 @@ OUTPUT_MISTAKES: tuple[Mistake, ...] = (
 def _diagnose(result: object, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor) -> Feedback | None:
     """``None`` when ``result`` is the right ``(output, weights)``, else a hint."""
     if not isinstance(result, (tuple, list)) or len(result) != 2:
-        return wrong(f"return a pair (output, weights), got {type(result).__name__}.")
+        return wrong(f"return a pair (output, weights), got {describe(result)}.")
     output, weights = result
     for name, t in (("output", output), ("weights", weights)):
         if not isinstance(t, Tensor):
-            return wrong(f"{name} should be a torch.Tensor, got {type(t).__name__}.")
+            return wrong(f"{name} should be a torch.Tensor, got {describe(t)}.")
     args = (x_q, x_kv, w_q, w_k, w_v)
     expected_out, expected_w = reference_attention(*args)
     if close(output, expected_w) and close(weights, expected_out):
@@ -184,21 +218,58 @@ def _diagnose(result: object, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tenso
 
 def _check(fn: Callable[..., object], make_args: Callable[[dict[str, Tensor]], tuple[Tensor, ...]],
            call: Callable[[Callable[..., object], tuple[Tensor, ...]], object]) -> Feedback | None:
-    """Run the reader's code on the test case; if it raises, once more on the square probe."""
-    args = make_args(qkv_inputs())
-    result, feedback = run_reader_code(lambda: call(fn, tuple(a.clone() for a in args)))
-    if feedback is None:
-        return _diagnose(result, *args)
-    if feedback.status == "wrong":  # an error: maybe a mix-up that only runs when S_q == S_k
-        square = make_args(qkv_inputs(S_K))
-        result2, feedback2 = run_reader_code(lambda: call(fn, tuple(a.clone() for a in square)))
-        if feedback2 is None:
-            hint = _diagnose(result2, *square)
-            if hint is not None:
-                return hint
-    return feedback
+    """Run the reader's code on every case of :data:`CASES`; if the first raises, once more on the square probe."""
+    for case in range(len(CASES)):
+        args = make_args(qkv_inputs(case=case))
+        result, feedback = run_reader_code(lambda: call(fn, tuple(a.clone() for a in args)))
+        if feedback is None:
+            problem = _diagnose(result, *args)
+            if problem is not None:
+                return problem
+            continue
+        if case == 0 and feedback.message.startswith("your code raised"):  # maybe a mix-up that only runs when S_q == S_k
+            square = make_args(qkv_inputs(S_K))
+            result2, feedback2 = run_reader_code(lambda: call(fn, tuple(a.clone() for a in square)))
+            if feedback2 is None:
+                hint = _diagnose(result2, *square)
+                if hint is not None:
+                    return hint
+        return feedback
+    return None
 
 
+def _table_cases(self_attention: bool) -> Callable[[], list[tuple[Tensor, ...]]]:
+    def cases() -> list[tuple[Tensor, ...]]:
+        out = []
+        for c in range(len(CASES)):
+            t = qkv_inputs(case=c)
+            out.append((t["x"] if self_attention else t["x_q"], t["x"], t["w_q"], t["w_k"], t["w_v"]))
+        if not self_attention:  # the square probe, tried when the reader's code raises on the first case
+            t = qkv_inputs(S_K)
+            out.append((t["x_q"], t["x"], t["w_q"], t["w_k"], t["w_v"]))
+        return out
+    return cases
+
+
+def _solution_self(x: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor) -> tuple[Tensor, Tensor]:
+    q, k, v = x @ w_q, x @ w_k, x @ w_v  # [S, D_k], [S, D_k], [S, D_v]
+    weights = torch.softmax(q @ k.T / math.sqrt(k.shape[-1]), dim=-1)  # [S, S]
+    return weights @ v, weights
+
+
+def _solution_cross(x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor) -> tuple[Tensor, Tensor]:
+    q, k, v = x_q @ w_q, x_kv @ w_k, x_kv @ w_v  # [S_q, D_k], [S_k, D_k], [S_k, D_v]
+    weights = torch.softmax(q @ k.T / math.sqrt(k.shape[-1]), dim=-1)  # [S_q, S_k]
+    return weights @ v, weights
+
+
+def _tables(self_attention: bool) -> tuple[MistakeTable, ...]:
+    cases = _table_cases(self_attention)
+    return (MistakeTable(WEIGHT_MISTAKES, cases, _right_weights),
+            MistakeTable(OUTPUT_MISTAKES, cases, lambda *a: reference_attention(*a)[0]))
+
+
+@exercise(solution=_solution_self, tables=_tables(True))
 def check_self_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> Feedback:
     """Check ``fn(x [S, D], w_q [D, D_k], w_k [D, D_k], w_v [D, D_v]) -> (output [S, D_v], weights [S, S])``."""
     feedback = _check(fn, lambda t: (t["x"], t["x"], t["w_q"], t["w_k"], t["w_v"]),
@@ -209,10 +280,11 @@ def check_self_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Te
     expected_out, expected_w = reference_attention(t["x"], t["x"], t["w_q"], t["w_k"], t["w_v"])
     return correct(
         f"rows sum to 1, output has shape {tuple(expected_out.shape)} = [S, D_v]; query 0 puts "
-        f"{float(expected_w[0].max()):.2f} on its favourite key."
+        f"{float(expected_w[0].max()):.2f} on its favourite key (checked on two sizes and dtypes)."
     )
 
 
+@exercise(solution=_solution_cross, tables=_tables(False))
 def check_cross_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> Feedback:
     """Check ``fn(x_q [S_q, D], x_kv [S_k, D], w_q, w_k, w_v) -> (output [S_q, D_v], weights [S_q, S_k])``."""
     feedback = _check(fn, lambda t: (t["x_q"], t["x"], t["w_q"], t["w_k"], t["w_v"]), lambda f, a: f(*a))
@@ -222,5 +294,5 @@ def check_cross_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor],
     expected_out, expected_w = reference_attention(t["x_q"], t["x"], t["w_q"], t["w_k"], t["w_v"])
     return correct(
         f"{S_Q} queries each spread their attention over {S_K} keys: weights {tuple(expected_w.shape)} = [S_q, S_k], "
-        f"output {tuple(expected_out.shape)} = [S_q, D_v]."
+        f"output {tuple(expected_out.shape)} = [S_q, D_v] (checked on two sizes and dtypes)."
     )

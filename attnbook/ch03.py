@@ -21,11 +21,14 @@ from torch import Tensor
 from .feedback import (
     Feedback,
     Mistake,
+    MistakeTable,
     as_cpu_float64,
     close,
     compare_tensors,
     correct,
+    describe,
     diagnose,
+    exercise,
     run_reader_code,
     wrong,
 )
@@ -48,10 +51,19 @@ def entropy(weights: Tensor) -> Tensor:
     return -torch.special.xlogy(weights, weights).sum(dim=-1)  # [..., S_k] -> [...]
 
 
-def _qk() -> tuple[Tensor, Tensor]:
-    gen = torch.Generator().manual_seed(3)
-    q = torch.randn(2, 5, 16, generator=gen)  # [B, S_q, D_k]: S_q = 5, D_k = 16, sqrt(D_k) = 4
-    k = torch.randn(2, 6, 16, generator=gen)  # [B, S_k, D_k]: S_k = 6
+#: The weights checker's cases ``(B, S_q, S_k, D_k, T, dtype)``: the second differs from the first in
+#: every size, the temperature and the dtype, so no hard-coded size or constant passes.
+WEIGHT_CASES: tuple[tuple[int, int, int, int, float, torch.dtype], ...] = (
+    (2, 5, 6, 16, TEMPERATURE, torch.float32),  # sqrt(D_k) = 4
+    (3, 4, 7, 9, 0.7, torch.float64),  # sqrt(D_k) = 3
+)
+
+
+def _qk(case: int = 0) -> tuple[Tensor, Tensor]:
+    B, S_q, S_k, D_k, _, dtype = WEIGHT_CASES[case]
+    gen = torch.Generator().manual_seed(3 + case)
+    q = torch.randn(B, S_q, D_k, generator=gen, dtype=torch.float64).to(dtype)  # [B, S_q, D_k]
+    k = torch.randn(B, S_k, D_k, generator=gen, dtype=torch.float64).to(dtype)  # [B, S_k, D_k]
     return q, k
 
 
@@ -72,14 +84,14 @@ WEIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("no scaling", lambda q, k, t: _sm(_raw(q, k) / t),
             "you did not scale the scores: divide q @ k^T by sqrt(D_k) before the softmax."),
     Mistake("divided by D_k", lambda q, k, t: _sm(_raw(q, k) / q.shape[-1] / t),
-            "you divided by D_k instead of sqrt(D_k) (here 16 instead of 4): the scores come out too flat."),
+            "you divided by D_k instead of sqrt(D_k) (for D_k = 16: by 16 instead of 4): the scores come out too flat."),
     Mistake("multiplied by sqrt(D_k)", lambda q, k, t: _sm(_raw(q, k) * math.sqrt(q.shape[-1]) / t),
             "you multiplied by sqrt(D_k) instead of dividing by it."),
     Mistake("sqrt(D_k * T)", lambda q, k, t: _sm(_raw(q, k) / math.sqrt(q.shape[-1] * t)),
             "you divided by sqrt(D_k * T): the square root must cover D_k only. Divide by sqrt(D_k), then by T "
             "itself: q @ k^T / sqrt(D_k) / T."),
     Mistake("scaled after the softmax", lambda q, k, t: _sm(_raw(q, k) / t) / math.sqrt(q.shape[-1]),
-            "you scaled after the softmax: your rows sum to 1/sqrt(D_k) = 0.25. Divide the scores, then take the softmax."),
+            "you scaled after the softmax: your rows sum to 1/sqrt(D_k) instead of 1. Divide the scores, then take the softmax."),
     Mistake("sqrt(S_k)", lambda q, k, t: _sm(_raw(q, k) / math.sqrt(k.shape[-2]) / t),
             "you divided by sqrt(S_k), the number of keys; the divisor is sqrt(D_k), the width of q and k."),
     Mistake("sqrt(S_q)", lambda q, k, t: _sm(_raw(q, k) / math.sqrt(q.shape[-2]) / t),
@@ -98,57 +110,96 @@ WEIGHT_MISTAKES: tuple[Mistake, ...] = (
 )
 
 _NO_BATCH_HINT = (
-    "it works with a batch axis but not without one: on 2-D inputs [S, D_k] your code {what}. Transpose the "
-    "last two axes with k.transpose(-2, -1), which works for any number of leading axes."
+    "it works with a batch axis but not without one: on 2-D inputs [S, D_k] your code {what}. Count axes from "
+    "the end, so that the code works for any number of leading axes: dim=-1, q.shape[-1], k.transpose(-2, -1) "
+    "and @ (not a fixed axis such as dim=2 or shape[2], and not torch.bmm, which needs exactly three axes)."
 )
 
 
+def _weights_one(fn: Callable[..., Tensor], q: Tensor, k: Tensor, t: float) -> Feedback | None:
+    """``None`` when ``fn`` gives the right weights for ``(q, k, t)``, else the feedback."""
+    got, fb = run_reader_code(fn, q.clone(), k.clone(), t)
+    if fb is not None:
+        return fb
+    expected = _right(q, k, t)
+    if close(got, expected):
+        return None
+    hint = diagnose(got, WEIGHT_MISTAKES, q, k, t)
+    if hint is not None:
+        return hint
+    if not isinstance(got, Tensor):
+        return wrong(f"return the weights as a torch.Tensor, got {describe(got)}.")
+    if tuple(got.shape) == tuple(expected.shape) and not got.is_complex():
+        sums = as_cpu_float64(got).sum(dim=-1)
+        if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
+            return wrong(f"your rows should each sum to 1 but sum to between {float(sums.min()):.3f} and {float(sums.max()):.3f}.")
+    return compare_tensors(got, expected, name=f"the weights for T = {t}")
+
+
+def _solution_weights(q: Tensor, k: Tensor, temperature: float = 1.0) -> Tensor:
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [..., S_q, S_k]
+    return torch.softmax(scores / temperature, dim=-1)
+
+
+def _weight_cases() -> list[tuple[Tensor, Tensor, float]]:
+    out: list[tuple[Tensor, Tensor, float]] = []
+    for c, case in enumerate(WEIGHT_CASES):
+        q, k = _qk(c)
+        out.append((q, k, case[4]))
+    return out
+
+
+@exercise(solution=_solution_weights, tables=(MistakeTable(WEIGHT_MISTAKES, _weight_cases, _right),))
 def check_scaled_weights(fn: Callable[[Tensor, Tensor, float], Tensor]) -> Feedback:
     """Check ``fn(q, k, temperature) -> weights``.
 
     ``q: [..., S_q, D_k]``, ``k: [..., S_k, D_k]``; the answer is
     ``softmax(q @ k^T / sqrt(D_k) / temperature)`` over the key axis, ``[..., S_q, S_k]``.
-    The checker uses ``S_q = 5``, ``S_k = 6``, ``D_k = 16`` and ``T = 2.5``, with a batch axis of 2
-    and again without one (2-D inputs), so that every wrong divisor gives a different answer and
-    code that assumes a batch axis shows.
+    The checker tries the cases of :data:`WEIGHT_CASES` (the first also without its batch axis,
+    as 2-D inputs), so that every wrong divisor gives a different answer, no hard-coded size passes
+    and code that assumes a batch axis shows.
     """
     q, k = _qk()
     t = TEMPERATURE
     got, fb = run_reader_code(fn, q.clone(), k.clone(), t)
-    if fb is not None:
-        if fb.status == "wrong":  # maybe it only works without the batch axis (k.T on a 3-D tensor)
-            got2, fb2 = run_reader_code(fn, q[0].clone(), k[0].clone(), t)
-            if fb2 is None and close(got2, _right(q[0], k[0], t)):
-                return wrong(
-                    "it works on 2-D inputs but not with a batch axis: transpose the last two axes "
-                    "with k.transpose(-2, -1) (k.T reverses *all* axes)."
-                )
-        return fb
-    expected = _right(q, k, t)  # [B, S_q, S_k]
-    if not close(got, expected):
-        hint = diagnose(got, WEIGHT_MISTAKES, q, k, t)
-        if hint is not None:
-            return hint
-        if isinstance(got, Tensor) and tuple(got.shape) == tuple(expected.shape):
-            sums = as_cpu_float64(got).sum(dim=-1)
-            if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
-                return wrong(f"your rows should each sum to 1 but sum to between {float(sums.min()):.3f} and {float(sums.max()):.3f}.")
-        return compare_tensors(got, expected, name=f"the weights for T = {t}") or correct()
+    if fb is not None and fb.message.startswith("your code raised"):  # maybe it only works without the batch axis (k.T on a 3-D tensor)
+        got2, fb2 = run_reader_code(fn, q[0].clone(), k[0].clone(), t)
+        if fb2 is None and close(got2, _right(q[0], k[0], t)):
+            return wrong(
+                "it works on 2-D inputs but not with a batch axis: transpose the last two axes "
+                "with k.transpose(-2, -1) (k.T reverses *all* axes)."
+            )
+    problem = _weights_one(fn, q, k, t)
+    if problem is not None:
+        return problem
     got2, fb2 = run_reader_code(fn, q[0].clone(), k[0].clone(), t)  # the same without a batch axis
     if fb2 is not None:
-        return wrong(_NO_BATCH_HINT.format(what="raised an error")) if fb2.status == "wrong" else fb2
-    if not close(got2, expected[0]):
+        return wrong(_NO_BATCH_HINT.format(what="raised an error")) if fb2.message.startswith("your code raised") else fb2
+    if not close(got2, _right(q[0], k[0], t)):
         return wrong(_NO_BATCH_HINT.format(what="gives other weights"))
+    q2, k2 = _qk(1)
+    problem = _weights_one(fn, q2, k2, WEIGHT_CASES[1][4])
+    if problem is not None:
+        return problem
     return correct("softmax(q k^T / sqrt(D_k) / T), normalised over the keys, with and without a batch axis.")
 
 
-def _weights_for_entropy() -> tuple[Tensor, Tensor]:
-    gen = torch.Generator().manual_seed(4)
-    rows = torch.softmax(torch.randn(5, 6, generator=gen) * 1.5, dim=-1)  # [5, 6], no zeros
-    one_hot = torch.tensor([[0.0, 0.0, 1.0, 0.0, 0.0, 0.0]])  # entropy 0
-    half = torch.tensor([[0.5, 0.0, 0.0, 0.5, 0.0, 0.0]])  # entropy ln 2
-    w = torch.cat([rows, one_hot, half])  # [7, 6]: 7 rows, so that summing over the wrong axis shows
-    has_zero = torch.tensor([False] * 5 + [True, True])
+def _weights_for_entropy(case: int = 0) -> tuple[Tensor, Tensor]:
+    """Case 0: ``[7, 6]`` float32 (7 rows, so that summing over the wrong axis shows); case 1:
+    ``[2, 4, 5]`` float64, with two leading axes and another row length."""
+    if case == 0:
+        gen = torch.Generator().manual_seed(4)
+        rows = torch.softmax(torch.randn(5, 6, generator=gen) * 1.5, dim=-1)  # [5, 6], no zeros
+        one_hot = torch.tensor([[0.0, 0.0, 1.0, 0.0, 0.0, 0.0]])  # entropy 0
+        half = torch.tensor([[0.5, 0.0, 0.0, 0.5, 0.0, 0.0]])  # entropy ln 2
+        w = torch.cat([rows, one_hot, half])  # [7, 6]
+        has_zero = torch.tensor([False] * 5 + [True, True])
+        return w, has_zero
+    gen = torch.Generator().manual_seed(5)
+    w = torch.softmax(torch.randn(2, 4, 5, generator=gen, dtype=torch.float64) * 2, dim=-1)  # [2, 4, 5]
+    w[1, 2] = torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0], dtype=torch.float64)  # a row with zeros
+    has_zero = torch.zeros(2, 4, dtype=torch.bool)
+    has_zero[1, 2] = True
     return w, has_zero
 
 
@@ -168,6 +219,11 @@ ENTROPY_MISTAKES: tuple[Mistake, ...] = (
             "you divided by ln S (a normalised entropy); return the entropy itself, in nats."),
     Mistake("unweighted", lambda w: -torch.log(w.clamp_min(1e-30)).sum(-1),
             "you summed -ln p without weighting each term by p: the entropy is -sum p ln p."),
+    Mistake("mean instead of sum", lambda w: -_plogp(w).mean(-1),
+            "you took the mean of -p ln p over the keys; the entropy is their sum (the p already weight the terms)."),
+    Mistake("exp of the entropy", lambda w: torch.exp(-_plogp(w).sum(-1)),
+            "you returned exp(entropy), the 'effective number of keys' (perplexity); return the entropy itself, "
+            "-sum p ln p, in nats."),
 )
 
 
@@ -193,14 +249,7 @@ def _without_entr() -> Iterator[None]:
             setattr(owner, name, original)
 
 
-def check_entropy(fn: Callable[[Tensor], Tensor]) -> Feedback:
-    """Check ``fn(weights) -> entropy``: ``weights [..., S_k]`` rows summing to 1, result ``[...]`` in nats.
-
-    The inputs include a one-hot row (entropy 0) and a row with zeros (``0 ln 0`` must count as 0).
-    The exercise asks for ``torch.log``; ``torch.special.entr`` and ``xlogy`` are refused while it runs.
-    """
-    w, has_zero = _weights_for_entropy()
-
+def _entropy_one(fn: Callable[[Tensor], Tensor], w: Tensor, has_zero: Tensor) -> Feedback | None:
     def guarded(weights: Tensor) -> Tensor:
         with _without_entr():
             return fn(weights)
@@ -213,11 +262,11 @@ def check_entropy(fn: Callable[[Tensor], Tensor]) -> Feedback:
         )
     if fb is not None:
         return fb
-    expected = entropy(w)  # [7]
+    expected = entropy(w)  # [...]
     if close(got, expected):
-        return correct("-sum p ln p per row, with 0 ln 0 = 0; it runs from 0 (one-hot) to ln S (uniform).")
+        return None
     if not isinstance(got, Tensor):
-        return compare_tensors(got, expected, name="the entropy") or correct()
+        return wrong(f"return the entropies as a torch.Tensor, got {describe(got)}.")
     if tuple(got.shape) == tuple(w.shape):
         return wrong("you returned one number per weight: sum -p ln p over the last axis (the keys) to get one entropy per row.")
     if tuple(got.shape) != tuple(expected.shape):
@@ -225,13 +274,63 @@ def check_entropy(fn: Callable[[Tensor], Tensor]) -> Feedback:
             f"your result has shape {tuple(got.shape)}, expected {tuple(expected.shape)}: "
             "one entropy per row, summing over the last axis (dim=-1)."
         )
+    if got.is_complex():
+        return compare_tensors(got, expected, name="the entropy")
     ok = ~has_zero
     g = as_cpu_float64(got)
     if torch.allclose(g[ok], expected.to(torch.float64)[ok]):
         if not torch.isfinite(g[has_zero]).all():
             return wrong("rows that contain a 0 give NaN: 0 * ln 0 must count as 0. Clamp p before the log "
-                         "(p.clamp_min(tiny)) or use torch.where(p > 0, p * torch.log(p), 0).")
+                         "(p.clamp_min(tiny)), or use torch.where(p > 0, p * torch.log(p), 0) (right here, but in "
+                         "training its backward pass still computes log(0) and gives NaN gradients; the clamp does not).")
         return wrong("right for rows without zeros, but wrong where a weight is 0: a zero weight contributes nothing (0 ln 0 = 0).")
     on_rows = tuple(Mistake(m.name, lambda x, m=m: m.compute(x)[ok], m.hint) for m in ENTROPY_MISTAKES)
     hint = diagnose(got[ok], on_rows, w)
-    return hint or compare_tensors(got, expected, name="the entropy") or correct()
+    return hint or compare_tensors(got, expected, name="the entropy")
+
+
+def _solution_entropy(weights: Tensor) -> Tensor:
+    return -(weights * torch.log(weights.clamp_min(1e-30))).sum(dim=-1)
+
+
+def _entropy_on_rows_without_zeros(w: Tensor) -> Tensor:
+    return entropy(w)
+
+
+def _entropy_same(a: Tensor, b: Tensor) -> bool:
+    """As the checker compares a mistake: on the rows without zeros of the case."""
+    return a.shape == b.shape and bool(torch.allclose(as_cpu_float64(a), as_cpu_float64(b), atol=1e-5, rtol=1e-5))
+
+
+def _entropy_cases() -> list[tuple[Tensor]]:
+    return [(_weights_for_entropy(c)[0],) for c in range(2)]
+
+
+def _entropy_table() -> MistakeTable:
+    # compare as the checker does: on the rows without zeros
+    def rows(c: int) -> Tensor:
+        return ~_weights_for_entropy(c)[1]
+
+    masks = {c: rows(c) for c in range(2)}
+
+    def pick(t: Tensor) -> Tensor:
+        for c, m in masks.items():
+            if t.shape == m.shape:
+                return t[m]
+        return t
+
+    return MistakeTable(ENTROPY_MISTAKES, _entropy_cases, entropy, same=lambda a, b: _entropy_same(pick(a), pick(b)))
+
+
+@exercise(solution=_solution_entropy, tables=(_entropy_table(),), not_generic={"transposed": "one entropy per row: a vector"})
+def check_entropy(fn: Callable[[Tensor], Tensor]) -> Feedback:
+    """Check ``fn(weights) -> entropy``: ``weights [..., S_k]`` rows summing to 1, result ``[...]`` in nats.
+
+    The inputs include a one-hot row (entropy 0) and a row with zeros (``0 ln 0`` must count as 0).
+    The exercise asks for ``torch.log``; ``torch.special.entr`` and ``xlogy`` are refused while it runs.
+    """
+    for case in range(2):
+        problem = _entropy_one(fn, *_weights_for_entropy(case))
+        if problem is not None:
+            return problem
+    return correct("-sum p ln p per row, with 0 ln 0 = 0; it runs from 0 (one-hot) to ln S (uniform).")

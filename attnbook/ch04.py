@@ -25,10 +25,13 @@ from attnlib.multihead import MultiHeadSelfAttention
 from .feedback import (
     Feedback,
     Mistake,
+    MistakeTable,
     close,
     compare_tensors,
     correct,
+    describe,
     diagnose,
+    exercise,
     run_reader_code,
     todo,
     wrong,
@@ -44,6 +47,10 @@ __all__ = [
 #: The attention mask the combined-mask checker feeds in: ``[B, S] = [3, 5]``, 1 = real token.
 #: Sequence 0 is padded on the right, sequence 2 on the left (its first two rows see nothing).
 EXAMPLE_ATTENTION_MASK = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+
+#: The combined-mask checker's second case, ``[B, S] = [2, 7]``, as int64 rather than a bool-like
+#: 0/1: other sizes, so that a hard-coded B or S cannot pass (sequence 1 is padded on the left).
+SECOND_ATTENTION_MASK = torch.tensor([[1, 1, 1, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1, 1]])
 
 
 def _tril(S: int) -> Tensor:
@@ -88,18 +95,13 @@ COMBINED_MASK_MISTAKES: tuple[Mistake, ...] = (
 )
 
 
-def check_combined_mask(fn: Callable[[Tensor], Any]) -> Feedback:
-    """Check ``fn(attention_mask [B, S] of 0/1) -> bool [B, 1, S, S]`` (padding AND causal).
-
-    The reference is ``combine_masks(causal_mask(S), padding_mask(attention_mask))``.
-    """
-    am = EXAMPLE_ATTENTION_MASK.clone()
+def _combined_one(fn: Callable[[Tensor], Any], am: Tensor) -> Feedback | None:
     B, S = am.shape
-    got, fb = run_reader_code(fn, am)
+    got, fb = run_reader_code(fn, am.clone())
     if fb is not None:
         return fb
     if not isinstance(got, Tensor):
-        return wrong(f"return a torch.Tensor, got {type(got).__name__}.")
+        return wrong(f"return a torch.Tensor, got {describe(got)}.")
     expected = combine_masks(causal_mask(S), padding_mask(am))  # [B, 1, S, S]
     assert expected is not None
     if got.dtype != torch.bool:
@@ -108,14 +110,36 @@ def check_combined_mask(fn: Callable[[Tensor], Any]) -> Feedback:
             "Compare with 1 (`attention_mask == 1`) or call `.bool()`."
         )
     if close(got, expected):
-        return correct("each query sees itself and earlier real tokens, never the future or padding.")
+        return None
     hint = diagnose(got, COMBINED_MASK_MISTAKES, am)
     if hint is not None:
         return hint
     if tuple(got.shape) != (B, 1, S, S):
-        return wrong(f"your mask has shape {tuple(got.shape)}; expected [B, 1, S, S] = {(B, 1, S, S)}.")
-    bad = int((got != expected).sum())
-    return wrong(f"{bad} of {got.numel()} entries differ from padding AND causal; check sequence 2, which is padded on the left ({am[2].tolist()}).")
+        return wrong(f"your mask has shape {tuple(got.shape)}; expected [B, 1, S, S] = {(B, 1, S, S)} for an attention mask of shape {(B, S)}.")
+    bad = int((got.cpu() != expected).sum())
+    left = next(b for b in range(B) if am[b, 0] == 0)
+    return wrong(f"{bad} of {got.numel()} entries differ from padding AND causal; check sequence {left}, which is padded on the left ({am[left].tolist()}).")
+
+
+def _solution_combined(attention_mask: Tensor) -> Tensor:
+    S = attention_mask.shape[1]
+    past = torch.ones(S, S, dtype=torch.bool).tril()  # [S, S]
+    return past & attention_mask.bool()[:, None, None, :]  # [B, 1, S, S]
+
+
+@exercise(solution=_solution_combined,
+          tables=(MistakeTable(COMBINED_MASK_MISTAKES, lambda: [(EXAMPLE_ATTENTION_MASK,), (SECOND_ATTENTION_MASK,)], _combined),))
+def check_combined_mask(fn: Callable[[Tensor], Any]) -> Feedback:
+    """Check ``fn(attention_mask [B, S] of 0/1) -> bool [B, 1, S, S]`` (padding AND causal).
+
+    The reference is ``combine_masks(causal_mask(S), padding_mask(attention_mask))``; it is tried
+    on :data:`EXAMPLE_ATTENTION_MASK` and on :data:`SECOND_ATTENTION_MASK` (other B and S).
+    """
+    for am in (EXAMPLE_ATTENTION_MASK, SECOND_ATTENTION_MASK):
+        problem = _combined_one(fn, am)
+        if problem is not None:
+            return problem
+    return correct("each query sees itself and earlier real tokens, never the future or padding.")
 
 
 def _scores(q: Tensor, k: Tensor) -> Tensor:
@@ -148,41 +172,90 @@ MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
             "future keys get weight: nothing is masked. Hide the upper triangle of the scores before softmax."),
     Mistake("unscaled", lambda q, k, v: torch.softmax((q @ k.transpose(-2, -1)).masked_fill(_future(q), float("-inf")), dim=-1),
             "the mask is right, but the scores are not scaled: divide q @ k^T by sqrt(D_k) before masking."),
+    Mistake("diagonal hidden", lambda q, k, v: _nan_as(torch.softmax(_scores(q, k).masked_fill(~causal_mask(q.shape[-2]).tril(-1), float("-inf")), dim=-1)),
+            "you hid the diagonal too (triu(diagonal=0), or tril(diagonal=-1) as the visible part): a token may look "
+            "at itself. That is why row 0 is NaN: its query sees nothing at all. Hide only the cells above the "
+            "diagonal, ~causal_mask(S) (triu with diagonal=1)."),
 )
 
 
-def check_masking_order(fn: Callable[[Tensor, Tensor, Tensor], Any]) -> Feedback:
-    """Check ``fn(q, k, v) -> (output [B, H, S, D_k], weights [B, H, S, S])``: causal attention.
+#: The masking-order checker's cases ``(B, H, S, D_k, dtype)``: the second differs in every size and the dtype.
+MASKING_ORDER_CASES: tuple[tuple[int, int, int, int, torch.dtype], ...] = ((1, 2, 5, 4, torch.float32), (2, 3, 6, 5, torch.float64))
 
-    Inputs are ``[1, 2, 5, 4]``; the reference is ``attnlib.scaled_dot_product_attention`` with
-    ``causal_mask(5)``. Zeroing after softmax *and renormalising* is the same computation and passes.
-    """
-    gen = torch.Generator().manual_seed(4)
-    q, k, v = (torch.randn(1, 2, 5, 4, generator=gen) for _ in range(3))  # [B, H, S, D_k]
-    got, fb = run_reader_code(fn, q, k, v)
+
+def _masking_order_case(c: int) -> tuple[Tensor, Tensor, Tensor]:
+    B, H, S, D_k, dtype = MASKING_ORDER_CASES[c]
+    gen = torch.Generator().manual_seed(4 + c)
+    q, k, v = (torch.randn(B, H, S, D_k, generator=gen, dtype=torch.float64).to(dtype) for _ in range(3))  # [B, H, S, D_k]
+    return q, k, v
+
+
+def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k: Tensor, v: Tensor) -> Feedback | None:
+    got, fb = run_reader_code(fn, q.clone(), k.clone(), v.clone())
     if fb is not None:
         return fb
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        return wrong("return a pair `(output, weights)`.")
+        return wrong(f"return a pair `(output, weights)`, got {describe(got)}.")
     out, weights = got
-    reference = scaled_dot_product_attention(q, k, v, causal_mask(5))
+    S = q.shape[-2]
+    reference = scaled_dot_product_attention(q, k, v, causal_mask(S))
     exp_out, exp_w = reference.output, reference.weights
     if not isinstance(weights, Tensor) or tuple(weights.shape) != tuple(exp_w.shape):
-        shape = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
+        shape = tuple(weights.shape) if isinstance(weights, Tensor) else describe(weights)
         return wrong(f"weights should be a tensor of shape {tuple(exp_w.shape)} [B, H, S, S], got {shape}.")
+    w = weights.detach().cpu().to(torch.float64)
+    leak = float(w[..., _future(q)].abs().nan_to_num(float("inf")).max())
     if not close(weights, exp_w):
-        hint = diagnose(_nan_as(weights.detach()), MASKING_ORDER_MISTAKES, q, k, v)
+        hint = diagnose(_nan_as(weights.detach().cpu()), MASKING_ORDER_MISTAKES, q, k, v)
         if hint is not None:
             return hint
-        leak = float(weights.detach()[..., _future(q)].abs().max())
-        if leak > 1e-6:
-            return wrong(f"future keys get weight (up to {leak:.3f}); hide the upper triangle of the scores.")
+        if leak > 0:
+            return wrong(f"future keys get weight (up to {leak:.1e}); hide the upper triangle of the scores with -inf "
+                         "(or torch.finfo(dtype).min) before the softmax.")
+        if torch.isnan(w).any():
+            row = int(torch.isnan(w).any(-1).nonzero()[0, -1])
+            return wrong(f"row {row} of your weights is NaN: its query sees no key at all. Check which cells your "
+                         "mask hides: only those above the diagonal.")
         mismatch = compare_tensors(weights, exp_w, name="weights")
         assert mismatch is not None
         return wrong(mismatch.message + " Did you scale the scores by 1/sqrt(D_k) and apply softmax over the last axis?")
+    if leak > 0:
+        return wrong(f"the weights look right to 5 decimals, but future keys still get weight (up to {leak:.1e}): a "
+                     "finite fill such as -15 leaves exp(-15) behind, and loses to any real score below -15. Fill with "
+                     "-inf (or torch.finfo(dtype).min), so that the future gets exactly 0.")
     mismatch = compare_tensors(out, exp_out, name="output")
     if mismatch is not None:
         return wrong(mismatch.message + " The weights are right; the output is `weights @ v`.")
+    return None
+
+
+def _solution_masking_order(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    S = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, H, S, S]
+    scores = scores.masked_fill(~causal_mask(S), float("-inf"))  # hide the future before softmax
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+def _masking_order_reference(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    return scaled_dot_product_attention(q, k, v, causal_mask(q.shape[-2])).weights
+
+
+@exercise(solution=_solution_masking_order,
+          tables=(MistakeTable(MASKING_ORDER_MISTAKES, lambda: [_masking_order_case(c) for c in range(len(MASKING_ORDER_CASES))],
+                               _masking_order_reference),))
+def check_masking_order(fn: Callable[[Tensor, Tensor, Tensor], Any]) -> Feedback:
+    """Check ``fn(q, k, v) -> (output [B, H, S, D_k], weights [B, H, S, S])``: causal attention.
+
+    Tried on the cases of :data:`MASKING_ORDER_CASES`; the reference is
+    ``attnlib.scaled_dot_product_attention`` with ``causal_mask(S)``. The future must get exactly 0
+    (a finite fill such as -15 is within the tolerance but wrong in principle). Zeroing after softmax
+    *and renormalising* is the same computation and passes.
+    """
+    for c in range(len(MASKING_ORDER_CASES)):
+        problem = _masking_order_one(fn, *_masking_order_case(c))
+        if problem is not None:
+            return problem
     return correct("the future gets exactly 0 and each row shares all of its weight among the past.")
 
 
@@ -227,6 +300,9 @@ FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
         Mistake("NaN", lambda: torch.full((4,), -1.0),
                 "NaN needs -inf - (-inf); every score here is finite (about -1e4), so the softmax is well defined. "
                 "And adding one number to every score changes no difference between them."),
+        Mistake("one-hot", lambda: torch.tensor([1.0, 0.0, 0.0, 0.0]),
+                "a huge negative number does not pick out the largest score: the same -1e4 is added to all four, so "
+                "their differences (2, 0, 1, -1) stay as they are and the row is softmax(scores), not one-hot."),
     ),
     "masked_fill -1e4": (
         Mistake("unmasked", lambda: torch.softmax(FULLY_MASKED_SCORES, dim=-1),
@@ -236,6 +312,9 @@ FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
                 "-1e4, so each key gets 1/4."),
         Mistake("NaN", lambda: torch.full((4,), -1.0),
                 "-1e4 is finite, so no -inf - (-inf) happens. Four equal scores give four equal weights: 1/4."),
+        Mistake("one-hot", lambda: torch.tensor([1.0, 0.0, 0.0, 0.0]),
+                "masked_fill *replaces* every score by -1e4, so nothing is left of the largest one: four equal scores "
+                "give four equal weights, 1/4 each."),
     ),
     "add finfo.min": (
         Mistake("unmasked", lambda: torch.softmax(FULLY_MASKED_SCORES, dim=-1),
@@ -248,15 +327,43 @@ FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
         Mistake("NaN", lambda: torch.full((4,), -1.0),
                 "finfo.min is finite, so the row max is finite and nothing is NaN: all four scores round to the "
                 "same number, and each key gets 1/4."),
+        Mistake("one-hot", lambda: torch.tensor([1.0, 0.0, 0.0, 0.0]),
+                "near finfo.min neighbouring float32 numbers are about 2e31 apart, so 2 + finfo.min and -1 + finfo.min "
+                "round to the same number: the largest score is lost, and each key gets 1/4."),
     ),
 }
 
 
+#: How close a hand prediction must be: the exercise asks for it without running anything, so two
+#: decimals are enough (0.64 for 0.6439); no listed mistake lies that close to a right row.
+PREDICTION_ATOL = 0.01
+
+
+def _prediction_same(a: Tensor, b: Tensor) -> bool:
+    return close(_nan_as(a), _nan_as(b), atol=PREDICTION_ATOL, rtol=0.0)
+
+
+_FULLY_MASKED_SOLUTION = {
+    "add -1e4": [0.64, 0.09, 0.24, 0.03],
+    "masked_fill -1e4": [0.25, 0.25, 0.25, 0.25],
+    "add finfo.min": [0.25, 0.25, 0.25, 0.25],
+}
+
+
+@exercise(solution=_FULLY_MASKED_SOLUTION, kind="value",
+          tables=tuple(MistakeTable(FULLY_MASKED_MISTAKES[case], lambda: [()], lambda case=case: _case_value(case), same=_prediction_same)
+                       for case in FULLY_MASKED_CASES),
+          not_generic={"float16": "a hand prediction has no dtype"})
 def check_fully_masked_prediction(prediction: Any) -> Feedback:
     """Check a dict ``{case: [4 numbers]}`` predicting the weights of the fully masked row
-    ``FULLY_MASKED_SCORES`` for each case of :data:`FULLY_MASKED_CASES` (write NaN as ``float("nan")``)."""
+    ``FULLY_MASKED_SCORES`` for each case of :data:`FULLY_MASKED_CASES` (write NaN as ``float("nan")``).
+
+    A prediction made by hand is accepted to two decimals (:data:`PREDICTION_ATOL`).
+    """
+    if prediction is None:
+        return todo("fill in the dict `prediction`, then run the cell again.")
     if not isinstance(prediction, dict):
-        return wrong(f"prediction should be a dict with keys {list(FULLY_MASKED_CASES)}, got {type(prediction).__name__}.")
+        return wrong(f"prediction should be a dict with keys {list(FULLY_MASKED_CASES)}, got {describe(prediction)}.")
     missing = [c for c in FULLY_MASKED_CASES if c not in prediction]
     if missing:
         return wrong(f"the dict lacks the key(s) {missing}.")
@@ -267,16 +374,21 @@ def check_fully_masked_prediction(prediction: Any) -> Feedback:
         if value is None:
             return todo(f"fill in {case!r} as well.")
         try:
-            got = torch.as_tensor(value, dtype=torch.float32).flatten()
-        except (TypeError, ValueError, RuntimeError):
+            if isinstance(value, Tensor):
+                got = value.detach().cpu().to(torch.float32).flatten()
+            elif isinstance(value, (str, bytes, dict)):
+                raise TypeError
+            else:
+                got = torch.tensor([float(x) for x in value], dtype=torch.float32)
+        except Exception:  # anything that is not 4 numbers
             return wrong(f"{case!r}: give a list of 4 numbers, got {value!r}.")
         if got.numel() != 4:
             return wrong(f"{case!r}: the row has 4 keys, so give 4 numbers (got {got.numel()}).")
-        if close(got, _case_value(case), atol=1e-3, rtol=0.0):
+        if close(got, _case_value(case), atol=PREDICTION_ATOL, rtol=0.0):
             continue
         got = _nan_as(got)
         for m in FULLY_MASKED_MISTAKES[case]:
-            if close(got, m.compute(), atol=1e-3, rtol=0.0):
+            if _prediction_same(got, m.compute()):
                 return wrong(f"{case!r}: {m.hint}")
         return wrong(f"{case!r} is not right. Run {FULLY_MASKED_CASES[case]} with scores = {FULLY_MASKED_SCORES.tolist()} "
                      "and hidden = torch.ones(4, dtype=torch.bool) to see the row.")

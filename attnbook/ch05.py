@@ -29,10 +29,15 @@ from attnlib.multihead import MultiHeadSelfAttention
 from .feedback import (
     Feedback,
     Mistake,
+    MistakeTable,
+    check_number,
     close,
     correct,
+    describe,
     diagnose,
+    exercise,
     run_reader_code,
+    todo,
     wrong,
 )
 
@@ -145,55 +150,71 @@ PARAM_MISTAKES: tuple[Mistake, ...] = (
             "that covers W_Q, W_K and W_V: the output projection W_O (D×D plus its bias) belongs to the block too."),
     Mistake("no W_O, no biases", lambda D, H: 3 * D * D,
             "that is W_Q, W_K and W_V without biases: add the output projection W_O and the four bias vectors."),
+    Mistake("no W_O bias", lambda D, H: 4 * D * D + 3 * D,
+            "one bias is missing: W_Q, W_K and W_V have theirs, and the output projection W_O has one of D numbers too."),
     Mistake("one head's width", lambda D, H: 4 * D * (D // H) + 4 * (D // H),
             "that is the block for one head's width D_k: the projections map D to H·D_k = D, so each is D×D."),
     Mistake("one head's share", lambda D, H: 4 * D * (D // H),
             "that is one head's share (D×D_k per projection): the projections map D to H·D_k = D, so each is D×D (plus biases)."),
     Mistake("times H", lambda D, H: H * (4 * D * D + 4 * D),
             "you multiplied by H: the heads share the D×D projections (each head owns D_k of their output columns), so H does not multiply the count."),
+    Mistake("one bias per head", lambda D, H: 4 * D * D + 4 * D * H,
+            "you gave every head its own bias of D numbers: each projection has one bias of D numbers, and head h "
+            "uses its slice of D_k of them, so the biases add 4·D, not 4·D·H."),
     Mistake("one bias", lambda D, H: 4 * D * D + D, "you have one bias vector: each of the four projections has its own bias of D numbers."),
     Mistake("scalar biases", lambda D, H: 4 * (D * D + 1), "each bias is a vector of D numbers, not one number."),
+    Mistake("half the width", lambda D, H: 4 * (D // 2) ** 2 + 4 * (D // 2),
+            "that is the count for a model half as wide (D = 512, as in the chapter's example); this block has D = 1024."),
 )
 
 
+@exercise(solution=4 * 1024**2 + 4 * 1024, kind="value",
+          tables=(MistakeTable(PARAM_MISTAKES, lambda: [(1024, 16)], lambda D, H: mha_param_count(D, H, bias=True)),),
+          not_generic={"float16": "a count typed as a number"})
 def check_param_count(answer: object, *, d_model: int = 1024, num_heads: int = 16, bias: bool = True) -> Feedback:
     """Check a number for the parameters of ``MultiHeadSelfAttention(d_model, num_heads, bias=bias)``.
 
-    The right answer is ``4 D^2 + 4 D`` with biases (``4 D^2`` without), whatever ``H`` is.
+    The right answer is ``4 D^2 + 4 D`` with biases (``4 D^2`` without), whatever ``H`` is. Any
+    real-scalar form is accepted (``int``, an integral ``float``, NumPy integers, a 0-d tensor).
     """
     if answer is None:
-        return Feedback("todo", "replace `None` with your number (an int), then run the cell again.")
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return wrong(f"the answer should be a number (an int), got {type(answer).__name__}.")
+        return todo("replace `None` with your number (an int), then run the cell again.")
     D, H = d_model, num_heads
     right = mha_param_count(D, H, bias=bias)
-    if answer == right:
+    value, problem = check_number(answer, right, integer=True, what="a number of parameters")
+    if problem is None:
         extra = " Note that H never entered the formula." if bias else ""
         return correct(f"{right:,} = 4·D² + 4·D: four D×D weight matrices and four bias vectors of D.{extra}" if bias
                        else f"{right:,} = 4·D²: four D×D weight matrices, no biases.")
-    if answer != int(answer):
-        return wrong("a parameter count is a whole number.")
+    if value is None or not math.isfinite(value) or not value.is_integer():
+        return problem
     for m in PARAM_MISTAKES:
-        if int(answer) == m.compute(D, H):
+        if int(value) == m.compute(D, H) and m.compute(D, H) != right:
             return wrong(m.hint)
-    return wrong(f"{int(answer):,} is not it. Count the weight matrices (how many, what shape?) and the bias vectors; D = {D}, H = {H}.")
+    return wrong(f"{int(value):,} is not it. Count the weight matrices (how many, what shape?) and the bias vectors; D = {D}, H = {H}.")
 
 
 # --- exercise 2: multi-head attention as a loop over heads ------------------------------------
 
-
-def _reference_module() -> tuple[MultiHeadSelfAttention, Tensor]:
-    torch.manual_seed(5)
-    module = MultiHeadSelfAttention(12, 3, bias=True)  # D = 12, H = 3, D_k = 4
-    with torch.no_grad():
-        for p in module.parameters():  # larger weights make every mistake visible
-            p.mul_(3.0)
-    x = torch.randn(2, 5, 12)  # [B, S, D]
-    return module, x
+#: The loop checker's modules and inputs ``(D, H, B, S, dtype)``: the second differs in every size and the dtype.
+LOOP_CASES: tuple[tuple[int, int, int, int, torch.dtype], ...] = ((12, 3, 2, 5, torch.float32), (15, 5, 3, 4, torch.float64))
 
 
-def _loop(module: MultiHeadSelfAttention, x: Tensor, *, scale: float | None = None, dim: int = -1, use_wo: bool = True,
-          qkv_bias: bool = True, wo_bias: bool = True, columns: bool = False, merge: str = "cat") -> Tensor:
+def _reference_module(case: int = 0) -> tuple[MultiHeadSelfAttention, Tensor]:
+    D, H, B, S, dtype = LOOP_CASES[case]
+    with torch.random.fork_rng(devices=[]):  # leave the reader's random state alone
+        torch.manual_seed(5 + case)
+        module = MultiHeadSelfAttention(D, H, bias=True)  # D_k = D / H
+        with torch.no_grad():
+            for p in module.parameters():  # larger weights make every mistake visible
+                p.mul_(3.0)
+        x = torch.randn(B, S, D)  # [B, S, D]
+    return module.to(dtype), x.to(dtype)
+
+
+def _loop(module: MultiHeadSelfAttention, x: Tensor, *, scale: float | None = None, dim: int | tuple[int, int] = -1, use_wo: bool = True,
+          qkv_bias: bool = True, wo_bias: bool = True, columns: bool = False, merge: str = "cat", transposed: bool = False,
+          wo_bias_per_head: bool = False) -> Tensor:
     """The per-head loop with one thing changed (a typical mistake); the defaults give the right answer."""
     d_k, H = module.d_k, module.num_heads
     heads = []
@@ -206,7 +227,14 @@ def _loop(module: MultiHeadSelfAttention, x: Tensor, *, scale: float | None = No
 
         q, k, v = project(module.w_q), project(module.w_k), project(module.w_v)  # each [B, S, D_k]
         s = 1.0 / math.sqrt(d_k) if scale is None else scale
-        heads.append(torch.softmax(q @ k.transpose(-2, -1) * s, dim=dim) @ v)  # [B, S, D_k]
+        scores = (k @ q.transpose(-2, -1) if transposed else q @ k.transpose(-2, -1)) * s  # [B, S, S]
+        if isinstance(dim, tuple):  # one softmax over the whole [S, S] matrix
+            weights = torch.softmax(scores.flatten(-2), dim=-1).view_as(scores)
+        else:
+            weights = torch.softmax(scores, dim=dim)
+        heads.append(weights @ v)  # [B, S, D_k]
+    if wo_bias_per_head:  # each head through its block of W_O, with the bias added every time
+        return sum(heads[h] @ module.w_o.weight[:, h * d_k:(h + 1) * d_k].T + module.w_o.bias for h in range(H))  # [B, S, D]
     if merge == "cat":
         merged = torch.cat(heads, dim=-1)  # [B, S, D]
     elif merge == "reverse":
@@ -229,15 +257,25 @@ LOOP_MISTAKES: tuple[Mistake, ...] = (
             "everything is right except the output projection's bias: module.w_o(...) adds it, a bare @ module.w_o.weight.T does not."),
     Mistake("no biases at all", lambda m, x: _loop(m, x, qkv_bias=False, wo_bias=False),
             "you left out every bias: the q, k and v projections (the slice of each bias that belongs to head h) and W_O's."),
+    Mistake("W_O bias once per head", lambda m, x: _loop(m, x, wo_bias_per_head=True),
+            "summing the heads through their blocks of W_O is right, but you added W_O's bias once per head (H times): "
+            "add it once, after the sum."),
     Mistake("stack + flatten", lambda m, x: _loop(m, x, merge="stack"),
             "you merged the heads with torch.stack(heads, -1).flatten(-2): that interleaves them (feature 0 of every head, then "
             "feature 1, ...). Head h's output must fill features h·D_k .. (h+1)·D_k - 1: use torch.cat(heads, dim=-1)."),
     Mistake("scaled by sqrt(D)", lambda m, x: _loop(m, x, scale=1.0 / math.sqrt(m.d_model)),
             "you scaled by 1/sqrt(D); each head scales by 1/sqrt(D_k), D_k = D / H."),
+    Mistake("scaled by sqrt(H)", lambda m, x: _loop(m, x, scale=1.0 / math.sqrt(m.num_heads)),
+            "you scaled by 1/sqrt(H), the number of heads; each head scales by 1/sqrt(D_k), its own width."),
     Mistake("not scaled", lambda m, x: _loop(m, x, scale=1.0), "the scores are not scaled: divide q_h k_h^T by sqrt(D_k)."),
     Mistake("divided by D_k", lambda m, x: _loop(m, x, scale=1.0 / m.d_k), "you divided by D_k; divide by its square root."),
     Mistake("softmax over queries", lambda m, x: _loop(m, x, dim=-2),
             "your softmax normalises over the queries (dim=-2): each query's weights over the keys must sum to 1, so use dim=-1."),
+    Mistake("softmax over the whole matrix", lambda m, x: _loop(m, x, dim=(-2, -1)),
+            "your softmax normalises over the whole [S, S] matrix of a head, so each row sums to less than 1: each query's "
+            "weights over the keys must sum to 1, softmax(..., dim=-1)."),
+    Mistake("k @ q^T", lambda m, x: _loop(m, x, transposed=True),
+            "your scores are k_h @ q_h^T, the transpose: row i must hold query i's scores against every key, q_h @ k_h^T."),
     Mistake("reversed heads", lambda m, x: _loop(m, x, merge="reverse"),
             "the heads are concatenated in reverse order: head h's output goes to features h·D_k .. (h+1)·D_k - 1."),
     Mistake("weight columns", lambda m, x: _loop(m, x, columns=True),
@@ -251,43 +289,71 @@ class _NoForward(MultiHeadSelfAttention):
         raise RuntimeError("the exercise asks for the per-head loop: do not call the module itself")
 
 
-def check_per_head_loop(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor]) -> Feedback:
-    """Check ``fn(x, module) -> [B, S, D]``, multi-head attention written as a loop over heads.
-
-    ``x: [B, S, D]``; ``module`` is a :class:`MultiHeadSelfAttention` (no mask). The checker uses
-    ``D = 12``, ``H = 3`` (``D_k = 4``), biases on, and compares with ``module(x).hidden_states``.
-    The module passed in cannot be called directly (that would skip the exercise).
-    """
-    with torch.random.fork_rng(devices=[]):  # leave the reader's random state alone
-        ref, x = _reference_module()
-        module = _NoForward(12, 3, bias=True)
-        module.load_state_dict(ref.state_dict())
+def _loop_one(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor], case: int) -> Feedback | None:
+    ref, x = _reference_module(case)
+    D, H = LOOP_CASES[case][:2]
+    with torch.random.fork_rng(devices=[]):  # a new module draws its initial weights: leave the reader's random state alone
+        module = _NoForward(D, H, bias=True).to(x.dtype)
+    module.load_state_dict(ref.state_dict())
     with torch.no_grad():
         expected = ref(x).hidden_states  # [B, S, D]
     got, fb = run_reader_code(fn, x.clone(), module)
     if fb is not None:
         return fb
     if not isinstance(got, Tensor):
-        return wrong(f"return a torch.Tensor of shape [B, S, D] = {tuple(expected.shape)}, got {type(got).__name__}.")
+        return wrong(f"return a torch.Tensor of shape [B, S, D] = {tuple(expected.shape)}, got {describe(got)}.")
     if tuple(got.shape) != tuple(expected.shape):
         if got.dim() == 4:
             return wrong(f"your result has shape {tuple(got.shape)}: concatenate the heads' outputs along the "
                          "last axis (torch.cat(heads, dim=-1)) and apply w_o.")
-        return wrong(f"your result has shape {tuple(got.shape)}, expected [B, S, D] = {tuple(expected.shape)}.")
+        return wrong(f"your result has shape {tuple(got.shape)}, expected [B, S, D] = {tuple(expected.shape)} "
+                     f"(D = {D}, H = {H} heads of D_k = {D // H}).")
     with torch.no_grad():
         if close(got, expected):
-            return correct("your loop matches the batched module: the heads are independent until W_O mixes them.")
+            return None
         hint = diagnose(got, LOOP_MISTAKES, ref, x)
     if hint is not None:
         return hint
-    if not torch.isfinite(got.detach()).all():
-        return wrong("your result contains NaN or inf.")
-    worst = float((got.detach().to(torch.float64) - expected.to(torch.float64)).abs().max())
+    if got.is_complex() or not torch.isfinite(got.detach()).all():
+        return wrong("your result contains NaN or inf (or is not real).")
+    worst = float((got.detach().cpu().to(torch.float64) - expected.to(torch.float64)).abs().max())
     return wrong(
-        "the shape is right but the numbers differ (largest difference "
-        f"{worst:.3g}). Head h uses rows h·D_k .. (h+1)·D_k - 1 of each weight matrix (nn.Linear stores "
-        "[out, in]) and the same slice of each bias; check the slicing first."
+        f"the shape is right but the numbers differ (largest difference {worst:.3g}, for D = {D}, H = {H}). Compare "
+        "one head at a time with the module's own: its rows of each weight matrix and slice of each bias "
+        "(nn.Linear stores [out, in]), the scale 1/sqrt(D_k), softmax over the keys (dim=-1), then torch.cat and w_o."
     )
+
+
+def _solution_loop(x: Tensor, module: MultiHeadSelfAttention) -> Tensor:
+    d_k = module.d_k
+    heads = []
+    for h in range(module.num_heads):
+        rows = slice(h * d_k, (h + 1) * d_k)
+        q, k, v = (x @ lin.weight[rows].T + lin.bias[rows] for lin in (module.w_q, module.w_k, module.w_v))  # [B, S, D_k]
+        heads.append(torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1) @ v)  # [B, S, D_k]
+    return module.w_o(torch.cat(heads, dim=-1))  # [B, S, D]
+
+
+def _loop_reference(module: MultiHeadSelfAttention, x: Tensor) -> Tensor:
+    with torch.no_grad():
+        return module(x).hidden_states
+
+
+@exercise(solution=_solution_loop,
+          tables=(MistakeTable(LOOP_MISTAKES, lambda: [_reference_module(c) for c in range(len(LOOP_CASES))], _loop_reference),))
+def check_per_head_loop(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor]) -> Feedback:
+    """Check ``fn(x, module) -> [B, S, D]``, multi-head attention written as a loop over heads.
+
+    ``x: [B, S, D]``; ``module`` is a :class:`MultiHeadSelfAttention` (no mask), biases on. The
+    checker tries the cases of :data:`LOOP_CASES` (``D = 12, H = 3`` in float32, then ``D = 15,
+    H = 5`` in float64) and compares with ``module(x).hidden_states``. The module passed in cannot
+    be called directly (that would skip the exercise).
+    """
+    for case in range(len(LOOP_CASES)):
+        problem = _loop_one(fn, case)
+        if problem is not None:
+            return problem
+    return correct("your loop matches the batched module: the heads are independent until W_O mixes them.")
 
 
 # --- exercise 3: the bytes of the weights ----------------------------------------------------
@@ -297,46 +363,86 @@ def _size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+#: The configurations :func:`check_weights_bytes` tries, ``(B, H, S, dtype)``: four dtypes of 2, 4 and 8 bytes.
+BYTES_CONFIGS: tuple[tuple[int, int, int, torch.dtype], ...] = (
+    (1, 12, 128, torch.float32), (3, 32, 4096, torch.float16), (3, 8, 100, torch.bfloat16), (4, 1, 7, torch.float32),
+    (2, 5, 9, torch.float64),
+)
+
 #: The known mistakes of :func:`check_weights_bytes`: ``compute(B, H, S, dtype)`` is what such a formula returns.
 BYTES_MISTAKES: tuple[Mistake, ...] = (
     Mistake("elements", lambda B, H, S, dt: B * H * S * S,
             "That is the number of elements: multiply by the bytes per element (torch.empty((), dtype=dtype).element_size())."),
     Mistake("always 4 bytes", lambda B, H, S, dt: B * H * S * S * 4,
             "You used 4 bytes per element for every dtype; use torch.empty((), dtype=dtype).element_size() "
-            "(4 for float32, 2 for float16 and bfloat16)."),
+            "(4 for float32, 2 for float16 and bfloat16, 8 for float64)."),
     Mistake("always 2 bytes", lambda B, H, S, dt: B * H * S * S * 2,
-            "You hard-coded 2 bytes per element: right for float16 and bfloat16, not for float32 (4). "
+            "You hard-coded 2 bytes per element: right for float16 and bfloat16, not for float32 (4) or float64 (8). "
             "Use torch.empty((), dtype=dtype).element_size()."),
+    Mistake("bytes from the dtype's name", lambda B, H, S, dt: B * H * S * S * (2 if "16" in str(dt) else 4),
+            "Your bytes per element are right for float32, float16 and bfloat16 but not for float64 (8 bytes): read "
+            "them from the dtype, torch.empty((), dtype=dtype).element_size() (or dtype.itemsize)."),
     Mistake("no H", lambda B, H, S, dt: B * S * S * _size(dt), "Each of the H heads has its own S×S weights: multiply by H."),
     Mistake("S, not S²", lambda B, H, S, dt: B * H * S * _size(dt), "Each head stores one weight per (query, key) pair: S·S, not S."),
     Mistake("no B", lambda B, H, S, dt: H * S * S * _size(dt), "Every sequence in the batch has its own weights: multiply by B."),
     Mistake("bits", lambda B, H, S, dt: B * H * S * S * _size(dt) * 8, "A factor 8 too large: bytes, not bits."),
+    Mistake("GiB", lambda B, H, S, dt: B * H * S * S * _size(dt) / 2**30,
+            "Those are GiB (you divided by 2**30): the function returns bytes."),
+    Mistake("MiB", lambda B, H, S, dt: B * H * S * S * _size(dt) / 2**20,
+            "Those are MiB (you divided by 2**20): the function returns bytes."),
+    Mistake("causal triangle", lambda B, H, S, dt: B * H * (S * (S + 1) // 2) * _size(dt),
+            "You counted only the causal triangle, S(S+1)/2 per head: the weights tensor is a full [B, H, S, S] "
+            "(masked entries are stored as zeros), S·S per head."),
+    Mistake("scores and weights", lambda B, H, S, dt: 2 * B * H * S * S * _size(dt),
+            "That is twice the weights: the scores and the weights together. The question asks for the weights alone."),
 )
 
 
+def _bytes_vector(f: Callable[[int, int, int, torch.dtype], Any]) -> tuple[Any, ...]:
+    return tuple(f(*c) for c in BYTES_CONFIGS)
+
+
+def _bytes_same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(math.isclose(float(x), float(y), rel_tol=1e-9) for x, y in zip(a, b))
+
+
+def _solution_bytes(batch: int, num_heads: int, seq_len: int, dtype: torch.dtype) -> int:
+    return batch * num_heads * seq_len * seq_len * torch.empty((), dtype=dtype).element_size()
+
+
+@exercise(solution=_solution_bytes,
+          tables=(MistakeTable(tuple(Mistake(m.name, lambda m=m: _bytes_vector(m.compute), m.hint) for m in BYTES_MISTAKES),
+                               lambda: [()], lambda: _bytes_vector(attention_weights_bytes), same=_bytes_same),),
+          not_generic={"float16": "the answer is a count"})
 def check_weights_bytes(fn: Callable[[int, int, int, torch.dtype], int]) -> Feedback:
     """Check ``fn(batch, num_heads, seq_len, dtype) -> int``, the bytes of ``[B, H, S, S]`` weights.
 
-    Tried on several configurations (float32, float16, bfloat16) and compared with
-    ``torch.empty(B, H, S, S, dtype=dtype).nbytes`` (on the meta device, so nothing is allocated).
+    Tried on every configuration of :data:`BYTES_CONFIGS` (float32, float16, bfloat16, float64) and
+    compared with ``torch.empty(B, H, S, S, dtype=dtype).nbytes`` (on the meta device, so nothing is
+    allocated). The answers on all configurations together identify a known mistake.
     """
-    configs = [(1, 12, 128, torch.float32), (3, 32, 4096, torch.float16), (3, 8, 100, torch.bfloat16), (4, 1, 7, torch.float32)]
-    for B, H, S, dtype in configs:
+    answers, expected = [], []
+    for B, H, S, dtype in BYTES_CONFIGS:
         got, fb = run_reader_code(fn, B, H, S, dtype)
         if fb is not None:
             return fb
-        expected = torch.empty(B, H, S, S, dtype=dtype, device="meta").nbytes
-        assert expected == attention_weights_bytes(B, H, S, dtype)
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            return wrong(f"return a number of bytes (an int), got {type(got).__name__}.")
-        if got == expected:
-            continue
-        where = f"for B={B}, H={H}, S={S}, {dtype}: you returned {got:,}, expected {expected:,}."
-        for m in BYTES_MISTAKES:
-            if got == m.compute(B, H, S, dtype):
-                return wrong(f"{where} {m.hint}")
-        return wrong(where)
-    return correct("B·H·S²·(bytes per element): linear in H, quadratic in S. At S = 4096 and H = 32 in float16 that is already 1 GiB per sequence and layer.")
+        right = torch.empty(B, H, S, S, dtype=dtype, device="meta").nbytes
+        assert right == attention_weights_bytes(B, H, S, dtype)
+        value, problem = check_number(got, right, what="a number of bytes")
+        if value is None or not math.isfinite(value):
+            return problem  # type: ignore[return-value]
+        answers.append(value)
+        expected.append(right)
+    if all(math.isclose(a, e, rel_tol=1e-9) for a, e in zip(answers, expected)):
+        return correct("B·H·S²·(bytes per element): linear in H, quadratic in S. At S = 4096 and H = 32 in float16 that is already 1 GiB per sequence and layer.")
+    bad = next(i for i, (a, e) in enumerate(zip(answers, expected)) if not math.isclose(a, e, rel_tol=1e-9))
+    B, H, S, dtype = BYTES_CONFIGS[bad]
+    where = f"for B={B}, H={H}, S={S}, {dtype}: you returned {answers[bad]:,.6g}."
+    for m in BYTES_MISTAKES:
+        if _bytes_same(tuple(answers), _bytes_vector(m.compute)):
+            return wrong(f"{where} {m.hint}")
+    return wrong(f"{where} That is not B·H·S·S·(bytes per element) for this dtype; count the numbers of the "
+                 "[B, H, S, S] tensor, then multiply by torch.empty((), dtype=dtype).element_size().")
 
 
 def softmax_block(module: MultiHeadSelfAttention, x: Tensor) -> Tensor:

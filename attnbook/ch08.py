@@ -30,9 +30,13 @@ from torch import Tensor
 from .feedback import (
     Feedback,
     Mistake,
+    MistakeTable,
+    as_number,
     close,
     correct,
+    describe,
     diagnose,
+    exercise,
     run_reader_code,
     wrong,
 )
@@ -340,37 +344,71 @@ def reference_online_update(m: Tensor, l: Tensor, acc: Tensor, s: Tensor, v: Ten
     return m_new, l_new, acc_new
 
 
-def _case(seed: int) -> tuple[Tensor, Tensor, Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    s = torch.randn(3, 8, generator=gen, dtype=torch.float64) * 3  # [S_q, S_k] scores, two tiles of 4
-    s[0, 4:] += 6  # query 0's maximum is in the second tile: the rescaling matters
-    v = torch.randn(8, 2, generator=gen, dtype=torch.float64)  # [S_k, D_v]
+#: The online-softmax checker's cases ``(S_q, S_k, first tile's keys, D_v, dtype)``: the second
+#: differs in every size (and its tiles are uneven) and in the dtype.
+ONLINE_CASES: tuple[tuple[int, int, int, int, torch.dtype], ...] = ((3, 8, 4, 2, torch.float64), (5, 9, 6, 3, torch.float32))
+
+
+def _case(seed: int, case: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    S_q, S_k, split, D_v, dtype = ONLINE_CASES[case]
+    gen = torch.Generator().manual_seed(seed + case)
+    s = torch.randn(S_q, S_k, generator=gen, dtype=torch.float64) * 3  # [S_q, S_k] scores, two tiles
+    s[0, split:] += 6  # query 0's maximum is in the second tile: the rescaling matters
+    v = torch.randn(S_k, D_v, generator=gen, dtype=torch.float64)  # [S_k, D_v]
+    s, v = s.to(dtype), v.to(dtype)
     return s, v, torch.softmax(s, dim=-1) @ v  # [S_q, D_v] the answer after both tiles
 
 
+def _solution_online(m: Tensor, l: Tensor, acc: Tensor, s: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # [S_q, 1]
+    p = torch.exp(s - m_new)  # [S_q, S_blk]
+    alpha = torch.exp(m - m_new)  # [S_q, 1]
+    return m_new, l * alpha + p.sum(dim=-1, keepdim=True), acc * alpha + p @ v
 
+
+def _triple(result: Any) -> Feedback | None:
+    if not isinstance(result, (tuple, list)) or len(result) != 3:
+        return wrong(f"return three tensors (m_new, l_new, acc_new), got {describe(result)}.")
+    for name, got in zip(("m_new", "l_new", "acc_new"), result):
+        if not isinstance(got, Tensor) or got.is_complex():
+            return wrong(f"{name} should be a real torch.Tensor, got {describe(got)}.")
+    return None
+
+
+@exercise(solution=_solution_online,
+          not_generic={"no table": "each step of the update is checked in turn, each with its own hint",
+                       "transposed": "m and l are columns [S_q, 1]; a transposed acc is a shape error the checker names"})
 def check_online_softmax_update(fn: Callable[..., Any]) -> Feedback:
     """Check ``fn(m, l, acc, s, v) -> (m_new, l_new, acc_new)``, one online-softmax step.
 
-    The checker starts from ``m = -inf, l = 0, acc = 0``, folds two tiles of four keys with the
-    reader's function, and compares with :func:`reference_online_update` and with
-    ``softmax(s) @ v``. Query 0's largest score sits in the second tile, so a missing rescale shows.
+    For each case of :data:`ONLINE_CASES` the checker starts from ``m = -inf, l = 0, acc = 0``,
+    folds two tiles with the reader's function, and compares with :func:`reference_online_update`
+    and with ``softmax(s) @ v``. Query 0's largest score sits in the second tile, so a missing
+    rescale shows.
     """
-    s, v, expected = _case(8)
-    S_q, D_v = s.shape[0], v.shape[1]
-    m0 = torch.full((S_q, 1), float("-inf"), dtype=torch.float64)
-    l0 = torch.zeros(S_q, 1, dtype=torch.float64)
-    acc0 = torch.zeros(S_q, D_v, dtype=torch.float64)
+    for case in range(len(ONLINE_CASES)):
+        problem = _online_one(fn, case)
+        if problem is not None:
+            return problem
+    return correct("two tiles folded online give exactly softmax(s) @ v: this is the heart of FlashAttention.")
 
-    result, fb = run_reader_code(fn, m0.clone(), l0.clone(), acc0.clone(), s[:, :4].clone(), v[:4].clone())
+
+def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
+    s, v, expected = _case(8, case)
+    split = ONLINE_CASES[case][2]
+    S_q, D_v = s.shape[0], v.shape[1]
+    m0 = torch.full((S_q, 1), float("-inf"), dtype=s.dtype)
+    l0 = torch.zeros(S_q, 1, dtype=s.dtype)
+    acc0 = torch.zeros(S_q, D_v, dtype=s.dtype)
+
+    result, fb = run_reader_code(fn, m0.clone(), l0.clone(), acc0.clone(), s[:, :split].clone(), v[:split].clone())
     if fb is not None:
         return fb
-    if not isinstance(result, (tuple, list)) or len(result) != 3:
-        return wrong(f"return three tensors (m_new, l_new, acc_new), got {type(result).__name__}.")
-    ref1 = reference_online_update(m0, l0, acc0, s[:, :4], v[:4])
+    problem = _triple(result)
+    if problem is not None:
+        return problem
+    ref1 = reference_online_update(m0, l0, acc0, s[:, :split], v[:split])
     for name, got, exp in zip(("m_new", "l_new", "acc_new"), result, ref1):
-        if not isinstance(got, Tensor):
-            return wrong(f"{name} should be a torch.Tensor, got {type(got).__name__}.")
         if tuple(got.shape) != tuple(exp.shape):
             return wrong(f"{name} has shape {tuple(got.shape)}, expected {tuple(exp.shape)} (keep dims with keepdim=True).")
         if torch.isnan(got).any():
@@ -384,30 +422,31 @@ def check_online_softmax_update(fn: Callable[..., Any]) -> Feedback:
     if not (close(l1, ref1[1]) and close(acc1, ref1[2])):
         return wrong("after the first tile, l_new should be sum(exp(s - m_new)) per row and acc_new = exp(s - m_new) @ v.")
 
-    result2, fb = run_reader_code(fn, m1.detach().clone(), l1.detach().clone(), acc1.detach().clone(), s[:, 4:].clone(), v[4:].clone())
+    result2, fb = run_reader_code(fn, m1.detach().clone(), l1.detach().clone(), acc1.detach().clone(), s[:, split:].clone(), v[split:].clone())
     if fb is not None:
         return fb
-    if not isinstance(result2, (tuple, list)) or len(result2) != 3:
-        return wrong(f"return three tensors (m_new, l_new, acc_new), got {type(result2).__name__}.")
+    problem = _triple(result2)
+    if problem is not None:
+        return problem
     m2, l2, acc2 = result2
-    ref2 = reference_online_update(*ref1, s[:, 4:], v[4:])
+    ref2 = reference_online_update(*ref1, s[:, split:], v[split:])
     if not close(m2, ref2[0]):
         return wrong("on the second tile m_new is wrong: it must be torch.maximum(m_old, tile max), not the tile max alone.")
     m_ref = ref2[0]
-    p_old = torch.exp(s[:, 4:] - ref1[0])  # the new tile exponentiated against the OLD maximum
-    if close(l2, ref1[1] + torch.exp(s[:, 4:] - m_ref).sum(-1, keepdim=True)):
+    p_old = torch.exp(s[:, split:] - ref1[0])  # the new tile exponentiated against the OLD maximum
+    if close(l2, ref1[1] + torch.exp(s[:, split:] - m_ref).sum(-1, keepdim=True)):
         return wrong("you forgot to rescale the running sum l by exp(m_old - m_new) before adding the new tile.")
     if close(l2, ref1[1] * torch.exp(ref1[0] - m_ref) + p_old.sum(-1, keepdim=True)) or close(l2, ref1[1] + p_old.sum(-1, keepdim=True)):
         return wrong("exponentiate the new tile against the new maximum: exp(s - m_new), not exp(s - m_old).")
     if not close(l2, ref2[1]):
         return wrong("l_new is off after the second tile: l_new = l * exp(m_old - m_new) + sum(exp(s - m_new)).")
-    if close(acc2, ref1[2] + torch.exp(s[:, 4:] - m_ref) @ v[4:]):
+    if close(acc2, ref1[2] + torch.exp(s[:, split:] - m_ref) @ v[split:]):
         return wrong("you rescaled l but not acc: acc also needs the factor exp(m_old - m_new) before adding exp(s - m_new) @ v.")
     if not close(acc2, ref2[2]):
         return wrong("acc_new is off after the second tile: acc_new = acc * exp(m_old - m_new) + exp(s - m_new) @ v.")
     if not close(acc2 / l2, expected):
         return wrong("the running values are consistent with the reference but acc / l is not softmax(s) @ v.")  # pragma: no cover
-    return correct("two tiles folded online give exactly softmax(s) @ v: this is the heart of FlashAttention.")
+    return None
 
 
 def reference_tile_weights(s_tile: Tensor, lse: Tensor) -> Tensor:
@@ -415,15 +454,24 @@ def reference_tile_weights(s_tile: Tensor, lse: Tensor) -> Tensor:
     return torch.exp(s_tile - lse[:, None])
 
 
-def _tile_case() -> tuple[Tensor, Tensor, Tensor, slice, slice]:
-    gen = torch.Generator().manual_seed(81)
-    s = torch.randn(6, 10, generator=gen, dtype=torch.float64) * 2  # [S_q, S_k] scores of one head
-    return s, torch.logsumexp(s, dim=-1), torch.softmax(s, dim=-1), slice(2, 5), slice(4, 8)
+def _tile_case(case: int = 0) -> tuple[Tensor, Tensor, Tensor, slice, slice]:
+    """Case 0: a ``[6, 10]`` float32 score matrix, tile rows 2:5 and keys 4:8. Case 1: ``[7, 13]`` in
+    float64 with scores near 800, where ``exp(score)`` overflows even float64, tile rows 1:6 and
+    keys 3:10."""
+    if case == 0:
+        gen = torch.Generator().manual_seed(81)
+        s = torch.randn(6, 10, generator=gen, dtype=torch.float64).to(torch.float32) * 2  # [S_q, S_k] scores of one head
+        rows, cols = slice(2, 5), slice(4, 8)
+    else:
+        gen = torch.Generator().manual_seed(82)
+        s = torch.randn(7, 13, generator=gen, dtype=torch.float64) * 2 + 800.0  # [S_q, S_k]: exp(s) = inf
+        rows, cols = slice(1, 6), slice(3, 10)
+    return s, torch.logsumexp(s, dim=-1), torch.softmax(s, dim=-1), rows, cols
 
 
 _TILE_MISTAKES = (
     Mistake("softmax inside the tile", lambda s, lse: torch.softmax(s, dim=-1),
-            "each row of your tile sums to 1, but the tile holds only 4 of the row's 10 keys: divide by the "
+            "each row of your tile sums to 1, but the tile holds only some of the row's keys: divide by the "
             "whole row's denominator exp(lse), not by the tile's own sum."),
     Mistake("sign", lambda s, lse: torch.exp(lse[:, None] - s),
             "the sign is flipped: the weight is exp(score - lse), not exp(lse - score)."),
@@ -433,29 +481,59 @@ _TILE_MISTAKES = (
             "that is the log of the weights; take exp of it."),
 )
 
+_OVERFLOW = (
+    "your weights contain inf or NaN when the scores are large (here about 800): exp(score) overflows (float32 "
+    "above about 88, float64 above about 709), and inf / inf is NaN. That is what the logsumexp avoids: compute "
+    "exp(s - lse) in one step, which never exceeds 1."
+)
 
-def check_tile_weights(fn: Callable[..., Any]) -> Feedback:
-    """Check ``fn(s_tile, lse) -> weights`` for rows 2:5 and keys 4:8 of a ``[6, 10]`` score matrix.
 
-    ``s_tile`` is ``[3, 4]``, ``lse`` holds the logsumexp of each of the 3 *whole* rows; the answer
-    must equal the same block of ``softmax(s)``.
-    """
-    s, lse, weights, rows, cols = _tile_case()
+def _tile_one(fn: Callable[..., Any], case: int) -> Feedback | None:
+    s, lse, weights, rows, cols = _tile_case(case)
     s_tile, lse_rows = s[rows, cols].clone(), lse[rows].clone()
+    bq, bk = s_tile.shape
     got, fb = run_reader_code(fn, s_tile.clone(), lse_rows.clone())
     if fb is not None and "must match the size" in fb.message:
-        return wrong("lse has one number per query row, shape [3], and the tile is [3, 4]: "
+        return wrong(f"lse has one number per query row, shape [{bq}], and the tile is [{bq}, {bk}]: "
                      "write lse[:, None] so it lines up with the rows, not the columns.")
     if fb is not None:
         return fb
+    if not isinstance(got, Tensor):
+        return wrong(f"return the tile's weights as one torch.Tensor [{bq}, {bk}], got {describe(got)}.")
     if close(got, weights[rows, cols]):
-        return correct("exp(s - lse) gives the tile's weights exactly, with no other tile in sight: "
-                       "this is how the backward pass recomputes P one tile at a time.")
-    if isinstance(got, Tensor) and tuple(got.shape) != (3, 4):
-        return wrong(f"the tile's weights are [3, 4] (3 query rows, 4 keys), got shape {tuple(got.shape)}; "
-                     "lse is [3]: broadcast it over the keys with lse[:, None].")
+        return None
+    if tuple(got.shape) != (bq, bk):
+        return wrong(f"the tile's weights are [{bq}, {bk}] ({bq} query rows, {bk} keys), got shape {tuple(got.shape)}; "
+                     f"lse is [{bq}]: broadcast it over the keys with lse[:, None].")
+    if not got.is_complex() and not torch.isfinite(got.detach()).all():
+        return wrong(_OVERFLOW)
     hint = diagnose(got, _TILE_MISTAKES, s_tile, lse_rows)
     return hint or wrong("the weights differ from softmax(s) in this block; the weight of key j for query i is exp(s_ij - lse_i).")
+
+
+def _tile_table_cases() -> list[tuple[Tensor, Tensor]]:
+    out = []
+    for c in range(2):
+        s, lse, _, rows, cols = _tile_case(c)
+        out.append((s[rows, cols], lse[rows]))
+    return out
+
+
+@exercise(solution=lambda s_tile, lse: torch.exp(s_tile - lse[:, None]),
+          tables=(MistakeTable(_TILE_MISTAKES, _tile_table_cases, reference_tile_weights),))
+def check_tile_weights(fn: Callable[..., Any]) -> Feedback:
+    """Check ``fn(s_tile, lse) -> weights`` for a block of a score matrix; ``lse`` holds the logsumexp
+    of each *whole* row, and the answer must equal the same block of ``softmax(s)``.
+
+    Case 0 is rows 2:5, keys 4:8 of a ``[6, 10]`` float32 matrix; case 1 a block of a float64
+    matrix with scores near 800, where ``exp(s) / exp(lse)`` overflows.
+    """
+    for case in range(2):
+        problem = _tile_one(fn, case)
+        if problem is not None:
+            return problem
+    return correct("exp(s - lse) gives the tile's weights exactly, with no other tile in sight: "
+                   "this is how the backward pass recomputes P one tile at a time.")
 
 
 def reference_merge_partials(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
@@ -465,54 +543,109 @@ def reference_merge_partials(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b:
     return out, lse
 
 
-def _merge_case(score_scale: float) -> tuple[list[Tensor], Tensor, Tensor]:
-    from attnlib import flash_attention
-
-    gen = torch.Generator().manual_seed(82)
-    q = torch.randn(2, 3, 8, generator=gen) * score_scale  # [H, S_q, D] (a decoder step has S_q = 1)
-    k, v = torch.randn(2, 20, 8, generator=gen), torch.randn(2, 20, 4, generator=gen)  # [H, S_k, D]
-    part_a = flash_attention(q, k[:, :12], v[:, :12], return_lse=True)  # keys 0..11
-    part_b = flash_attention(q, k[:, 12:], v[:, 12:], return_lse=True)  # keys 12..19
-    out, lse = flash_attention(q, k, v, return_lse=True)  # all keys at once
-    return [*part_a, *part_b], out, lse
-
-
-_MERGE_MISTAKES = (
-    Mistake("mean", lambda oa, la, ob, lb: (oa + ob) / 2,
-            "the two parts are not worth the same: weight each by its share of the softmax denominator, "
-            "exp(lse_part - lse_total)."),
-    Mistake("weights by lse", lambda oa, la, ob, lb: (la[..., None] * oa + lb[..., None] * ob) / (la + lb)[..., None],
-            "you weighted by lse itself; the denominators are exp(lse), so weight by exp(lse_part - lse_total)."),
+#: The merge checker's cases ``(H, S_q, S_k, keys in part a, D, D_v, lse shift, dtype)``: the second
+#: differs in every size and the dtype, and adds 800 to every score (its logsumexps are near 800), so
+#: ``exp(lse)`` overflows even in float64 and only a merge that subtracts the maximum survives.
+MERGE_CASES: tuple[tuple[int, int, int, int, int, int, float, torch.dtype], ...] = (
+    (2, 3, 20, 12, 8, 4, 0.0, torch.float32),
+    (3, 2, 15, 9, 5, 6, 800.0, torch.float64),
 )
 
 
+def _merge_case(case: int) -> tuple[list[Tensor], Tensor, Tensor]:
+    from attnlib import flash_attention
+
+    H, S_q, S_k, split, D, D_v, shift, dtype = MERGE_CASES[case]
+    gen = torch.Generator().manual_seed(82 + case)
+    q = torch.randn(H, S_q, D, generator=gen, dtype=torch.float64).to(dtype)  # [H, S_q, D] (a decoder step has S_q = 1)
+    k = torch.randn(H, S_k, D, generator=gen, dtype=torch.float64).to(dtype)  # [H, S_k, D]
+    v = torch.randn(H, S_k, D_v, generator=gen, dtype=torch.float64).to(dtype)  # [H, S_k, D_v]
+    out_a, lse_a = flash_attention(q, k[:, :split], v[:, :split], return_lse=True)  # keys 0 .. split-1
+    out_b, lse_b = flash_attention(q, k[:, split:], v[:, split:], return_lse=True)  # the other keys
+    out, lse = flash_attention(q, k, v, return_lse=True)  # all keys at once
+    # adding `shift` to every score leaves every output as it is and adds `shift` to every logsumexp
+    return [out_a, lse_a + shift, out_b, lse_b + shift], out, lse + shift
+
+
+def _merge_by_counts(oa: Tensor, la: Tensor, ob: Tensor, lb: Tensor, na: int, nb: int) -> Tensor:
+    return (na * oa + nb * ob) / (na + nb)
+
+
+_MERGE_MISTAKES = (
+    Mistake("mean", lambda oa, la, ob, lb, na, nb: (oa + ob) / 2,
+            "the two parts are not worth the same: weight each by its share of the softmax denominator, "
+            "exp(lse_part - lse_total)."),
+    Mistake("weights by lse", lambda oa, la, ob, lb, na, nb: (la[..., None] * oa + lb[..., None] * ob) / (la + lb)[..., None],
+            "you weighted by lse itself; the denominators are exp(lse), so weight by exp(lse_part - lse_total)."),
+    Mistake("weights by key counts", _merge_by_counts,
+            "you weighted the parts by how many keys each has: what matters is how much of the softmax denominator "
+            "each part holds, exp(lse_part - lse_total), which depends on the scores, not on the counts."),
+)
+
+_NO_BROADCAST = (
+    "lse has one number per query, shape [.., S_q], and out is [.., S_q, D_v]: write weight[..., None] so that the "
+    "weight lines up with the query rows (not the value features)."
+)
+
+
+def _merge_one(fn: Callable[..., Any], case: int) -> Feedback | None:
+    parts, out, lse = _merge_case(case)
+    split, S_k = MERGE_CASES[case][3], MERGE_CASES[case][2]
+    got, fb = run_reader_code(fn, *[t.clone() for t in parts])
+    if fb is not None and "must match the size of tensor" in fb.message:
+        return wrong(_NO_BROADCAST)
+    if fb is not None:
+        return fb
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        return wrong(f"return two tensors (out, lse), got {describe(got)}: the merged lse is needed "
+                     "to merge the result again with a third part.")
+    got_out, got_lse = got
+    for name, t in (("out", got_out), ("lse", got_lse)):
+        if not isinstance(t, Tensor) or t.is_complex():
+            return wrong(f"{name} should be a real torch.Tensor, got {describe(t)}.")
+    if not torch.isfinite(got_out).all() or not torch.isfinite(got_lse).all():
+        return wrong("with large scores exp(lse) overflows to inf (float32 above about 88, even float64 above about "
+                     "709) and the result is inf or NaN: subtract the larger lse first (torch.logaddexp does), "
+                     "i.e. weight by exp(lse_part - lse_total).")
+    if not close(got_out, out, atol=1e-4, rtol=1e-4):
+        hint = diagnose(got_out, _MERGE_MISTAKES, *parts, split, S_k - split)
+        return hint or wrong("the merged output differs from attention over all keys: "
+                             "out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b.")
+    if not close(got_lse, lse, atol=1e-4, rtol=1e-4):
+        if close(got_lse, torch.maximum(parts[1], parts[3])):
+            return wrong("the total lse is log(exp(lse_a) + exp(lse_b)) (torch.logaddexp), not the larger of the two.")
+        return wrong("the output is right but lse is not: lse = log(exp(lse_a) + exp(lse_b)) = torch.logaddexp(lse_a, lse_b).")
+    return None
+
+
+def _solution_merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
+    lse = torch.logaddexp(lse_a, lse_b)
+    return torch.exp(lse_a - lse)[..., None] * out_a + torch.exp(lse_b - lse)[..., None] * out_b, lse
+
+
+def _merge_table_cases() -> list[tuple[Any, ...]]:
+    out = []
+    for c in range(len(MERGE_CASES)):
+        parts = _merge_case(c)[0]
+        split, S_k = MERGE_CASES[c][3], MERGE_CASES[c][2]
+        out.append((*parts, split, S_k - split))
+    return out
+
+
+@exercise(solution=_solution_merge,
+          tables=(MistakeTable(_MERGE_MISTAKES, _merge_table_cases, lambda oa, la, ob, lb, na, nb: reference_merge_partials(oa, la, ob, lb)[0],
+                               same=lambda a, b: close(a, b, atol=1e-4, rtol=1e-4)),))
 def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
     """Check ``fn(out_a, lse_a, out_b, lse_b) -> (out, lse)``: the split-KV merge of Flash-Decoding.
 
-    The partial results come from :func:`attnlib.flash_attention` over keys 0..11 and 12..19; the
-    answer must equal attention over all 20 keys. A second case has scores near 300, where
-    ``exp(lse)`` overflows float32: only a merge that subtracts the maximum survives it.
+    The partial results come from :func:`attnlib.flash_attention` over two disjoint sets of keys;
+    the answer must equal attention over all keys. The cases are :data:`MERGE_CASES`; in the second
+    every logsumexp is near 800, where ``exp(lse)`` overflows even float64.
     """
-    for scale in (1.0, 40.0):
-        parts, out, lse = _merge_case(scale)
-        got, fb = run_reader_code(fn, *[t.clone() for t in parts])
-        if fb is not None:
-            return fb
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            return wrong(f"return two tensors (out, lse), got {type(got).__name__}: the merged lse is needed "
-                         "to merge the result again with a third part.")
-        got_out, got_lse = got
-        if isinstance(got_out, Tensor) and not torch.isfinite(got_out).all():
-            return wrong("with large scores exp(lse) overflows to inf and the result is NaN: subtract the larger "
-                         "lse first (torch.logaddexp does), i.e. weight by exp(lse_part - lse_total).")
-        if not close(got_out, out, atol=1e-4, rtol=1e-4):
-            hint = diagnose(got_out, _MERGE_MISTAKES, *parts)
-            return hint or wrong("the merged output differs from attention over all keys: "
-                                 "out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b.")
-        if not close(got_lse, lse, atol=1e-4, rtol=1e-4):
-            if close(got_lse, torch.maximum(parts[1], parts[3])):
-                return wrong("the total lse is log(exp(lse_a) + exp(lse_b)) (torch.logaddexp), not the larger of the two.")
-            return wrong("the output is right but lse is not: lse = log(exp(lse_a) + exp(lse_b)) = torch.logaddexp(lse_a, lse_b).")
+    for case in range(len(MERGE_CASES)):
+        problem = _merge_one(fn, case)
+        if problem is not None:
+            return problem
     return correct("two partial results merge exactly through their logsumexps: Flash-Decoding splits the KV cache "
                    "across many programs this way and merges at the end.")
 
@@ -527,30 +660,64 @@ def reference_kv_cache_size(num_layers: int, num_heads: int, num_kv_heads: int, 
 _KV_CASES = [(6, 12, 1, 40, 4), (80, 64, 8, 128, 2)]
 
 
+def _kv_vector(f: Callable[..., Any]) -> tuple[float, ...]:
+    return tuple(float(f(*case)) for case in _KV_CASES)
+
+
+#: The known mistakes of :func:`check_kv_cache_size`: ``compute(layers, H, H_kv, D_k, bytes)``. The
+#: checker compares the answers on both cases together, so no two mistakes look alike.
+KV_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("K only", lambda L, H, H_kv, d, b: L * H_kv * d * b,
+            "you get half the answer: you counted K but not V (the cache holds both)."),
+    Mistake("query heads", lambda L, H, H_kv, d, b: 2 * L * H * d * b,
+            "you used the query heads H instead of the key/value heads H_kv: only the KV heads are cached."),
+    Mistake("query heads, K only", lambda L, H, H_kv, d, b: L * H * d * b,
+            "you used the query heads H instead of the key/value heads H_kv, and counted K but not V."),
+    Mistake("one layer", lambda L, H, H_kv, d, b: 2 * H_kv * d * b,
+            "every layer keeps its own cache; multiply by the number of layers."),
+    Mistake("bits", lambda L, H, H_kv, d, b: 2 * L * H_kv * d * b * 8,
+            "that is bits, not bytes (you multiplied by 8 bits per byte)."),
+    Mistake("numbers", lambda L, H, H_kv, d, b: 2 * L * H_kv * d,
+            "you counted numbers, not bytes; multiply by dtype_bytes."),
+    Mistake("KiB", lambda L, H, H_kv, d, b: 2 * L * H_kv * d * b / 1024,
+            "that is KiB (you divided by 1024): the function returns bytes."),
+)
+
+
+def _solution_kv(num_layers: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+
+
+@exercise(solution=_solution_kv,
+          tables=(MistakeTable(tuple(Mistake(m.name, lambda m=m: _kv_vector(m.compute), m.hint) for m in KV_MISTAKES),
+                               lambda: [()], lambda: _kv_vector(reference_kv_cache_size)),),
+          not_generic={"float16": "the answer is a count"})
 def check_kv_cache_size(fn: Callable[..., Any]) -> Feedback:
-    """Check ``fn(num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes) -> bytes per token``."""
+    """Check ``fn(num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes) -> bytes per token``.
+
+    Any real-scalar form is accepted (``int``, NumPy integers, a 0-d tensor). The answers on both
+    cases together identify a known mistake of :data:`KV_MISTAKES`; no message shows the answer.
+    """
+    answers = []
     for case in _KV_CASES:
-        layers, H, H_kv, d_k, nbytes = case
         got, fb = run_reader_code(fn, *case)
         if fb is not None:
             return fb
-        if isinstance(got, Tensor):
-            got = got.item()
-        if not isinstance(got, (int, float)) or isinstance(got, bool):
-            return wrong(f"return a number of bytes, got {type(got).__name__}.")
-        expected = reference_kv_cache_size(*case)
-        if got == expected:
-            continue
-        where = f"for layers={layers}, H={H}, H_kv={H_kv}, D_k={d_k}, {nbytes} bytes per number"
-        if got * 2 == expected:
-            return wrong(f"{where} you get half the answer: you counted K but not V (the cache holds both).")
-        if got == expected * H // H_kv or got * 2 == expected * H // H_kv:
-            return wrong(f"{where}: you used the query heads H = {H} instead of the key/value heads H_kv = {H_kv}; only KV heads are cached.")
-        if got * layers == expected:
-            return wrong(f"{where}: every layer keeps its own cache; multiply by the number of layers.")
-        if got == expected * 8:
-            return wrong(f"{where}: that is bits, not bytes (you multiplied by 8 bits per byte, or used 16 for float16).")
-        if got * nbytes == expected:
-            return wrong(f"{where}: you counted numbers, not bytes; multiply by dtype_bytes.")
-        return wrong(f"{where} the cache holds {expected} bytes per token, you returned {got}.")
-    return correct("2 (K and V) x layers x KV heads x head dim x bytes: for the 70B-style model that is 320 KiB per token.")
+        value = as_number(got)
+        if value is None:
+            return wrong(f"return a number of bytes (an int), got {describe(got)}.")
+        if not math.isfinite(value):
+            return wrong(f"your answer is {value}: return a finite number of bytes.")
+        answers.append(value)
+    expected = _kv_vector(reference_kv_cache_size)
+    if all(math.isclose(a, e, rel_tol=1e-9) for a, e in zip(answers, expected)):
+        return correct("2 (K and V) x layers x KV heads x head dim x bytes: for the 70B-style model that is 320 KiB per token.")
+    for m in KV_MISTAKES:
+        if all(math.isclose(a, e, rel_tol=1e-9) for a, e in zip(answers, _kv_vector(m.compute))):
+            layers, H, H_kv, d_k, nbytes = next(c for c, a, e in zip(_KV_CASES, answers, expected) if not math.isclose(a, e, rel_tol=1e-9))
+            return wrong(f"for layers={layers}, H={H}, H_kv={H_kv}, D_k={d_k}, {nbytes} bytes per number: {m.hint}")
+    bad = next(i for i, (a, e) in enumerate(zip(answers, expected)) if not math.isclose(a, e, rel_tol=1e-9))
+    layers, H, H_kv, d_k, nbytes = _KV_CASES[bad]
+    return wrong(f"for layers={layers}, H={H}, H_kv={H_kv}, D_k={d_k}, {nbytes} bytes per number you returned "
+                 f"{answers[bad]:,.6g} bytes per token, which is not it. Count K and V, in every layer, for each "
+                 "key/value head, head_dim numbers of dtype_bytes each.")

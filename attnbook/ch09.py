@@ -32,9 +32,13 @@ from attnlib import (
 from .feedback import (
     Feedback,
     Mistake,
+    MistakeTable,
+    as_number,
     close,
     correct,
+    describe,
     diagnose,
+    exercise,
     run_reader_code,
     wrong,
 )
@@ -309,13 +313,21 @@ def reference_append_and_attend(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_n
     return out, keys, values
 
 
-def _append_case() -> tuple[Tensor, ...]:
-    gen = torch.Generator().manual_seed(9)
-    B, H, H_kv, S_past, S_new, D_k = 2, 4, 2, 5, 2, 8
+#: The append checker's cases ``(B, H, H_kv, S_past, S_new, D_k, dtype)``: GQA with two new tokens,
+#: then a case that differs in every size (MQA, a chunk of five new tokens) and in the dtype.
+APPEND_CASES: tuple[tuple[int, int, int, int, int, int, torch.dtype], ...] = (
+    (2, 4, 2, 5, 2, 8, torch.float64),
+    (3, 6, 1, 4, 5, 7, torch.float32),
+)
+
+
+def _append_case(case: int = 0) -> tuple[Tensor, ...]:
+    B, H, H_kv, S_past, S_new, D_k, dtype = APPEND_CASES[case]
+    gen = torch.Generator().manual_seed(9 + case)
     q = torch.randn(B, H, S_new, D_k, generator=gen, dtype=torch.float64)
     k_cache, v_cache = (torch.randn(B, H_kv, S_past, D_k, generator=gen, dtype=torch.float64) for _ in range(2))
     k_new, v_new = (torch.randn(B, H_kv, S_new, D_k, generator=gen, dtype=torch.float64) for _ in range(2))
-    return q, k_cache, v_cache, k_new, v_new
+    return tuple(t.to(dtype) for t in (q, k_cache, v_cache, k_new, v_new))
 
 
 def _attend(q: Tensor, keys: Tensor, values: Tensor, **kwargs: Any) -> Tensor:
@@ -341,32 +353,84 @@ APPEND_MISTAKES = (
     Mistake("new before old", lambda *c: _attend(c[0], torch.cat([c[3], c[1]], 2), torch.cat([c[4], c[2]], 2),
                                                   attn_mask=causal_mask(c[0].shape[2], S_k=c[1].shape[2] + c[3].shape[2])),
             "you put the new positions before the cached ones: concatenate [k_cache, k_new] along the position axis (dim 2)."),
+    Mistake("heads tiled with .repeat", lambda *c: _tiled_attend(c[0], *_cat(*c), attn_mask=_bottom_right(c)),
+            "your key/value heads are tiled (0, 1, 0, 1, ...), as .repeat(1, G, 1, 1) gives: grouped-query attention "
+            "gives consecutive query heads the same key/value head (0, 0, 1, 1), as attnlib.repeat_kv (or "
+            "repeat_interleave on dim 1) does."),
+    Mistake("own key hidden", lambda *c: _attend(c[0], *_cat(*c), attn_mask=_bottom_right(c, shift=-1)),
+            "your mask is off by one: each new query is hidden from its own key (and the first one from the newest "
+            "cached key too). causal_mask(S_new, S_k=S_k) lets query i see keys 0 .. S_k - S_new + i, itself included."),
 )
 
 
-def check_append_and_attend(fn: Callable[..., Any]) -> Feedback:
-    """Check ``fn(q, k_cache, v_cache, k_new, v_new) -> (output, keys, values)`` on a GQA case with two new tokens."""
-    case = _append_case()
+def _bottom_right(case: tuple[Tensor, ...], shift: int = 0) -> Tensor:
+    S_new, S_k = case[0].shape[2], case[1].shape[2] + case[3].shape[2]
+    return torch.ones(S_new, S_k, dtype=torch.bool).tril(S_k - S_new + shift)  # [S_new, S_k]
+
+
+def _tiled_attend(q: Tensor, keys: Tensor, values: Tensor, **kwargs: Any) -> Tensor:
+    G = q.shape[1] // keys.shape[1]
+    if G == 1 or keys.shape[1] == 1:
+        raise ValueError("with one key/value head (or one group) tiling and grouping agree")
+    return F.scaled_dot_product_attention(q, keys.repeat(1, G, 1, 1), values.repeat(1, G, 1, 1), **kwargs)
+
+
+_NO_REPEAT = (
+    "the query heads and the key/value heads do not line up ({error}): with grouped-query attention there are "
+    "H = {H} query heads but H_kv = {H_kv} key/value heads. Store the H_kv heads in the cache, and repeat them "
+    "to H only for the attention itself: attnlib.repeat_kv(keys, H) (or enable_gqa=True in SDPA)."
+)
+
+
+def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | None:
+    H, H_kv = case[0].shape[1], case[1].shape[1]
     result, fb = run_reader_code(fn, *(t.clone() for t in case))
+    if fb is not None and "must match the size of tensor" in fb.message and H != H_kv:
+        return wrong(_NO_REPEAT.format(error=fb.message.removeprefix("your code raised "), H=H, H_kv=H_kv))
     if fb is not None:
         return fb
     if not isinstance(result, (tuple, list)) or len(result) != 3:
-        return wrong(f"return three tensors (output, keys, values), got {type(result).__name__}.")
+        return wrong(f"return three tensors (output, keys, values), got {describe(result)}.")
     out, keys, values = result
     ref_out, ref_k, ref_v = reference_append_and_attend(*case)
-    H, H_kv = case[0].shape[1], case[1].shape[1]
     for name, got, exp in (("keys", keys, ref_k), ("values", values, ref_v)):
-        if close(got, repeat_kv(exp, H)):
+        if close(got, repeat_kv(exp, H)) and H != H_kv:
             return wrong(f"your cached {name} have the H = {H} repeated heads: store the H_kv = {H_kv} key/value "
                          f"heads and repeat them only for the attention itself; the repeated copy costs {H // H_kv}x the memory.")
         if not close(got, exp):
+            shape = tuple(got.shape) if isinstance(got, Tensor) else describe(got)
             return wrong(f"the returned {name} should be the cache with the new positions appended, shape {tuple(exp.shape)} "
-                         f"([B, H_kv, S_past + S_new, D_k]); got {tuple(getattr(got, 'shape', ()))}.")
+                         f"([B, H_kv, S_past + S_new, D_k]); got {shape}.")
     if close(out, ref_out):
-        return correct("the two new tokens get exactly the last two rows of one causal pass over all 7 positions.")
-    return diagnose(out, APPEND_MISTAKES, *case) or wrong(
-        f"output differs from the last rows of a causal pass over all positions (expected shape {tuple(ref_out.shape)})."
-    )
+        return None
+    hint = diagnose(out, APPEND_MISTAKES, *case)
+    if hint is not None:
+        return hint
+    if not isinstance(out, Tensor):
+        return wrong(f"output should be a torch.Tensor, got {describe(out)}.")
+    return wrong(f"output differs from the last rows of a causal pass over all positions (expected shape "
+                 f"{tuple(ref_out.shape)} = [B, H, S_new, D_k]).")
+
+
+def _solution_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    keys, values = torch.cat([k_cache, k_new], dim=2), torch.cat([v_cache, v_new], dim=2)  # [B, H_kv, S_k, D_k]
+    H, S_new, S_k = q.shape[1], q.shape[2], keys.shape[2]
+    out = F.scaled_dot_product_attention(q, repeat_kv(keys, H), repeat_kv(values, H), attn_mask=causal_mask(S_new, S_k=S_k))
+    return out, keys, values
+
+
+@exercise(solution=_solution_append,
+          tables=(MistakeTable(APPEND_MISTAKES, lambda: [_append_case(c) for c in range(len(APPEND_CASES))],
+                               lambda *c: reference_append_and_attend(*c)[0]),))
+def check_append_and_attend(fn: Callable[..., Any]) -> Feedback:
+    """Check ``fn(q, k_cache, v_cache, k_new, v_new) -> (output, keys, values)`` on the cases of
+    :data:`APPEND_CASES` (GQA with two new tokens; MQA with five, in float32)."""
+    for c in range(len(APPEND_CASES)):
+        problem = _append_one(fn, _append_case(c))
+        if problem is not None:
+            return problem
+    return correct("the new tokens get exactly the last rows of one causal pass over all positions (checked for GQA "
+                   "with two new tokens and MQA with five).")
 
 
 def full_causal_pass(case: tuple[Tensor, ...]) -> Tensor:
@@ -405,30 +469,48 @@ WINDOW_MISTAKES = (
             "beyond 2048 tokens the cache stops growing: it keeps only the last window positions (min(seq_len, window))."),
     Mistake("query heads", _bytes(lambda S: min(S, _W), heads="heads"),
             "you cached the 16 query heads: only the 4 key/value heads are stored; grouped-query attention repeats them at compute time."),
-    Mistake("K only", _bytes(lambda S: min(S, _W), factor=1),
-            "half the answer: the cache holds keys AND values."),
+    # In this model a number takes 2 bytes, so "K only" and "numbers, not bytes" give the same answer:
+    # one entry names both.
+    Mistake("half: K only, or numbers", _bytes(lambda S: min(S, _W), factor=1),
+            "half the answer. Either you counted the keys only (the cache holds keys AND values), or you counted "
+            "numbers instead of bytes (each bfloat16 number takes 2 bytes)."),
+    Mistake("MiB", lambda S: reference_window_cache_bytes(S) / 2**20,
+            "those are MiB (you divided by 2**20): the function returns bytes."),
 )
 
 
+def _window_vector(f: Callable[[int], Any]) -> tuple[float, ...]:
+    return tuple(float(f(S)) for S in WINDOW_LENGTHS)
+
+
+#: The sequence lengths the window checker tries (short, around the window, far beyond it).
+WINDOW_LENGTHS: tuple[int, ...] = (100, 2047, 2048, 2049, 10_000)
+
+
+@exercise(solution=reference_window_cache_bytes,
+          tables=(MistakeTable(tuple(Mistake(m.name, lambda m=m: _window_vector(m.compute), m.hint) for m in WINDOW_MISTAKES),
+                               lambda: [()], lambda: _window_vector(reference_window_cache_bytes)),),
+          not_generic={"float16": "the answer is a count"})
 def check_window_cache_bytes(fn: Callable[[int], Any]) -> Feedback:
-    """Check ``fn(seq_len) -> bytes`` for the model described in the exercise, at several lengths."""
-    lengths = (100, 2047, 2048, 2049, 10_000)
+    """Check ``fn(seq_len) -> bytes`` for the model described in the exercise, at the lengths of
+    :data:`WINDOW_LENGTHS`; any real-scalar form is accepted."""
     got = []
-    for S in lengths:
+    for S in WINDOW_LENGTHS:
         value, fb = run_reader_code(fn, S)
         if fb is not None:
             return fb
-        if isinstance(value, Tensor):
-            value = value.item()
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-            return wrong(f"return a number of bytes, got {type(value).__name__}.")
-        got.append(float(value))
-    expected = [reference_window_cache_bytes(S) for S in lengths]
+        number = as_number(value)
+        if number is None:
+            return wrong(f"return a number of bytes, got {describe(value)} for seq_len = {S}.")
+        if not np.isfinite(number):
+            return wrong(f"for seq_len = {S} you return {number}: return a finite number of bytes.")
+        got.append(number)
+    expected = list(_window_vector(reference_window_cache_bytes))
     if got == expected:
-        return correct(f"{expected[-1]:,} bytes = {expected[-1] / 2**20:.0f} MiB per sequence, whatever the length beyond 2048.")
+        return correct(f"{expected[-1]:,.0f} bytes = {expected[-1] / 2**20:.0f} MiB per sequence, whatever the length beyond 2048.")
     for m in WINDOW_MISTAKES:
-        if got == [m.compute(S) for S in lengths]:
+        if np.allclose(got, _window_vector(m.compute), rtol=1e-9, atol=0):
             return wrong(m.hint)
-    bad = next(S for S, g, e in zip(lengths, got, expected) if g != e)
-    return wrong(f"for seq_len = {bad} you return {got[lengths.index(bad)]:,.0f} bytes; count 2 x layers x KV heads x "
+    bad = next(S for S, g, e in zip(WINDOW_LENGTHS, got, expected) if g != e)
+    return wrong(f"for seq_len = {bad} you return {got[WINDOW_LENGTHS.index(bad)]:,.6g} bytes; count 2 x layers x KV heads x "
                  "head dim x cached positions x bytes per number.")

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import random
 import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["QUIZ_DIR", "quiz_dir", "load_quiz", "quiz_html", "show_quiz", "validate_quiz"]
+__all__ = ["QUIZ_DIR", "quiz_dir", "load_quiz", "quiz_html", "show_quiz", "validate_quiz", "parse_number", "choice_hint"]
 
 #: The quiz files ship inside this package: ``attnbook/quizzes/NN_slug.json``.
 QUIZ_DIR = Path(__file__).resolve().parent / "quizzes"
@@ -77,6 +78,52 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "quiz"
 
 
+# ---- reading a typed number (the same rules in Python and in the widget's JavaScript) ----------
+#
+# A typed answer is read as a number when it is a plain decimal ("1600", "-0.25", ".5", "1600.0"),
+# scientific notation ("1.6e3"), a fraction ("3/4"), a number with thousands separators in groups of
+# three ("1,600", "1,050,624", "1 600", also with a no-break or thin space), or a decimal comma
+# ("0,5", "3,14": a comma not followed by groups of exactly three digits). Anything else is not a
+# number. tests/test_attnbook.py runs both implementations on the same table of inputs.
+
+_DECIMAL = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
+_GROUPED = re.compile(r"^[+-]?\d{1,3}([,\u00a0\u202f\u2009 ])\d{3}(?:\1\d{3})*(?:\.\d+)?$")
+_DECIMAL_COMMA = re.compile(r"^[+-]?\d*,\d+$")
+
+
+def parse_number(text: object) -> float:
+    """A typed quiz answer as a number (``nan`` when it is not one), by the rules above."""
+    s = str(text).strip()
+    grouped = _GROUPED.match(s)
+    if grouped:
+        s = s.replace(grouped.group(1), "")
+    elif _DECIMAL_COMMA.match(s):
+        s = s.replace(",", ".")
+    if s.find("/") > 0:
+        parts = s.split("/")
+        if len(parts) != 2 or not all(re.fullmatch(_DECIMAL, p.strip()) for p in parts):
+            return float("nan")
+        num, den = float(parts[0]), float(parts[1])
+        if den == 0:  # as in JavaScript: a/0 is infinite, 0/0 is NaN; neither is an answer
+            return float("nan") if num == 0 else math.copysign(math.inf, num)
+        return num / den
+    return float(s) if re.fullmatch(_DECIMAL, s) else float("nan")
+
+
+# The same function in the widget's JavaScript (Number() alone would read "0x10" and "" too).
+_NUM_JS = r"""function num(s){s=String(s).trim();var D=/^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$/;
+ var g=/^[+-]?\d{1,3}([,\u00a0\u202f\u2009 ])\d{3}(?:\1\d{3})*(?:\.\d+)?$/.exec(s);
+ if(g)s=s.split(g[1]).join("");else if(/^[+-]?\d*,\d+$/.test(s))s=s.replace(",",".");
+ if(s.indexOf("/")>0){var p=s.split("/");if(p.length!==2||!D.test(p[0].trim())||!D.test(p[1].trim()))return NaN;
+  return Number(p[0])/Number(p[1]);}
+ return D.test(s)?Number(s):NaN;}"""
+
+
+def choice_hint(kind: str) -> str:
+    """What a choice question asks for, shown on screen and given to screen readers."""
+    return "Select all that apply." if kind == "many_choice" else "Choose one answer."
+
+
 # Styles use the surrounding text colour (currentColor), so the quiz reads in light and dark
 # themes alike (the website, JupyterLab, Colab); verdicts are words, not only colours.
 _CSS = """
@@ -107,7 +154,7 @@ function say(q,ok,text,extra){var fb=q.querySelector(".aq-fb");
  var b=document.createElement("strong");b.textContent=ok?"Correct. ":"Not quite. ";
  fb.appendChild(b);fb.appendChild(document.createTextNode(text+(extra||"")));
  if(window.MathJax&&MathJax.typesetPromise)MathJax.typesetPromise([fb]).catch(function(){});}
-function num(s){s=String(s).trim().replace(",",".");if(s.indexOf("/")>0){var p=s.split("/");return Number(p[0])/Number(p[1]);}return s===""?NaN:Number(s);}
+%(num)s
 function gradeNumeric(q,d){var x=num(q.querySelector("input").value);
  if(!isFinite(x)){say(q,false,"Type a number, then press Enter or Check.");return;}
  var p=d.precision,r=function(v){return p?Number(Number(v).toPrecision(p)):v;},fallback="Not this one. Try again.";
@@ -151,14 +198,15 @@ def quiz_html(name: str, questions: list[dict[str, Any]]) -> str:
         else:
             order = list(range(len(q["answers"])))
             random.Random(f"{name}-{n}").shuffle(order)
-            hint = "Choose every right answer" if q["type"] == "many_choice" else "Choose one answer"
+            hint = choice_hint(q["type"])
             buttons = "".join(f'<button type="button" aria-pressed="false" data-a="{i}">{esc(q["answers"][i]["answer"])}</button>' for i in order)
-            body = f'<div class="aq-opts" role="group" aria-label="{hint}">{buttons}</div>'
+            shown = f'<p class="aq-how">{hint}</p>' if q["type"] == "many_choice" else ""
+            body = f'{shown}<div class="aq-opts" role="group" aria-label="{hint}">{buttons}</div>'
             data.append({"type": q["type"], "answers": [{"correct": bool(a.get("correct")), "feedback": a["feedback"]} for a in q["answers"]]})
         parts.append(f'<div class="aq-q" data-q="{n - 1}" role="group" aria-labelledby="{qid}-text">{head}{body}'
                      f'<div class="aq-fb" id="{qid}-fb" aria-live="polite"></div></div>')
     payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
-    script = _JS % {"uid": json.dumps(uid)}
+    script = _JS % {"uid": json.dumps(uid), "num": _NUM_JS}
     return (f'<div class="attnbook-quiz" id="{uid}"><style>{" ".join(_CSS.split())}</style>{"".join(parts)}'
             f'<script type="application/json">{payload}</script><script>{script}</script></div>')
 

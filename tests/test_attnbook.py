@@ -44,7 +44,7 @@ def test_run_reader_code_turns_stubs_and_crashes_into_feedback() -> None:
         raise IndexError("dimension out of range")
 
     assert run_reader_code(stub)[1].status == "todo"
-    assert run_reader_code(lambda: None)[1].status == "todo"
+    assert run_reader_code(lambda: None)[1].message == "your function returned None: did you forget `return`?"
     result, fb = run_reader_code(crash)
     assert fb.status == "wrong" and "IndexError: dimension out of range" in fb.message
     assert run_reader_code(lambda x: x + 1, 1) == (2, None)
@@ -274,3 +274,106 @@ def test_javascript_renderer_writes_the_same_markup_as_python(tmp_path) -> None:
     pal = sl.palette("viridis")
     expected = [sl._frame_markup(sl._frame_data(f, "{:.2f}", len(pal)), pal) for f in frames]
     assert json.loads(out) == expected
+
+
+# --- typed numbers in quizzes: the same rules in Python and in the widget's JavaScript -------
+
+NUMBER_INPUTS: list[tuple[str, float | None]] = [
+    ("1600", 1600), ("1,600", 1600), ("1 600", 1600), ("1\u00a0600", 1600), ("1\u202f600", 1600), ("1.6e3", 1600),
+    ("1600.0", 1600), ("1,050,624", 1050624), ("1 050 624", 1050624), ("1,050,624.0", 1050624), (" 42 ", 42),
+    ("-0.25", -0.25), (".5", 0.5), ("+3", 3), ("0,5", 0.5), ("3,14", 3.14), ("3/4", 0.75), ("1.6E+3", 1600),
+    ("", None), ("abc", None), ("1,60", 1.6), ("1,6000", 1.6), ("1,600,60", None), ("1 60", None), ("0x10", None),
+    ("1/0", None), ("1/2/3", None), ("1,600 bytes", None), ("1600,", None), ("Infinity", None), ("1e", None),
+]
+
+
+def _same_number(got: float, expected: float | None) -> bool:
+    import math
+
+    if expected is None:
+        return got is None or not math.isfinite(got)
+    return got is not None and abs(got - expected) <= 1e-12 * max(1.0, abs(expected))
+
+
+@pytest.mark.parametrize(("text", "expected"), NUMBER_INPUTS)
+def test_quiz_parse_number_reads_separators_exponents_and_fractions(text: str, expected: float | None) -> None:
+    from attnbook.quiz import parse_number
+
+    assert _same_number(parse_number(text), expected), (text, parse_number(text))
+
+
+def test_quiz_javascript_reads_numbers_as_python_does() -> None:
+    import json as _json
+    import shutil
+    import subprocess
+
+    from attnbook.quiz import _NUM_JS, parse_number, quiz_html
+
+    node = shutil.which("node")
+    assert node, "Node.js is needed for this test (the Makefile and .ci/run install it)"
+    assert _NUM_JS in quiz_html("Demo quiz", [NUMERIC])  # the widget ships exactly this function
+    texts = [t for t, _ in NUMBER_INPUTS]
+    script = f"{_NUM_JS}\nconsole.log(JSON.stringify({_json.dumps(texts)}.map(function(t){{var x=num(t);return isFinite(x)?x:null;}})));"
+    got = _json.loads(subprocess.run([node, "-e", script], capture_output=True, text=True, check=True).stdout)
+    for text, js, (_, expected) in zip(texts, got, NUMBER_INPUTS):
+        assert _same_number(js, expected), (text, js)
+        py = parse_number(text)
+        assert (js is None and not (py == py and abs(py) != float("inf"))) or js == py, (text, js, py)
+
+
+def test_several_right_answers_are_announced_on_screen() -> None:
+    from attnbook.quiz import quiz_html
+
+    many = {**CHOICE, "type": "many_choice", "answers": [{**a, "correct": True} for a in CHOICE["answers"]]}
+    markup = quiz_html("Demo quiz", [many, CHOICE])
+    first, second = markup.split('data-q="1"')
+    assert '<p class="aq-how">Select all that apply.</p>' in first
+    assert "Select all that apply" not in second.split("<script")[0]
+
+
+def _grade(question: dict, text: str) -> tuple[bool, str]:
+    """The widget's numeric grading (quiz.py's gradeNumeric), in Python, on a typed answer."""
+    import math
+
+    from attnbook.quiz import parse_number
+
+    x = parse_number(text)
+    if not math.isfinite(x):
+        return False, "Type a number"
+    p = question.get("precision")
+    r = (lambda v: float(f"{float(v):.{p}g}")) if p else (lambda v: v)
+    x, fallback = r(x), "Not this one."
+    for a in question["answers"]:
+        if a.get("type") == "default":
+            fallback = a["feedback"]
+            continue
+        hit = x == r(a["value"]) if "value" in a else a["range"][0] <= x < a["range"][1]
+        if hit:
+            return bool(a.get("correct")), a["feedback"]
+    return False, fallback
+
+
+@pytest.mark.parametrize(("quiz", "number", "typed", "right"), [
+    ("01_attention_at_a_glance", 3, "1,600", True), ("01_attention_at_a_glance", 3, "1 600", True),
+    ("01_attention_at_a_glance", 3, "1.6e3", True), ("01_attention_at_a_glance", 3, "1600.0", True),
+    ("05_multi_head_attention", 2, "1,050,624", True),
+    ("04_masks", 3, "21", True), ("04_masks", 3, "21.4", False),
+    ("08_cost_and_flash_attention", 10, "0.8808", True), ("08_cost_and_flash_attention", 10, "0.5", False),
+    ("09_kv_cache_decoding", 2, "1", True), ("09_kv_cache_decoding", 5, "512", True),
+])
+def test_flagged_numeric_quiz_items_grade_as_a_reader_expects(quiz: str, number: int, typed: str, right: bool) -> None:
+    """Review items ch1 Q1, ch4 #23, ch5 #40, ch8 #18, ch9 #36."""
+    from attnbook.quiz import load_quiz
+
+    ok, feedback = _grade(load_quiz(quiz)[number - 1], typed)
+    assert ok == right, feedback
+
+
+def test_a_near_miss_is_not_misdiagnosed() -> None:
+    """ch9 #36: 1.5 FLOP/byte is not 'one byte per number'; 0.5 (GiB) is named as GiB."""
+    from attnbook.quiz import load_quiz
+
+    ok, feedback = _grade(load_quiz("09_kv_cache_decoding")[1], "1.5")
+    assert not ok and "one byte" not in feedback
+    ok, feedback = _grade(load_quiz("09_kv_cache_decoding")[4], "0.5")
+    assert not ok and "GiB" in feedback

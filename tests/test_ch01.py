@@ -93,9 +93,10 @@ def test_shapes_name_each_mistake_of_its_table(mistake) -> None:
     assert fb.message == mistake.hint.format(B=B, S=S, D=D, D_k=D_k, D_v=D_v), fb
 
 
-def test_shapes_unknown_mistake_names_the_expected_shape() -> None:
+def test_shapes_unknown_mistake_does_not_give_the_shape_away() -> None:
     other = lambda *a: {**reference_shapes(*a), "output": (1, 2, 3)}  # noqa: E731
-    assert "it should be" in check_attention_shapes(other).message
+    message = check_attention_shapes(other).message
+    assert "which is not its shape" in message and "(2, 5, 12)" not in message  # the answer is not given away
 
 
 # ---------------------------------------------------------------- reach
@@ -107,3 +108,26 @@ def test_layers_until_linked_matches_the_reach_formula() -> None:
     assert layers_until_linked(3, 0, 7, dilation_growth=2) == 3  # reach 1 + 2 + 4 = 7
     with pytest.raises(ValueError, match="not linked"):
         layers_until_linked(1, 0, 7)  # a kernel of width 1 never widens the reach
+
+
+def test_review_items_c1_c3_c4() -> None:
+    """A loop that only works while D_v = D, dividing by 2 (not sqrt(D)), sigmoid, and shapes with non-integers."""
+    def loop(q, k, v):
+        w = torch.softmax(k @ q, dim=-1)
+        out = torch.zeros_like(q)
+        for i in range(k.shape[0]):
+            out = out + w[i] * v[i]
+        return out
+
+    fb = check_soft_lookup(loop)
+    assert fb.status == "wrong" and "zeros_like(query)" in fb.message, fb
+    fb = check_soft_lookup(lambda q, k, v: torch.softmax(k @ q / 2, dim=-1) @ v)
+    assert fb.status == "wrong" and "sqrt(D)" not in fb.message, fb
+    assert "sigmoid" in check_soft_lookup(lambda q, k, v: torch.sigmoid(k @ q) @ v).message
+
+    def fractional(B, S, D, D_k, D_v):
+        shapes = reference_shapes(B, S, D, D_k, D_v)
+        return {**shapes, "q": (B, S, D_k + 0.7)}
+
+    fb = check_attention_shapes(fractional)
+    assert fb.status == "wrong" and "whole number" in fb.message, fb

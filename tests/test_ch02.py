@@ -120,7 +120,7 @@ def test_self_attention_fallbacks(fn, hint: str) -> None:
 
 def test_cross_attention_accepts_the_right_answer() -> None:
     fb = check_cross_attention(cross_right)
-    assert fb.passed and "(3, 5)" in fb.message, fb
+    assert fb.passed and "(3, 7)" in fb.message, fb
 
 
 def test_cross_attention_rejects_a_self_attention_answer_and_stub() -> None:

@@ -113,7 +113,7 @@ def test_masking_order_fallbacks_and_stub() -> None:
 
     cases = {
         bad_output: "output is `weights @ v`",
-        other_leak: "future keys get weight (up to 0.300)",
+        other_leak: "future keys get weight (up to 3.0e-01)",
         (lambda q, k, v: fixed(q, k, v)[1]): "pair",
         (lambda q, k, v: (None, "w")): "shape (1, 2, 5, 5)",
     }
@@ -210,3 +210,48 @@ def test_prefix_outputs_equal_the_masked_parallel_pass() -> None:
         parallel = attention(x, causal=True).hidden_states
         prefixes = torch.stack([attention(x[:, :i]).hidden_states[:, -1] for i in range(1, 8)], dim=1)
     torch.testing.assert_close(prefixes, parallel)
+
+
+def test_masking_order_refuses_a_small_finite_fill_and_names_a_hidden_diagonal() -> None:
+    """Review items ch4 #21: a fill of -15 is inside the tolerance but leaks exp(-15); hiding the diagonal gives a NaN row."""
+    def fill(value: float | None):
+        def attend(q, k, v):
+            S = q.shape[-2]
+            fill_value = torch.finfo(q.dtype).min if value is None else value
+            s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~causal_mask(S), fill_value)
+            w = torch.softmax(s, dim=-1)
+            return w @ v, w
+        return attend
+
+    fb = check_masking_order(fill(-15.0))
+    assert fb.status == "wrong" and "exactly 0" in fb.message and "e-0" in fb.message, fb
+    fb = check_masking_order(fill(-10.0))
+    assert fb.status == "wrong" and "e-0" in fb.message and "0.000" not in fb.message, fb
+    assert check_masking_order(fill(-1e9)).passed
+    assert check_masking_order(fill(None)).passed  # finfo(dtype).min
+
+    def diagonal_hidden(q, k, v):
+        S = q.shape[-2]
+        s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(torch.ones(S, S, dtype=torch.bool).triu(), float("-inf"))
+        w = torch.softmax(s, dim=-1)
+        return w @ v, w
+
+    assert "diagonal" in check_masking_order(diagonal_hidden).message
+
+
+def test_fully_masked_accepts_a_two_decimal_hand_prediction_and_names_one_hot() -> None:
+    """Review item ch4 #20."""
+    hand = {"add -1e4": [0.64, 0.09, 0.24, 0.03], "masked_fill -1e4": [0.25] * 4, "add finfo.min": (0.25, 0.25, 0.25, 0.25)}
+    assert check_fully_masked_prediction(hand).passed
+    fb = check_fully_masked_prediction({**hand, "add -1e4": [1, 0, 0, 0]})
+    assert fb.status == "wrong" and "one-hot" in fb.message, fb
+    assert not check_fully_masked_prediction({**hand, "add -1e4": [0.6, 0.1, 0.2, 0.1]}).passed
+
+
+def test_combined_mask_tries_a_second_size() -> None:
+    def hard_coded(am):
+        past = torch.ones(5, 5, dtype=torch.bool).tril()
+        return past & am.bool()[:, None, None, :]
+
+    fb = check_combined_mask(hard_coded)
+    assert fb.status == "wrong", fb

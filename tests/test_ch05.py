@@ -160,7 +160,7 @@ def test_weights_bytes_gives_each_table_hint(mistake) -> None:  # type: ignore[n
     [
         (lambda B, H, S, dt: B * H * S * S * 2, "hard-coded 2 bytes"),
         (lambda B, H, S, dt: "big", "an int"),
-        (lambda B, H, S, dt: right_bytes(B, H, S, dt) + 1, "expected"),
+        (lambda B, H, S, dt: right_bytes(B, H, S, dt) + 1, "not B·H·S·S"),
     ],
 )
 def test_weights_bytes_hints(fn, hint: str) -> None:  # type: ignore[no-untyped-def]
@@ -197,3 +197,30 @@ def test_the_three_core_paths_agree() -> None:
     results = [fn(q, k, v) for fn in ch05.core_paths().values()]
     for r in results[1:]:
         torch.testing.assert_close(r, results[0])
+
+
+def test_weights_bytes_never_shows_the_expected_number_and_reads_any_integer() -> None:
+    """Review item ch5 #39."""
+    import numpy as np
+
+    fb = check_weights_bytes(lambda B, H, S, dt: right_bytes(B, H, S, dt) + 1)
+    assert "786,432" not in fb.message and "786432" not in fb.message
+    assert check_weights_bytes(lambda B, H, S, dt: np.prod([B, H, S, S, torch.empty((), dtype=dt).element_size()])).passed
+    assert check_weights_bytes(lambda B, H, S, dt: torch.tensor(right_bytes(B, H, S, dt))).passed
+    hard_coded = check_weights_bytes(lambda B, H, S, dt: B * H * S * S * (2 if "16" in str(dt) else 4))
+    assert hard_coded.status == "wrong" and "float64" in hard_coded.message
+    assert "GiB" in check_weights_bytes(lambda B, H, S, dt: right_bytes(B, H, S, dt) / 2**30).message
+
+
+def test_param_count_reads_numpy_and_tensors_and_never_raises() -> None:
+    """Review item ch5 #37."""
+    import numpy as np
+
+    right = 4 * 1024**2 + 4 * 1024
+    assert check_param_count(np.int64(right)).passed and check_param_count(torch.tensor(right)).passed
+    assert check_param_count(float(right)).passed
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        assert check_param_count(bad).status == "wrong"
+    assert "output projection W_O has one" in check_param_count(4 * 1024**2 + 3 * 1024).message
+    assert "every head its own bias" in check_param_count(4 * 1024**2 + 4 * 1024 * 16).message
+    assert "D = 512" in check_param_count(1_050_624).message

@@ -114,7 +114,7 @@ def good_test(split_fn: object) -> bool:
 def test_split_test_right_and_stub() -> None:
     assert check_split_test(good_test).status == "correct"
     assert check_split_test(stub).status == "todo"
-    assert check_split_test(lambda fn: None).status == "todo"
+    assert "did you forget `return`" in check_split_test(lambda fn: None).message
 
 
 def test_a_crash_on_a_buggy_split_counts_as_rejecting_it() -> None:
@@ -155,7 +155,7 @@ def test_split_test_hints(test_fn: object, hint: str) -> None:
 
 def test_split_zoo_has_right_and_wrong_members() -> None:
     flags = [ok for _, ok, _ in SPLIT_ZOO.values()]
-    assert flags.count(True) == 3 and flags.count(False) == 4
+    assert flags.count(True) == 3 and flags.count(False) == 7
 
 
 # --- exercise 4: expanding key/value heads ---------------------------------------------------
@@ -166,11 +166,13 @@ def test_repeat_kv_right_and_stub() -> None:
     assert check_repeat_kv(stub).status == "todo"
 
 
-def test_repeat_kv_refuses_repeat_interleave_even_when_the_numbers_are_right() -> None:
+def test_repeat_kv_accepts_right_numbers_from_copying_calls_with_a_note() -> None:
+    """Review item ch6 #16: the rule is applied consistently; right numbers pass, with a note on the copy."""
     for fn in (lambda kv, H: kv.repeat_interleave(H // kv.shape[1], dim=1),
-               lambda kv, H: torch.repeat_interleave(kv, H // kv.shape[1], dim=1)):
+               lambda kv, H: torch.repeat_interleave(kv, H // kv.shape[1], dim=1),
+               lambda kv, H: kv.index_select(1, torch.arange(H) // (H // kv.shape[1]))):
         fb = check_repeat_kv(fn)
-        assert fb.status == "wrong" and "not repeat_interleave" in fb.message, fb.message
+        assert fb.passed and "asks for expand" in fb.message, fb.message
     assert torch.Tensor.repeat_interleave.__name__ == "repeat_interleave"  # the spy is removed again
 
 
@@ -188,6 +190,7 @@ def test_repeat_kv_gives_each_table_hint(mistake) -> None:  # type: ignore[no-un
     reader = {  # an answer a reader would write for each mistake
         "tiled with .repeat": lambda kv, H: kv.repeat(1, H // kv.shape[1], 1, 1),
         "group axis before the heads": _expand_at(1),
+        "tiled": lambda kv, H: torch.cat([kv] * (H // kv.shape[1]), 1),
         "group axis after the positions": _expand_at(3),
         "H copies of each": lambda kv, H: kv.repeat_interleave(H, dim=1)[:, :H],
     }[mistake.name]
@@ -442,3 +445,58 @@ def test_split_groups_matches_transformers_falcon() -> None:
     torch.testing.assert_close(q, q_hf.transpose(1, 2), rtol=0, atol=0)
     torch.testing.assert_close(repeat_kv(k, 6), k_hf.transpose(1, 2), rtol=0, atol=0)
     torch.testing.assert_close(repeat_kv(v, 6), v_hf.transpose(1, 2), rtol=0, atol=0)
+
+
+def test_repeat_kv_hints_name_only_calls_the_reader_made() -> None:
+    """Review items ch6 #12, #13."""
+    fb = check_repeat_kv(lambda kv, H: torch.cat([kv] * (H // kv.shape[1]), 1))
+    assert fb.status == "wrong" and "tiled" in fb.message and "kv[:, None]" not in fb.message, fb
+
+    def expand_view(kv, H):
+        B, H_kv, S, d_k = kv.shape
+        return kv[:, :, None].expand(B, H_kv, H // H_kv, S, d_k).view(B, H, S, d_k)
+
+    fb = check_repeat_kv(expand_view)
+    assert "stride 0" in fb.message and "transpose" not in fb.message, fb
+    fb = check_repeat_kv(lambda kv, H: kv.expand(kv.shape[0], H, *kv.shape[2:]))
+    assert fb.status == "wrong" and "size 1" in fb.message, fb
+
+
+def test_split_checks_tell_a_transpose_of_the_wrong_axes_from_a_missing_one() -> None:
+    """Review item ch6 #11: H != D_k in every config."""
+    from attnbook.ch06 import CONFIGS
+
+    assert all(H != d_k for _, _, H, d_k in CONFIGS)
+    fb = check_split_merge(lambda x, H: x.view(x.shape[0], x.shape[1], H, -1).transpose(2, 3), merge_heads)
+    assert fb.status == "wrong" and "add .transpose(1, 2)" not in fb.message, fb
+
+
+def test_split_test_accepts_numpy_bools_and_catches_incomplete_tests() -> None:
+    """Review items ch6 #14, #15."""
+    def numpy_verdict(split_fn):
+        x = torch.randn(2, 3, 8)
+        y = split_fn(x, 2)
+        ref = x.view(2, 3, 2, 4).transpose(1, 2)
+        return y.shape == ref.shape and (y.numpy() == ref.numpy()).all()
+
+    assert check_split_test(numpy_verdict).passed
+
+    def head_zero_only(split_fn):
+        x = torch.randn(2, 3, 8)
+        y = split_fn(x, 2)
+        return tuple(y.shape) == (2, 2, 3, 4) and torch.equal(y[:, 0], x[..., :4])
+
+    def sums_only(split_fn):
+        x = torch.randn(2, 3, 8)
+        y = split_fn(x, 2)
+        return tuple(y.shape) == (2, 2, 3, 4) and all(torch.allclose(y[:, h].sum(-1), x[..., h * 4:(h + 1) * 4].sum(-1)) for h in range(2))
+
+    assert not check_split_test(head_zero_only).passed
+    assert not check_split_test(sums_only).passed
+
+
+def test_strides_accept_numpy_ints() -> None:
+    import numpy as np
+
+    assert check_transposed_strides(tuple(np.int64(v) for v in (60, 3, 12, 1))).passed
+    assert not check_transposed_strides((60.0, 3.0, 12.0, 1.0)).passed

@@ -316,3 +316,27 @@ def test_norm_shares_sum_to_one_and_differ() -> None:
     sh = ch07.norm_shares(c)
     torch.testing.assert_close(sh["of_sum_of_norms"], torch.full((3,), 1 / 3))
     torch.testing.assert_close(sh["projection"], torch.tensor([0.0, 1.0, 0.0]))
+
+
+def test_review_items_column_sum_hard_coded_length_and_float64_copy(minilm) -> None:
+    """Review items ch7 #37, #38, #39."""
+    def column_sum(w, toks, query, key):
+        flat = int(w[:, :, :, toks.index(key)].sum(-1).argmax())
+        return divmod(flat, w.shape[1])
+
+    fb = check_strongest_link(column_sum)
+    assert fb.status == "wrong" and "query's row" in fb.message, fb
+
+    def hard_coded(w):
+        return w[..., torch.arange(1, 10), torch.arange(0, 9)].mean(-1)
+
+    assert check_previous_token_score(hard_coded).status == "wrong"
+    assert "their mean" in check_previous_token_score(lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1)).message
+
+    def copy64(model, i):
+        return ch07._copied(model, i).double()
+
+    fb = check_copy_layer(copy64)
+    assert fb.status == "wrong" and "dtype" in fb.message, fb
+    fb = check_copy_layer(lambda model, i: ch07._copied(model, i, prescale_q=True))
+    assert "twice" in fb.message, fb

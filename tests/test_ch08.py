@@ -155,7 +155,8 @@ def test_merge_reference_is_accepted() -> None:
 
 @pytest.mark.parametrize("mistake", _MERGE_MISTAKES, ids=[m.name for m in _MERGE_MISTAKES])
 def test_merge_mistakes_get_their_hint(mistake) -> None:
-    fb = check_merge_partials(lambda oa, la, ob, lb: (mistake.compute(oa, la, ob, lb), torch.logaddexp(la, lb)))
+    # a reader who weights by key counts hard-codes those of the first case, 12 and 8 of 20 keys
+    fb = check_merge_partials(lambda oa, la, ob, lb: (mistake.compute(oa, la, ob, lb, 12, 8), torch.logaddexp(la, lb)))
     assert fb.status == "wrong" and fb.message == mistake.hint
 
 
@@ -320,3 +321,31 @@ def test_steady_median_ms_restores_threads_when_a_call_fails() -> None:
     with pytest.raises(ZeroDivisionError):
         steady_median_ms({"bad": lambda: 1 / 0}, repeats=1)
     assert torch.get_num_threads() == before
+
+
+def test_review_items_of_chapter_8_checkers() -> None:
+    """Review items ch8 #19, #20, #21: NumPy counts, no traceback, no revealed answer, overflow-prone forms fail."""
+    import numpy as np
+
+    from attnbook.ch08 import check_kv_cache_size, check_tile_weights
+
+    right = lambda L, H, H_kv, d, b: 2 * L * H_kv * d * b  # noqa: E731
+    assert check_kv_cache_size(lambda *a: np.prod([2, a[0], a[2], a[3], a[4]])).passed
+    assert check_kv_cache_size(lambda *a: torch.tensor(right(*a))).passed
+    fb = check_kv_cache_size(lambda *a: torch.tensor([1, 2]))
+    assert fb.status == "wrong" and "Traceback" not in fb.message
+    fb = check_kv_cache_size(lambda *a: right(*a) + 3)
+    assert fb.status == "wrong" and "1920" not in fb.message and "1,920" not in fb.message, fb
+
+    def naive64(oa, la, ob, lb):
+        la, lb, oa, ob = la.double(), lb.double(), oa.double(), ob.double()
+        ea, eb = torch.exp(la), torch.exp(lb)
+        return (ea[..., None] * oa + eb[..., None] * ob) / (ea + eb)[..., None], torch.log(ea + eb)
+
+    assert check_merge_partials(naive64).status == "wrong"
+    fb = check_merge_partials(lambda oa, la, ob, lb: (torch.exp(la - torch.logaddexp(la, lb)) * oa, la))
+    assert "[..., None]" in fb.message, fb
+    fb = check_tile_weights(lambda s, lse: torch.exp(s) / torch.exp(lse)[:, None])
+    assert fb.status == "wrong" and "overflow" in fb.message, fb
+    fb = check_tile_weights(lambda s, lse: torch.exp(s - lse[:, None]).numpy())
+    assert "torch.Tensor" in fb.message and "differ" not in fb.message, fb

@@ -94,3 +94,30 @@ def test_absorption_pays_for_few_queries_against_many_latents() -> None:
     assert f(4096, 4096)["absorbed"] > f(4096, 4096)["decompress"]  # a prefill
     S_k = 10**6  # far from the prompt's start the break-even is close to L D_k / (L - D_k) = 170.7
     assert f(170, S_k)["absorbed"] < f(170, S_k)["decompress"] and f(171, S_k)["absorbed"] > f(171, S_k)["decompress"]
+
+
+def test_review_items_of_chapter_9_checkers() -> None:
+    """Review items ch9 #34, #35."""
+    import torch.nn.functional as F
+
+    def tiled(q, kc, vc, kn, vn):
+        keys, values = torch.cat([kc, kn], 2), torch.cat([vc, vn], 2)
+        G = q.shape[1] // keys.shape[1]
+        mask = ch09.causal_mask(q.shape[2], S_k=keys.shape[2])
+        return F.scaled_dot_product_attention(q, keys.repeat(1, G, 1, 1), values.repeat(1, G, 1, 1), attn_mask=mask), keys, values
+
+    assert "tiled" in ch09.check_append_and_attend(tiled).message
+
+    def no_repeat(q, kc, vc, kn, vn):
+        keys, values = torch.cat([kc, kn], 2), torch.cat([vc, vn], 2)
+        return F.scaled_dot_product_attention(q, keys, values), keys, values
+
+    fb = ch09.check_append_and_attend(no_repeat)
+    assert fb.status == "wrong" and "repeat_kv" in fb.message, fb
+    fb = ch09.check_window_cache_bytes(lambda S: ch09.reference_window_cache_bytes(S) // 2)
+    assert "keys only" in fb.message and "numbers instead of bytes" in fb.message
+    fb = ch09.check_window_cache_bytes(lambda S: torch.tensor([1.0, 2.0]))
+    assert fb.status == "wrong" and "Traceback" not in fb.message
+    assert "MiB" in ch09.check_window_cache_bytes(lambda S: ch09.reference_window_cache_bytes(S) / 2**20).message
+    fb = ch09.check_window_cache_bytes(lambda S: None if S < 2048 else ch09.reference_window_cache_bytes(S))
+    assert "did you forget `return`" in fb.message
