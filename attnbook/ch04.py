@@ -38,8 +38,8 @@ from .measure import interleaved_median_ms
 __all__ = [
     "check_combined_mask", "COMBINED_MASK_MISTAKES", "check_masking_order", "MASKING_ORDER_MISTAKES",
     "check_fully_masked_prediction", "FULLY_MASKED_CASES", "FULLY_MASKED_SCORES", "FULLY_MASKED_MISTAKES",
-    "causal_eval_stats", "time_parallel_and_prefixes", "causal_explorer", "mha_all_padding_outputs",
-    "mask_seen_by_attention", "document_mask", "prefix_lm_mask",
+    "causal_eval_stats", "time_parallel_and_prefixes", "causal_explorer", "mha_fast_path",
+    "mha_all_padding_outputs", "mask_seen_by_attention", "document_mask", "prefix_lm_mask",
 ]
 
 #: The attention mask the combined-mask checker feeds in: ``[B, S] = [3, 5]``, 1 = real token.
@@ -424,20 +424,56 @@ def causal_explorer(scores: Tensor, tokens: list[str]) -> Callable[[int], Any]:
 # --- how libraries treat a sequence whose keys are all padding ------------------------------
 
 
+def mha_fast_path(call: Callable[[], Any]) -> tuple[Any, bool]:
+    """Run ``call()`` and say whether ``nn.MultiheadAttention`` took its fused inference fast path.
+
+    The fast path is the single ATen operator ``_native_multi_head_attention``; the Python path
+    (``F.multi_head_attention_forward``) never calls it. The operator is recorded with a
+    ``TorchDispatchMode``, which sees every ATen call without changing which path runs.
+
+    Returns:
+        ``(call's result, True if _native_multi_head_attention ran)``.
+
+    >>> from torch import nn
+    >>> mha = nn.MultiheadAttention(4, 2, batch_first=True).eval()
+    >>> x = torch.zeros(1, 3, 4)
+    >>> with torch.no_grad():
+    ...     print(mha_fast_path(lambda: mha(x, x, x))[1])
+    True
+    >>> print(mha_fast_path(lambda: mha(x, x, x))[1])        # grad on, weights require grad
+    False
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _RecordOps(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: set[str] = set()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.names.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    with _RecordOps() as ops:
+        result = call()
+    return result, any(name.endswith("_native_multi_head_attention") for name in ops.names)
+
+
 def mha_all_padding_outputs(
-    head_counts: tuple[int, ...] = (1, 2, 3, 4), d_model: int = 12
+    head_counts: tuple[int, ...] = (1, 2, 3, 4), d_model: int = 12, device: torch.device | str = "cpu"
 ) -> list[dict[str, Any]]:
     """What ``torch.nn.MultiheadAttention`` returns for a sequence whose keys are all padding.
 
-    Runs one module per configuration (head count, ``batch_first``, train/eval, grad/no_grad,
-    ``need_weights``) on a batch of two sequences, the second entirely padding
-    (``key_padding_mask`` True everywhere), and classifies the second sequence's output as
-    ``"NaN"`` (every entry NaN), ``"bias"`` (exactly the output projection's bias: a zero
-    attention output) or ``"other"``.
+    Runs one module per configuration (head count, ``batch_first``, train/eval, grad mode off,
+    on, or on with the module frozen by ``requires_grad_(False)``, ``need_weights``) on a batch
+    of two sequences, the second entirely padding (``key_padding_mask`` True everywhere), records
+    whether the fused fast path ran (:func:`mha_fast_path`) and classifies the second sequence's
+    output as ``"NaN"`` (every entry NaN), ``"bias"`` (exactly the output projection's bias: a
+    zero attention output) or ``"other"``.
 
     Returns:
-        one dict per configuration: ``heads``, ``batch_first``, ``mode``, ``grad``,
-        ``need_weights`` and ``output``.
+        one dict per configuration: ``heads``, ``batch_first``, ``mode``, ``grad`` (grad mode on),
+        ``frozen``, ``need_weights``, ``fast_path`` and ``output``.
 
     >>> rows = mha_all_padding_outputs((1,), d_model=4)
     >>> sorted({r["output"] for r in rows})
@@ -448,17 +484,18 @@ def mha_all_padding_outputs(
     from torch import nn
 
     rows: list[dict[str, Any]] = []
-    x = torch.randn(2, 3, d_model, generator=torch.Generator().manual_seed(3))  # [B, S, D]
-    all_padding = torch.tensor([[False, False, True], [True, True, True]])  # True = ignore
-    for heads, batch_first, mode, grad, need_weights in product(
-        head_counts, (True, False), ("train", "eval"), (True, False), (True, False)
+    x = torch.randn(2, 3, d_model, generator=torch.Generator().manual_seed(3)).to(device)  # [B, S, D]
+    all_padding = torch.tensor([[False, False, True], [True, True, True]], device=device)  # True = ignore
+    for heads, batch_first, mode, (grad, frozen), need_weights in product(
+        head_counts, (True, False), ("train", "eval"), ((False, False), (True, False), (True, True)), (True, False)
     ):
         torch.manual_seed(0)
-        mha = nn.MultiheadAttention(d_model, heads, batch_first=batch_first)
-        mha.train(mode == "train")
+        mha = nn.MultiheadAttention(d_model, heads, batch_first=batch_first).to(device)
+        mha.train(mode == "train").requires_grad_(not frozen)
         xi = x if batch_first else x.transpose(0, 1)  # [B, S, D] or [S, B, D]
         with torch.set_grad_enabled(grad):
-            out, _ = mha(xi, xi, xi, key_padding_mask=all_padding, need_weights=need_weights)
+            (out, _), fast = mha_fast_path(
+                lambda: mha(xi, xi, xi, key_padding_mask=all_padding, need_weights=need_weights))
         second = (out[1] if batch_first else out[:, 1]).detach()  # [S, D]
         if second.isnan().all():
             kind = "NaN"
@@ -466,8 +503,8 @@ def mha_all_padding_outputs(
             kind = "bias"
         else:
             kind = "other"
-        rows.append(dict(heads=heads, batch_first=batch_first, mode=mode, grad=grad,
-                         need_weights=need_weights, output=kind))
+        rows.append(dict(heads=heads, batch_first=batch_first, mode=mode, grad=grad, frozen=frozen,
+                         need_weights=need_weights, fast_path=fast, output=kind))
     return rows
 
 

@@ -231,10 +231,23 @@ def test_causal_explorer_copies_its_scores_and_shows_the_leak() -> None:
 
 def test_mha_all_padding_is_nan_exactly_with_weights_or_on_the_fast_path() -> None:
     rows = ch04.mha_all_padding_outputs(head_counts=(1, 2, 3), d_model=6)
-    assert len(rows) == 3 * 16
+    assert len(rows) == 3 * 24
     for r in rows:
-        fast = r["batch_first"] and r["heads"] % 2 == 0 and r["mode"] == "eval" and not r["grad"]
+        # torch's conditions: eval, even heads, batch_first, and not (grad mode on and a parameter requires grad)
+        fast = r["batch_first"] and r["heads"] % 2 == 0 and r["mode"] == "eval" and (not r["grad"] or r["frozen"])
+        assert r["fast_path"] == fast, r
         assert r["output"] == ("NaN" if r["need_weights"] or fast else "bias"), r
+    assert any(r["frozen"] and r["grad"] and r["fast_path"] for r in rows)   # a frozen model takes it with grad on
+
+
+def test_mha_fast_path_sees_the_fused_operator_only_without_grad() -> None:
+    mha = torch.nn.MultiheadAttention(6, 2, batch_first=True).eval()
+    x = torch.randn(2, 4, 6)
+    with torch.no_grad():
+        (out_fast, _), fast = ch04.mha_fast_path(lambda: mha(x, x, x, need_weights=False))
+    (out_slow, _), slow = ch04.mha_fast_path(lambda: mha(x, x, x, need_weights=False))
+    assert fast and not slow
+    assert torch.allclose(out_fast, out_slow, atol=1e-6)
 
 
 def test_mask_seen_by_attention_reads_the_bool_mask_of_the_sdpa_path() -> None:
@@ -245,6 +258,9 @@ def test_mask_seen_by_attention_reads_the_bool_mask_of_the_sdpa_path() -> None:
     mask = ch04.mask_seen_by_attention(model, model.encoder.layer[0].attention.self,
                                        input_ids=torch.tensor([[5, 6, 0]]), attention_mask=torch.tensor([[1, 1, 0]]))
     assert mask.dtype == torch.bool and mask[0, 0, 0].tolist() == [True, True, False]
+    unpadded = ch04.mask_seen_by_attention(model, model.encoder.layer[0].attention.self,
+                                           input_ids=torch.tensor([[5, 6, 7]]), attention_mask=torch.ones(1, 3, dtype=torch.long))
+    assert unpadded is None                                              # nothing padded: no mask at all
 
 
 @pytest.mark.parametrize("lengths", [[1], [3, 2], [2, 1, 4]])
