@@ -37,7 +37,8 @@ from .feedback import (
 __all__ = [
     "soft_lookup_inputs", "check_soft_lookup", "SOFT_LOOKUP_MISTAKES", "SOFT_LOOKUP_CASES",
     "reference_shapes", "check_attention_shapes", "SHAPE_KEYS", "SHAPE_MISTAKES", "SHAPE_CONFIGS",
-    "layers_until_linked", "encoder_layer_figure",
+    "layers_until_linked", "encoder_layer_figure", "residual_gradient_norms",
+    "MINILM_ARE", "are_row_from_model",
 ]
 
 
@@ -312,17 +313,23 @@ def layers_until_linked(kernel: int, src: int, dst: int, *, S: int = 8, dilation
     """
     D = 4
     for depth in range(1, S + 1):
-        torch.manual_seed(depth)
-        layers = []
-        for layer in range(depth):
-            dilation = dilation_growth**layer
-            layers.append(nn.Conv1d(D, D, kernel, padding=dilation * (kernel // 2), dilation=dilation))
-        x = torch.randn(1, D, S, requires_grad=True)  # Conv1d wants [B, D, S]
+        with torch.random.fork_rng(devices=[]):  # seed the layers without touching the reader's generator
+            torch.manual_seed(depth)
+            layers = _conv_stack(depth, D, kernel, dilation_growth)
+            x = torch.randn(1, D, S, requires_grad=True)  # Conv1d wants [B, D, S]
         nn.Sequential(*layers)(x)[0, :, dst].sum().backward()  # d(output dst) / d(inputs)
         assert x.grad is not None
         if x.grad[0, :, src].abs().sum() > 0:  # nonzero: src reaches dst
             return depth
     raise ValueError(f"positions {src} and {dst} are not linked within {S} layers")
+
+
+def _conv_stack(depth: int, D: int, kernel: int, dilation_growth: int) -> list[nn.Module]:
+    layers: list[nn.Module] = []
+    for layer in range(depth):
+        dilation = dilation_growth**layer
+        layers.append(nn.Conv1d(D, D, kernel, padding=dilation * (kernel // 2), dilation=dilation))
+    return layers
 
 
 # ---------------------------------------------------------------- the layer diagram
@@ -365,3 +372,83 @@ def encoder_layer_figure():  # -> matplotlib Figure
         ax.text(1.1, (y_from + y_to) / 2, "residual", rotation=90, ha="right", va="center", fontsize=12, color="#0072B2")
     ax.set_title("One encoder layer", fontsize=14)
     return fig
+
+
+# ---------------------------------------------------------------- what the residual path keeps
+
+
+def residual_gradient_norms(depth: int = 12, D: int = 32, S: int = 8, position: int = 5, *, seed: int = 0) -> dict[str, list[float]]:
+    """How strongly the output at ``position`` depends on each input, after ``depth`` layers.
+
+    Builds ``depth`` random attention layers (4 heads) each followed by LayerNorm, once as
+    ``norm(attn(x))`` and once with the residual connection, ``norm(x + attn(x))``, and returns the
+    norm of the gradient of one random projection of the output at ``position`` with respect to
+    each input vector: ``{"without": [S], "with": [S]}``. The reader's random generator is left as
+    it was.
+
+    >>> g = residual_gradient_norms(depth=2, D=8, S=4, position=1)
+    >>> sorted(g), len(g["with"])
+    (['with', 'without'], 4)
+    """
+    from attnlib.multihead import MultiHeadSelfAttention
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        layers = [MultiHeadSelfAttention(D, num_heads=4) for _ in range(depth)]
+        norms = [nn.LayerNorm(D) for _ in range(depth)]
+        x = torch.randn(1, S, D)  # [B, S, D]
+        probe = torch.randn(D)  # a random read-out of the output at `position`
+    out: dict[str, list[float]] = {}
+    for name, residual in (("without", False), ("with", True)):
+        xi = x.clone().requires_grad_()
+        h = xi
+        for attn, norm in zip(layers, norms):
+            h = norm(h + attn(h).hidden_states) if residual else norm(attn(h).hidden_states)  # [B, S, D]
+        (h[0, position] * probe).sum().backward()
+        assert xi.grad is not None
+        out[name] = xi.grad[0].norm(dim=-1).tolist()  # [S]
+    return out
+
+
+# ---------------------------------------------------------------- a real head on the example sentence
+
+#: One row of attention weights measured in the pretrained model of chapter 7 (all-MiniLM-L6-v2,
+#: loaded with :func:`attnlib.pretrained.load_minilm`) on "The keys on the table are lost.": the
+#: query "are", in layer 3, head 1 (both counted from 0), the head of the 72 that puts the most
+#: weight on "keys". Rounded to 3 decimals; ``tests/test_ch01.py`` recomputes it from the model.
+#: ``heads_preferring_keys`` counts the heads in which "are" gives "keys" more weight than "table";
+#: ``mean_over_heads`` is the row of "are" averaged over all 72 heads.
+MINILM_ARE: dict[str, Any] = {
+    "tokens": ["[CLS]", "the", "keys", "on", "the", "table", "are", "lost", ".", "[SEP]"],
+    "layer": 3,
+    "head": 1,
+    "weights": [0.029, 0.195, 0.582, 0.009, 0.002, 0.002, 0.006, 0.148, 0.012, 0.016],
+    "heads_preferring_keys": 34,
+    "heads": 72,
+    "mean_over_heads": [0.396, 0.066, 0.062, 0.031, 0.052, 0.064, 0.07, 0.143, 0.066, 0.05],
+}
+
+
+def are_row_from_model(model: Any, tokenizer: Any) -> dict[str, Any]:
+    """Recompute :data:`MINILM_ARE` from the pretrained model (``attnlib.pretrained.load_minilm()``)."""
+    from attnlib import pretrained
+
+    text = "The keys on the table are lost."
+    toks = pretrained.tokens(tokenizer, text)
+    with torch.no_grad():
+        out = model(**pretrained.encode(tokenizer, text), output_attentions=True)
+    weights = torch.stack(out.attentions)[:, 0]  # [L, H, S, S]
+    are, keys, table = toks.index("are"), toks.index("keys"), toks.index("table")
+    rows = weights[:, :, are]  # [L, H, S]: the query "are" in every head
+    L, H = rows.shape[:2]
+    best = int(rows[..., keys].flatten().argmax())
+    layer, head = divmod(best, H)
+    return {
+        "tokens": toks,
+        "layer": layer,
+        "head": head,
+        "weights": [round(w, 3) for w in rows[layer, head].tolist()],
+        "heads_preferring_keys": int((rows[..., keys] > rows[..., table]).sum()),
+        "heads": L * H,
+        "mean_over_heads": [round(w, 3) for w in rows.mean(dim=(0, 1)).tolist()],
+    }

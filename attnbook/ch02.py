@@ -35,7 +35,7 @@ from .feedback import (
 
 __all__ = [
     "qkv_inputs", "reference_attention", "check_self_attention", "check_cross_attention",
-    "WEIGHT_MISTAKES", "OUTPUT_MISTAKES", "CASES",
+    "WEIGHT_MISTAKES", "OUTPUT_MISTAKES", "CASES", "marker_batch", "OneHead", "train_marker_head",
 ]
 
 # Sizes of the first test case: every size differs and so does every square root (sqrt(S_q) is not
@@ -296,3 +296,76 @@ def check_cross_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor],
         f"{S_Q} queries each spread their attention over {S_K} keys: weights {tuple(expected_w.shape)} = [S_q, S_k], "
         f"output {tuple(expected_out.shape)} = [S_q, D_v] (checked on two sizes and dtypes)."
     )
+
+
+# --- a head that learns something --------------------------------------------------------
+
+
+def marker_batch(batch: int, S: int, d_content: int, gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    """A batch of the "find the marked token" task.
+
+    Each of the ``S`` tokens has a random content vector ``[d_content]``, a marker feature (1 on
+    exactly one token per sequence, 0 elsewhere) and a constant feature 1. The target of *every*
+    position is the content of the marked token.
+
+    Returns:
+        ``x [batch, S, d_content + 2]``, ``target [batch, S, d_content]``, ``marked [batch]``.
+    """
+    content = torch.randn(batch, S, d_content, generator=gen)  # [B, S, d_c]
+    marked = torch.randint(S, (batch,), generator=gen)  # [B]
+    flag = torch.nn.functional.one_hot(marked, S).float()[..., None]  # [B, S, 1]
+    x = torch.cat([content, flag, torch.ones(batch, S, 1)], dim=-1)  # [B, S, d_c + 2]
+    target = content[torch.arange(batch), marked][:, None, :].expand(batch, S, d_content)  # [B, S, d_c]
+    return x, target, marked
+
+
+class OneHead(torch.nn.Module):
+    """Single-head self-attention without biases: ``softmax(x W^Q (x W^K)^T / sqrt(D_k)) x W^V``."""
+
+    def __init__(self, d_in: int, d_k: int, d_v: int) -> None:
+        super().__init__()
+        self.w_q = torch.nn.Parameter(torch.randn(d_in, d_k) / math.sqrt(d_in))  # [D, D_k]
+        self.w_k = torch.nn.Parameter(torch.randn(d_in, d_k) / math.sqrt(d_in))  # [D, D_k]
+        self.w_v = torch.nn.Parameter(torch.randn(d_in, d_v) / math.sqrt(d_in))  # [D, D_v]
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        q, k, v = x @ self.w_q, x @ self.w_k, x @ self.w_v  # [B, S, D_k], [B, S, D_k], [B, S, D_v]
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)  # [B, S, S]
+        return weights @ v, weights  # [B, S, D_v], [B, S, S]
+
+
+def train_marker_head(
+    steps: int = 300, *, S: int = 8, d_content: int = 6, d_k: int = 4, batch: int = 64, lr: float = 0.03, seed: int = 0
+) -> tuple[OneHead, list[float]]:
+    """Train a :class:`OneHead` on :func:`marker_batch` with Adam and a mean squared error.
+
+    Everything is seeded from ``seed`` with private generators; the reader's global generator is
+    left as it was.
+
+    Returns:
+        ``(head, losses)``: the trained head and the loss of every step.
+
+    >>> head, losses = train_marker_head(steps=5)
+    >>> len(losses), head.w_q.shape
+    (5, torch.Size([8, 4]))
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head = OneHead(d_content + 2, d_k, d_content)
+    gen = torch.Generator().manual_seed(seed + 1)
+    opt = torch.optim.Adam(head.parameters(), lr=lr)
+    losses: list[float] = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: one thread is fastest, and gives the same numbers everywhere
+    try:
+        for _ in range(steps):
+            x, target, _ = marker_batch(batch, S, d_content, gen)
+            out, _ = head(x)
+            loss = torch.nn.functional.mse_loss(out, target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    finally:
+        torch.set_num_threads(threads)
+    return head, losses

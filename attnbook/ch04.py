@@ -41,7 +41,8 @@ from .measure import interleaved_median_ms
 __all__ = [
     "check_combined_mask", "COMBINED_MASK_MISTAKES", "check_masking_order", "MASKING_ORDER_MISTAKES",
     "check_fully_masked_prediction", "FULLY_MASKED_CASES", "FULLY_MASKED_SCORES", "FULLY_MASKED_MISTAKES",
-    "causal_eval_stats", "time_parallel_and_prefixes",
+    "causal_eval_stats", "time_parallel_and_prefixes", "causal_explorer", "mha_fast_path",
+    "mha_all_padding_outputs", "mask_seen_by_attention", "document_mask", "prefix_lm_mask",
 ]
 
 #: The attention mask the combined-mask checker feeds in: ``[B, S] = [3, 5]``, 1 = real token.
@@ -483,3 +484,187 @@ def time_parallel_and_prefixes(
         return ms[0] / 1000.0, ms[1] / 1000.0
     finally:
         torch.set_num_threads(threads)
+
+
+# --- the mask explorer ----------------------------------------------------------------------
+
+
+def causal_explorer(scores: Tensor, tokens: list[str]) -> Callable[[int], Any]:
+    """A frame function for the causal-mask explorer of one ``[S, S]`` score matrix.
+
+    The scores and tokens are copied when the explorer is made, so the frame function reads no
+    state that later cells can change. Each frame shows one query: the weights it gets when the
+    future is filled with ``0`` (the future leaks) and with ``-inf`` (the future gets exactly 0).
+
+    >>> frame = causal_explorer(torch.zeros(3, 3), ["a", "b", "c"])
+    >>> frame(0).caption
+    "'a' may see: 'a'. Filling the future with 0 would leak 0.67 of its weight to 'b', 'c'."
+    """
+    from .slider import Frame, Panel
+
+    if scores.dim() != 2 or scores.shape[0] != scores.shape[1] or scores.shape[0] != len(tokens):
+        raise ValueError(f"scores must be [S, S] with S = len(tokens) = {len(tokens)}, got {tuple(scores.shape)}")
+    scores = scores.detach().cpu().double().clone()  # [S, S], a private copy
+    tokens = list(tokens)
+    S = len(tokens)
+    future = torch.triu(torch.ones(S, S, dtype=torch.bool), diagonal=1)  # [S, S], True = j > i
+    with_zero = torch.softmax(scores.masked_fill(future, 0.0), dim=-1)  # [S, S]: the future leaks
+    with_inf = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)  # [S, S]
+    vmin, vmax = float(scores.min()), float(scores.max())
+
+    def frame(looking: int) -> Any:
+        hidden = future[looking][None].numpy()  # [1, S]
+        leak = float(with_zero[looking][future[looking]].sum())
+        later = ", ".join(f"'{t}'" for t in tokens[looking + 1:])
+        caption = f"'{tokens[looking]}' may see: {', '.join(repr(t) for t in tokens[: looking + 1])}."
+        caption += (f" Filling the future with 0 would leak {leak:.2f} of its weight to {later}." if later
+                    else " It is the last token: there is no future to hide.")
+        return Frame(
+            label=f"{looking}: {tokens[looking]}",
+            panels=[
+                Panel(scores[looking][None].numpy(), [tokens[looking]], tokens, title="scores (future hatched)",
+                      vmin=vmin, vmax=vmax, masked=hidden),
+                Panel(torch.stack([with_zero[looking], with_inf[looking]]).numpy(),
+                      ["fill 0", "fill -inf"], tokens, title="weights", vmin=0.0, vmax=1.0),
+            ],
+            caption=caption,
+        )
+
+    return frame
+
+
+# --- how libraries treat a sequence whose keys are all padding ------------------------------
+
+
+def mha_fast_path(call: Callable[[], Any]) -> tuple[Any, bool]:
+    """Run ``call()`` and say whether ``nn.MultiheadAttention`` took its fused inference fast path.
+
+    The fast path is the single ATen operator ``_native_multi_head_attention``; the Python path
+    (``F.multi_head_attention_forward``) never calls it. The operator is recorded with a
+    ``TorchDispatchMode``, which sees every ATen call without changing which path runs.
+
+    Returns:
+        ``(call's result, True if _native_multi_head_attention ran)``.
+
+    >>> from torch import nn
+    >>> mha = nn.MultiheadAttention(4, 2, batch_first=True).eval()
+    >>> x = torch.zeros(1, 3, 4)
+    >>> with torch.no_grad():
+    ...     print(mha_fast_path(lambda: mha(x, x, x))[1])
+    True
+    >>> print(mha_fast_path(lambda: mha(x, x, x))[1])        # grad on, weights require grad
+    False
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _RecordOps(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: set[str] = set()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.names.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    with _RecordOps() as ops:
+        result = call()
+    return result, any(name.endswith("_native_multi_head_attention") for name in ops.names)
+
+
+def mha_all_padding_outputs(
+    head_counts: tuple[int, ...] = (1, 2, 3, 4), d_model: int = 12, device: torch.device | str = "cpu"
+) -> list[dict[str, Any]]:
+    """What ``torch.nn.MultiheadAttention`` returns for a sequence whose keys are all padding.
+
+    Runs one module per configuration (head count, ``batch_first``, train/eval, grad mode off,
+    on, or on with the module frozen by ``requires_grad_(False)``, ``need_weights``) on a batch
+    of two sequences, the second entirely padding (``key_padding_mask`` True everywhere), records
+    whether the fused fast path ran (:func:`mha_fast_path`) and classifies the second sequence's
+    output as ``"NaN"`` (every entry NaN), ``"bias"`` (exactly the output projection's bias: a
+    zero attention output) or ``"other"``.
+
+    Returns:
+        one dict per configuration: ``heads``, ``batch_first``, ``mode``, ``grad`` (grad mode on),
+        ``frozen``, ``need_weights``, ``fast_path`` and ``output``.
+
+    >>> rows = mha_all_padding_outputs((1,), d_model=4)
+    >>> sorted({r["output"] for r in rows})
+    ['NaN', 'bias']
+    """
+    from itertools import product
+
+    from torch import nn
+
+    rows: list[dict[str, Any]] = []
+    x = torch.randn(2, 3, d_model, generator=torch.Generator().manual_seed(3)).to(device)  # [B, S, D]
+    all_padding = torch.tensor([[False, False, True], [True, True, True]], device=device)  # True = ignore
+    for heads, batch_first, mode, (grad, frozen), need_weights in product(
+        head_counts, (True, False), ("train", "eval"), ((False, False), (True, False), (True, True)), (True, False)
+    ):
+        torch.manual_seed(0)
+        mha = nn.MultiheadAttention(d_model, heads, batch_first=batch_first).to(device)
+        mha.train(mode == "train").requires_grad_(not frozen)
+        xi = x if batch_first else x.transpose(0, 1)  # [B, S, D] or [S, B, D]
+        with torch.set_grad_enabled(grad):
+            (out, _), fast = mha_fast_path(
+                lambda: mha(xi, xi, xi, key_padding_mask=all_padding, need_weights=need_weights))
+        second = (out[1] if batch_first else out[:, 1]).detach()  # [S, D]
+        if second.isnan().all():
+            kind = "NaN"
+        elif torch.equal(second, mha.out_proj.bias.detach().expand_as(second)):
+            kind = "bias"
+        else:
+            kind = "other"
+        rows.append(dict(heads=heads, batch_first=batch_first, mode=mode, grad=grad, frozen=frozen,
+                         need_weights=need_weights, fast_path=fast, output=kind))
+    return rows
+
+
+def mask_seen_by_attention(model: Any, attention_module: Any, **inputs: Tensor) -> Tensor | None:
+    """The ``attention_mask`` a Hugging Face model hands to one of its attention modules.
+
+    Runs ``model(**inputs)`` without gradients and records the keyword argument
+    ``attention_mask`` of ``attention_module``'s forward call (``None`` when the model passes none).
+    """
+    seen: dict[str, Any] = {}
+
+    def hook(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        seen["mask"] = kwargs.get("attention_mask")
+
+    handle = attention_module.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        handle.remove()
+    if "mask" not in seen:
+        raise ValueError("the attention module was not called with keyword arguments; cannot read its mask")
+    return seen["mask"]
+
+
+def document_mask(lengths: list[int]) -> Tensor:
+    """Causal attention within each document of a packed sequence: ``[S, S]``, True = may attend.
+
+    ``lengths`` are the documents' lengths in the order they were packed; ``S = sum(lengths)``.
+
+    >>> document_mask([2, 1]).int().tolist()
+    [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
+    """
+    if not lengths or any(int(n) < 1 for n in lengths):
+        raise ValueError(f"lengths must be a non-empty list of positive ints, got {lengths}")
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))  # [S]: document id
+    same_doc = doc[:, None] == doc[None, :]  # [S, S]
+    return same_doc & causal_mask(len(doc))
+
+
+def prefix_lm_mask(prefix: int, S: int) -> Tensor:
+    """Prefix-LM mask: the first ``prefix`` positions see each other, later ones are causal.
+
+    >>> prefix_lm_mask(2, 4).int().tolist()
+    [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    """
+    if not 0 <= prefix <= S:
+        raise ValueError(f"prefix must be between 0 and S = {S}, got {prefix}")
+    mask = causal_mask(S).clone()  # [S, S]
+    mask[:prefix, :prefix] = True
+    return mask

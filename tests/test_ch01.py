@@ -131,3 +131,33 @@ def test_review_items_c1_c3_c4() -> None:
 
     fb = check_attention_shapes(fractional)
     assert fb.status == "wrong" and "whole number" in fb.message, fb
+
+
+# ---------------------------------------------------------------- chapter code beyond the checkers
+
+
+def test_layers_until_linked_leaves_the_global_generator_alone() -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    assert layers_until_linked(3, 1, 5) == 4
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_residual_path_keeps_the_token_its_own_input() -> None:
+    from attnbook.ch01 import residual_gradient_norms
+
+    torch.manual_seed(7)
+    expected = torch.rand(2)
+    torch.manual_seed(7)
+    g = residual_gradient_norms(depth=12, D=32, S=8, position=5)
+    assert torch.equal(torch.rand(2), expected)
+    others_with = [v for i, v in enumerate(g["with"]) if i != 5]
+    assert g["with"][5] > 3 * max(others_with)               # the identity path: its own input dominates
+    assert max(g["without"]) < 2 * min(g["without"])         # without it, every input counts about the same
+
+
+def test_minilm_are_row_matches_the_model(minilm) -> None:
+    from attnbook.ch01 import MINILM_ARE, are_row_from_model
+
+    assert are_row_from_model(*minilm) == MINILM_ARE

@@ -155,3 +155,32 @@ def test_cross_attention_values_from_x_q_is_not_a_raw_exception() -> None:
     fb = check_cross_attention(reader)
     assert "RuntimeError" not in fb.message and "values from x_q" in fb.message, fb
     assert qkv_inputs(S_K)["x_q"].shape[0] == S_K
+
+
+# ---------------------------------------------------------------- the head that learns
+
+
+def test_marker_batch_targets_the_marked_token() -> None:
+    from attnbook.ch02 import marker_batch
+
+    x, target, marked = marker_batch(5, 7, 3, torch.Generator().manual_seed(0))
+    assert x.shape == (5, 7, 5) and target.shape == (5, 7, 3) and marked.shape == (5,)
+    assert torch.equal(x[..., 3].sum(dim=1), torch.ones(5)) and (x[..., 4] == 1).all()
+    for b in range(5):
+        assert torch.equal(x[b, marked[b], 3], torch.tensor(1.0))
+        assert torch.equal(target[b], x[b, marked[b], :3].expand(7, 3))
+
+
+def test_trained_head_finds_the_marked_token() -> None:
+    from attnbook.ch02 import marker_batch, train_marker_head
+
+    torch.manual_seed(3)
+    expected = torch.rand(2)
+    torch.manual_seed(3)
+    head, losses = train_marker_head(steps=300)
+    assert torch.equal(torch.rand(2), expected)                    # the reader's generator is untouched
+    assert losses[-1] < 0.01 * losses[0]
+    x, _, marked = marker_batch(200, 8, 6, torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        _, w = head(x)
+    assert w[torch.arange(200), :, marked].mean() > 0.9

@@ -255,3 +255,78 @@ def test_combined_mask_tries_a_second_size() -> None:
 
     fb = check_combined_mask(hard_coded)
     assert fb.status == "wrong", fb
+
+
+# --- chapter code beyond the checkers --------------------------------------------------------
+
+
+def test_causal_explorer_copies_its_scores_and_shows_the_leak() -> None:
+    scores = torch.zeros(3, 3)
+    frame = ch04.causal_explorer(scores, ["a", "b", "c"])
+    scores.fill_(100.0)                                   # a later change must not reach the frames
+    f0 = frame(0)
+    assert "0.67" in f0.caption
+    weights = f0.panels[1].matrix                         # rows: fill 0, fill -inf
+    assert weights[1].tolist() == [1.0, 0.0, 0.0]
+    assert abs(weights[0].sum() - 1) < 1e-12 and abs(weights[0][0] - 1 / 3) < 1e-12
+    assert "no future" in frame(2).caption
+    with pytest.raises(ValueError, match="scores must be"):
+        ch04.causal_explorer(torch.zeros(2, 3), ["a", "b"])
+
+
+def test_mha_all_padding_is_nan_exactly_with_weights_or_on_the_fast_path() -> None:
+    rows = ch04.mha_all_padding_outputs(head_counts=(1, 2, 3), d_model=6)
+    assert len(rows) == 3 * 24
+    for r in rows:
+        # torch's conditions: eval, even heads, batch_first, and not (grad mode on and a parameter requires grad)
+        fast = r["batch_first"] and r["heads"] % 2 == 0 and r["mode"] == "eval" and (not r["grad"] or r["frozen"])
+        assert r["fast_path"] == fast, r
+        assert r["output"] == ("NaN" if r["need_weights"] or fast else "bias"), r
+    assert any(r["frozen"] and r["grad"] and r["fast_path"] for r in rows)   # a frozen model takes it with grad on
+
+
+def test_mha_fast_path_sees_the_fused_operator_only_without_grad() -> None:
+    mha = torch.nn.MultiheadAttention(6, 2, batch_first=True).eval()
+    x = torch.randn(2, 4, 6)
+    with torch.no_grad():
+        (out_fast, _), fast = ch04.mha_fast_path(lambda: mha(x, x, x, need_weights=False))
+    (out_slow, _), slow = ch04.mha_fast_path(lambda: mha(x, x, x, need_weights=False))
+    assert fast and not slow
+    assert torch.allclose(out_fast, out_slow, atol=1e-6)
+
+
+def test_mask_seen_by_attention_reads_the_bool_mask_of_the_sdpa_path() -> None:
+    transformers = pytest.importorskip("transformers")
+    model = transformers.BertModel(transformers.BertConfig(
+        vocab_size=20, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        attn_implementation="sdpa")).eval()
+    mask = ch04.mask_seen_by_attention(model, model.encoder.layer[0].attention.self,
+                                       input_ids=torch.tensor([[5, 6, 0]]), attention_mask=torch.tensor([[1, 1, 0]]))
+    assert mask.dtype == torch.bool and mask[0, 0, 0].tolist() == [True, True, False]
+    unpadded = ch04.mask_seen_by_attention(model, model.encoder.layer[0].attention.self,
+                                           input_ids=torch.tensor([[5, 6, 7]]), attention_mask=torch.ones(1, 3, dtype=torch.long))
+    assert unpadded is None                                              # nothing padded: no mask at all
+
+
+@pytest.mark.parametrize("lengths", [[1], [3, 2], [2, 1, 4]])
+def test_document_mask_equals_separate_causal_passes(lengths) -> None:
+    S = sum(lengths)
+    mask = ch04.document_mask(lengths)
+    assert mask.shape == (S, S) and mask.dtype == torch.bool
+    start = 0
+    for n in lengths:
+        block = mask[start:start + n, start:start + n]
+        assert torch.equal(block, causal_mask(n))
+        assert mask[start:start + n].sum() == block.sum()   # nothing outside its own document
+        start += n
+    with pytest.raises(ValueError):
+        ch04.document_mask([2, 0])
+
+
+def test_prefix_lm_mask() -> None:
+    m = ch04.prefix_lm_mask(3, 5)
+    assert m[:3, :3].all() and not m[:3, 3:].any()
+    assert torch.equal(m[3:], causal_mask(5)[3:])
+    assert torch.equal(ch04.prefix_lm_mask(0, 4), causal_mask(4))
+    with pytest.raises(ValueError):
+        ch04.prefix_lm_mask(6, 5)
