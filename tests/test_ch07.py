@@ -316,3 +316,74 @@ def test_norm_shares_sum_to_one_and_differ() -> None:
     sh = ch07.norm_shares(c)
     torch.testing.assert_close(sh["of_sum_of_norms"], torch.full((3,), 1 / 3))
     torch.testing.assert_close(sh["projection"], torch.tensor([0.0, 1.0, 0.0]))
+
+
+def test_head_removed_with_a_replacement_adds_it_to_every_position_and_restores(minilm, sentence_run) -> None:
+    model, _ = minilm
+    mine = P.layer_to_attnlib(model, 2)
+    x = sentence_run.layer_inputs[2]
+    w_before, b_before = mine.w_o.weight.clone(), mine.w_o.bias.clone()
+    r = torch.randn(384)
+    with torch.no_grad():
+        with ch07.head_removed(mine, 4) as zeroed:
+            without = zeroed(x).hidden_states
+        with ch07.head_removed(mine, 4, r) as replaced:
+            with_r = replaced(x).hidden_states
+    torch.testing.assert_close(with_r, without + r, atol=1e-5, rtol=0)
+    assert torch.equal(mine.w_o.weight, w_before) and torch.equal(mine.w_o.bias, b_before)
+    with pytest.raises(ValueError, match="replacement must have shape"):
+        with ch07.head_removed(mine, 4, torch.zeros(3)):
+            pass
+
+
+def test_gap_drop_and_bootstrap_on_a_constructed_ablation() -> None:
+    para = torch.tensor([True, True, False])
+    baseline = torch.tensor([0.9, 0.8, 0.1])  # gap 0.75
+    ablated = torch.zeros(2, 3, 3)
+    ablated[:] = baseline
+    ablated[1, 2] = torch.tensor([0.7, 0.6, 0.1])  # head (1, 2) lowers both paraphrases by 0.2: gap drops by 0.2
+    ablated[0, 1] = torch.tensor([0.9, 0.8, 0.3])  # head (0, 1) raises the unrelated pair: gap drops by 0.2 too
+    ab = ch07.Ablation(baseline, baseline, ablated, para)
+    drop = ab.gap_drop()
+    torch.testing.assert_close(drop[1, 2], torch.tensor(0.2), atol=1e-6, rtol=0)
+    torch.testing.assert_close(drop[0, 1], torch.tensor(0.2), atol=1e-6, rtol=0)
+    assert drop.abs().sum() < 0.4 + 1e-5  # every other head: no change
+    boot = ab.bootstrap_gap_drop(n=50, seed=3)
+    assert boot.shape == (50, 2, 3)
+    torch.testing.assert_close(boot[:, 1, 2], torch.full((50,), 0.2), atol=1e-6, rtol=0)  # the same in every resample
+    assert torch.equal(boot, ab.bootstrap_gap_drop(n=50, seed=3))
+
+
+def test_spearman_is_rank_correlation() -> None:
+    a = torch.tensor([0.1, 0.5, 0.3, 0.9])
+    assert ch07.spearman(a, a**3) == pytest.approx(1.0)
+    assert ch07.spearman(a, -a) == pytest.approx(-1.0)
+
+
+def test_card_pair_counts_reads_rows_and_total() -> None:
+    card = "| Dataset | Paper | Pairs |\n|---|---|---|\n| [A](x) | - | 1,000 |\n| B | [p](y) | 234 |\n| **Total** | | **1,300** |\n"
+    assert ch07.card_pair_counts(card) == (2, 1234, 1300)
+    with pytest.raises(ValueError, match="Total"):
+        ch07.card_pair_counts("| A | 1 |")
+
+
+def test_the_model_card_rows_do_not_add_up_to_its_total() -> None:
+    card = (P.model_path() / "README.md").read_text(encoding="utf-8")
+    assert ch07.card_pair_counts(card) == (32, 1_167_611_585, 1_170_060_424)
+
+
+def test_head_output_norms_match_the_summed_contributions(minilm, sentence_run) -> None:
+    model, _ = minilm
+    norms = ch07.head_output_norms(model, sentence_run, 4, 6)
+    assert norms.shape == (12,)
+    torch.testing.assert_close(norms[5], ch07.head_contributions(model, sentence_run, 4, 5, 6).sum(0).norm())
+    assert int(norms.argmin()) == 5  # the [CLS] head of layer 4 writes least into "are"
+
+
+def test_mean_ablation_keeps_the_last_layer_first_and_rejects_unknown_modes(minilm) -> None:
+    model, tokenizer = minilm
+    with pytest.raises(ValueError, match="mode"):
+        ch07.head_ablation(model, tokenizer, mode="resample")
+    mean = ch07.head_ablation(model, tokenizer, mode="mean")
+    assert all(l == 5 for l, _, _ in ch07.top_heads(mean.gap_drop(), k=2))
+    assert float(mean.gap_drop().max()) < 0.05
