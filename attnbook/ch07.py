@@ -55,6 +55,7 @@ __all__ = [
     "spearman",
     "head_output_norms",
     "card_pair_counts",
+    "attention_rollout",
     "LINK_CASES",
     "link_case",
     "reference_strongest_link",
@@ -725,3 +726,22 @@ def card_pair_counts(card: str) -> tuple[int, int, int]:
     if total is None:
         raise ValueError("the card has no **Total** row")
     return len(rows), sum(rows), total
+
+
+def attention_rollout(weights: Tensor) -> Tensor:
+    """Attention rollout (Abnar and Zuidema, 2020): ``[L, H, S, S]`` weights of one sentence -> ``[S, S]``.
+
+    Each layer is modelled as ``A_l = 0.5 * mean_h(weights[l, h]) + 0.5 * I`` (the heads averaged, the
+    residual connection as an identity with equal share), and the layers are chained:
+    ``R = A_{L-1} @ ... @ A_0``. Row ``i`` of ``R`` estimates how much of the last layer's position
+    ``i`` comes from each input token, *if* every layer mixed only by these weights; value norms,
+    ``W_O``, LayerNorm and the feed-forward blocks are ignored. Every row sums to 1.
+    """
+    if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2]:
+        raise ValueError(f"weights must be [L, H, S, S], got shape {tuple(weights.shape)}")
+    S = weights.shape[-1]
+    eye = torch.eye(S, dtype=weights.dtype, device=weights.device)
+    rollout = eye
+    for layer in weights:  # [H, S, S], from layer 0 up
+        rollout = (0.5 * layer.mean(0) + 0.5 * eye) @ rollout  # [S, S]
+    return rollout

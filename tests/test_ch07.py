@@ -387,3 +387,18 @@ def test_mean_ablation_keeps_the_last_layer_first_and_rejects_unknown_modes(mini
     mean = ch07.head_ablation(model, tokenizer, mode="mean")
     assert all(l == 5 for l, _, _ in ch07.top_heads(mean.gap_drop(), k=2))
     assert float(mean.gap_drop().max()) < 0.05
+
+
+def test_attention_rollout_rows_sum_to_one_and_chain_layers() -> None:
+    torch.manual_seed(0)
+    w = torch.softmax(torch.randn(3, 2, 4, 4), dim=-1)  # [L, H, S, S]
+    r = ch07.attention_rollout(w)
+    torch.testing.assert_close(r.sum(-1), torch.ones(4))
+    eye = torch.eye(4)
+    a = [0.5 * w[l].mean(0) + 0.5 * eye for l in range(3)]
+    torch.testing.assert_close(r, a[2] @ a[1] @ a[0])
+    one_hot = torch.zeros(1, 1, 4, 4)
+    one_hot[..., 0] = 1.0  # every query reads token 0
+    torch.testing.assert_close(ch07.attention_rollout(one_hot)[2], torch.tensor([0.5, 0.0, 0.5, 0.0]))
+    with pytest.raises(ValueError, match="L, H, S, S"):
+        ch07.attention_rollout(torch.ones(2, 3, 4))
