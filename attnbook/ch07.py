@@ -611,6 +611,56 @@ class Ablation(NamedTuple):
 
         return gap(self.baseline)[:, None, None] - gap(self.ablated)  # [n, L, H]
 
+    def auc(self, sims: Tensor) -> Tensor:
+        """Fraction of (paraphrase, unrelated) pairs of pairs in which the paraphrase pair scores higher (``[...]`` for ``[..., P]``).
+
+        The area under the ROC curve of similarity as a paraphrase detector: 1 when every paraphrase
+        pair scores above every unrelated pair, whatever the margin.
+        """
+        p, u = sims[..., self.paraphrase], sims[..., ~self.paraphrase]  # [..., P_para], [..., P_unrel]
+        return (p[..., :, None] > u[..., None, :]).double().mean((-2, -1)).float()
+
+    def subset(self, index: Tensor) -> Ablation:
+        """The same ablation restricted to the pairs ``index`` (``[P']`` integer positions)."""
+        return Ablation(self.baseline[index], self.model_baseline[index], self.ablated[..., index], self.paraphrase[index])
+
+
+class SplitHalf(NamedTuple):
+    """How well the head ranking of one half of the pairs predicts that of the other half (:func:`split_half`).
+
+    Attributes:
+        spearman: ``[n]`` rank correlation of the two halves' gap drops over all heads, one per split.
+        overlap: ``[n]`` number of heads in the top ``k`` of both halves, one per split.
+        in_both: ``[L, H]`` in how many of the ``n`` splits each head is in the top ``k`` of both halves.
+    """
+
+    spearman: Tensor
+    overlap: Tensor
+    in_both: Tensor
+
+
+def split_half(ablation: Ablation, n: int = 50, k: int = 5, seed: int = 0) -> SplitHalf:
+    """Split the pairs ``n`` times at random into two disjoint halves and compare the halves' head rankings.
+
+    Paraphrase and unrelated pairs are split separately, so both halves keep half of each kind. A
+    ranking that reflects the model, not the particular sentences, must come out similar in both halves.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    para = torch.nonzero(ablation.paraphrase).flatten()  # [P_para]
+    unrel = torch.nonzero(~ablation.paraphrase).flatten()  # [P_unrel]
+    rho, overlap = [], []
+    in_both = torch.zeros(ablation.ablated.shape[:2], dtype=torch.long)  # [L, H]
+    for _ in range(n):
+        p, u = para[torch.randperm(len(para), generator=gen)], unrel[torch.randperm(len(unrel), generator=gen)]
+        halves = (torch.cat([p[: len(p) // 2], u[: len(u) // 2]]), torch.cat([p[len(p) // 2:], u[len(u) // 2:]]))
+        d1, d2 = (ablation.subset(half).gap_drop() for half in halves)  # [L, H] each
+        top1, top2 = (torch.zeros(d.numel(), dtype=torch.bool).index_fill_(0, d.flatten().topk(k).indices, True) for d in (d1, d2))
+        both = (top1 & top2).view_as(in_both)
+        rho.append(spearman(d1, d2))
+        overlap.append(int(both.sum()))
+        in_both += both
+    return SplitHalf(torch.tensor(rho), torch.tensor(overlap), in_both)
+
 
 def spearman(a: Tensor, b: Tensor) -> float:
     """Spearman rank correlation of two tensors of the same shape (flattened; no ties expected)."""

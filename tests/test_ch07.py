@@ -303,8 +303,8 @@ def test_head_removed_zeroes_exactly_that_heads_term_and_restores(minilm, senten
 
 def test_head_ablation_covers_every_head_and_starts_from_the_model(ablation) -> None:
     pairs = ch07.load_sentence_pairs()
-    assert len(pairs.kinds) == 18 and pairs.kinds.count("paraphrase") == 12
-    assert ablation.ablated.shape == (6, 12, 18)
+    assert len(pairs.kinds) == 36 and pairs.kinds.count("paraphrase") == 24
+    assert ablation.ablated.shape == (6, 12, 36)
     torch.testing.assert_close(ablation.baseline, ablation.model_baseline, atol=1e-5, rtol=0)
     assert ablation.baseline[ablation.paraphrase].min() > ablation.baseline[~ablation.paraphrase].max()
     assert (ablation.effect() > 0).all()  # every removal changes something: the ablation did run per head
@@ -352,6 +352,30 @@ def test_gap_drop_and_bootstrap_on_a_constructed_ablation() -> None:
     assert boot.shape == (50, 2, 3)
     torch.testing.assert_close(boot[:, 1, 2], torch.full((50,), 0.2), atol=1e-6, rtol=0)  # the same in every resample
     assert torch.equal(boot, ab.bootstrap_gap_drop(n=50, seed=3))
+
+
+def test_auc_counts_paraphrase_pairs_above_unrelated_pairs() -> None:
+    para = torch.tensor([True, True, False, False])
+    ab = ch07.Ablation(torch.zeros(4), torch.zeros(4), torch.zeros(1, 1, 4), para)
+    assert float(ab.auc(torch.tensor([0.9, 0.8, 0.1, 0.2]))) == 1.0
+    assert float(ab.auc(torch.tensor([0.9, 0.15, 0.1, 0.2]))) == 0.75  # 0.15 beats 0.1 but not 0.2
+    assert float(ab.auc(torch.tensor([0.0, 0.0, 0.1, 0.2]))) == 0.0
+    assert ab.auc(torch.rand(2, 3, 4)).shape == (2, 3)
+
+
+def test_split_half_finds_a_real_effect_and_not_noise() -> None:
+    gen = torch.Generator().manual_seed(1)
+    para = torch.tensor([True] * 20 + [False] * 10)
+    baseline = torch.cat([torch.full((20,), 0.8), torch.full((10,), 0.1)])
+    ablated = baseline + 0.01 * torch.randn(3, 4, 30, generator=gen)  # noise only ...
+    ablated[2, 3, :20] -= 0.2  # ... except head (2, 3), which lowers every paraphrase pair
+    ab = ch07.Ablation(baseline, baseline, ablated, para)
+    sh = ch07.split_half(ab, n=20, k=1, seed=0)
+    assert sh.spearman.shape == (20,) and sh.overlap.shape == (20,) and sh.in_both.shape == (3, 4)
+    assert int(sh.in_both[2, 3]) == 20 and int(sh.in_both.sum()) == 20  # the real head, every time, and nothing else
+    assert torch.equal(sh.spearman, ch07.split_half(ab, n=20, k=1, seed=0).spearman)  # seeded
+    half = ab.subset(torch.tensor([0, 1, 20]))
+    assert half.ablated.shape == (3, 4, 3) and half.paraphrase.tolist() == [True, True, False]
 
 
 def test_spearman_is_rank_correlation() -> None:
