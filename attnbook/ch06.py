@@ -672,7 +672,11 @@ def memory_layout(seq_len: int = 3, num_heads: int = 2, d_k: int = 2, tokens: Se
         for side in ("top", "right", "bottom", "left"):
             ax.spines[side].set_visible(False)
         ax.set_title(f"{label}: {note}", fontsize=10, loc="left")
-    fig.suptitle(f"One [S, D] = [{S}, {D}] tensor in memory and three ways to read it\n"
-                 f"(cell = memory offset read; colour = position: {', '.join(tokens)}; hatching = head)", fontsize=11)
-    fig.tight_layout()
+    fig.suptitle(f"One [S, D] = [{S}, {D}] tensor in memory (B = 1 dropped) and three ways to read it\n"
+                 f"(cell = memory offset read; colour = position; hatching = head)", fontsize=11)
+    keys = [Rectangle((0, 0), 1, 1, facecolor=_OKABE_ITO[s], edgecolor="black") for s in range(S)]
+    keys += [Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="black", hatch=hatches[h % len(hatches)]) for h in range(H)]
+    names = list(tokens) + [f"head {h}" + (" (no hatching)" if hatches[h % len(hatches)] == "" else "") for h in range(H)]
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.legend(keys, names, loc="lower center", ncol=S + H, fontsize=9, frameon=False, handlelength=1.6, handleheight=1.2)
     return fig

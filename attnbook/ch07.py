@@ -59,6 +59,10 @@ __all__ = [
     "load_sentence_pairs",
     "Ablation",
     "head_ablation",
+    "spearman",
+    "head_output_norms",
+    "card_pair_counts",
+    "attention_rollout",
     "LINK_CASES",
     "link_case",
     "reference_strongest_link",
@@ -604,24 +608,35 @@ def encoder_layer(model: nn.Module, layer_index: int, attention: MultiHeadSelfAt
 
 
 @contextmanager
-def head_removed(attention: MultiHeadSelfAttention, head: int) -> Iterator[MultiHeadSelfAttention]:
+def head_removed(attention: MultiHeadSelfAttention, head: int, replacement: Tensor | None = None) -> Iterator[MultiHeadSelfAttention]:
     """Inside the ``with`` block, head ``head`` of ``attention`` adds nothing: its ``D_k`` input columns of ``W_O`` are zero.
 
     ``Concat(heads) W_O = sum_h head_h W_O^(h)``, so zeroing the block ``W_O^(h)`` removes exactly head
-    ``h``'s contribution, as a head mask of 0 does (Michel et al., 2019); ``W_O``'s bias stays. The
+    ``h``'s contribution, as a head mask of 0 does (Michel et al., 2019); ``W_O``'s bias stays. With
+    ``replacement`` (``[D]``), that vector is added to ``W_O``'s bias instead, so every position gets the
+    same fixed contribution from the head (mean-ablation passes the head's mean contribution). The
     weights are restored on exit.
     """
     if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < attention.num_heads:
         raise ValueError(f"head must be an int in 0..{attention.num_heads - 1}, got {head!r}")
+    if replacement is not None and tuple(replacement.shape) != (attention.d_model,):
+        raise ValueError(f"replacement must have shape ({attention.d_model},), got {tuple(replacement.shape)}")
     cols = slice(head * attention.d_k, (head + 1) * attention.d_k)
     with torch.no_grad():
         saved = attention.w_o.weight[:, cols].clone()  # [D, D_k]
+        saved_bias = None if attention.w_o.bias is None else attention.w_o.bias.clone()  # [D]
         attention.w_o.weight[:, cols] = 0.0
+        if replacement is not None:
+            if attention.w_o.bias is None:
+                raise ValueError("mean-ablation needs W_O to have a bias to carry the replacement")
+            attention.w_o.bias += replacement.to(attention.w_o.bias)
     try:
         yield attention
     finally:
         with torch.no_grad():
             attention.w_o.weight[:, cols] = saved
+            if saved_bias is not None:
+                attention.w_o.bias.copy_(saved_bias)
 
 
 class SentencePairs(NamedTuple):
@@ -662,22 +677,107 @@ class Ablation(NamedTuple):
     paraphrase: Tensor
 
     def effect(self) -> Tensor:
-        """``[L, H]``: mean over pairs of ``|similarity without the head - with it|``."""
+        """``[L, H]``: mean over pairs of ``|similarity without the head - with it|`` (sensitivity, not importance)."""
         return (self.ablated - self.baseline).abs().mean(-1)
 
     def margin(self, sims: Tensor) -> Tensor:
         """Mean similarity of paraphrase pairs minus that of unrelated pairs (``[...]`` for ``[..., P]``)."""
         return sims[..., self.paraphrase].mean(-1) - sims[..., ~self.paraphrase].mean(-1)
 
+    def gap_drop(self) -> Tensor:
+        """``[L, H]``: how much removing each head shrinks the paraphrase-minus-unrelated gap (positive = the head helps)."""
+        return self.margin(self.baseline) - self.margin(self.ablated)
+
+    def bootstrap_gap_drop(self, n: int = 2000, seed: int = 0) -> Tensor:
+        """``[n, L, H]``: :meth:`gap_drop` on ``n`` resamples of the pairs.
+
+        Paraphrase and unrelated pairs are resampled with replacement separately, so every resample
+        keeps both kinds in their original numbers.
+        """
+        gen = torch.Generator().manual_seed(seed)
+        para = torch.nonzero(self.paraphrase).flatten()  # [P_para]
+        unrel = torch.nonzero(~self.paraphrase).flatten()  # [P_unrel]
+        pick_p = para[torch.randint(len(para), (n, len(para)), generator=gen)]  # [n, P_para]
+        pick_u = unrel[torch.randint(len(unrel), (n, len(unrel)), generator=gen)]  # [n, P_unrel]
+
+        def gap(sims: Tensor) -> Tensor:  # [..., P] -> [n, ...]
+            return sims[..., pick_p].movedim(-2, 0).mean(-1) - sims[..., pick_u].movedim(-2, 0).mean(-1)
+
+        return gap(self.baseline)[:, None, None] - gap(self.ablated)  # [n, L, H]
+
+    def auc(self, sims: Tensor) -> Tensor:
+        """Fraction of (paraphrase, unrelated) pairs of pairs in which the paraphrase pair scores higher (``[...]`` for ``[..., P]``).
+
+        The area under the ROC curve of similarity as a paraphrase detector: 1 when every paraphrase
+        pair scores above every unrelated pair, whatever the margin.
+        """
+        p, u = sims[..., self.paraphrase], sims[..., ~self.paraphrase]  # [..., P_para], [..., P_unrel]
+        return (p[..., :, None] > u[..., None, :]).double().mean((-2, -1)).float()
+
+    def subset(self, index: Tensor) -> Ablation:
+        """The same ablation restricted to the pairs ``index`` (``[P']`` integer positions)."""
+        return Ablation(self.baseline[index], self.model_baseline[index], self.ablated[..., index], self.paraphrase[index])
+
+
+class SplitHalf(NamedTuple):
+    """How well the head ranking of one half of the pairs predicts that of the other half (:func:`split_half`).
+
+    Attributes:
+        spearman: ``[n]`` rank correlation of the two halves' gap drops over all heads, one per split.
+        overlap: ``[n]`` number of heads in the top ``k`` of both halves, one per split.
+        in_both: ``[L, H]`` in how many of the ``n`` splits each head is in the top ``k`` of both halves.
+    """
+
+    spearman: Tensor
+    overlap: Tensor
+    in_both: Tensor
+
+
+def split_half(ablation: Ablation, n: int = 50, k: int = 5, seed: int = 0) -> SplitHalf:
+    """Split the pairs ``n`` times at random into two disjoint halves and compare the halves' head rankings.
+
+    Paraphrase and unrelated pairs are split separately, so both halves keep half of each kind. A
+    ranking that reflects the model, not the particular sentences, must come out similar in both halves.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    para = torch.nonzero(ablation.paraphrase).flatten()  # [P_para]
+    unrel = torch.nonzero(~ablation.paraphrase).flatten()  # [P_unrel]
+    rho, overlap = [], []
+    in_both = torch.zeros(ablation.ablated.shape[:2], dtype=torch.long)  # [L, H]
+    for _ in range(n):
+        p, u = para[torch.randperm(len(para), generator=gen)], unrel[torch.randperm(len(unrel), generator=gen)]
+        halves = (torch.cat([p[: len(p) // 2], u[: len(u) // 2]]), torch.cat([p[len(p) // 2:], u[len(u) // 2:]]))
+        d1, d2 = (ablation.subset(half).gap_drop() for half in halves)  # [L, H] each
+        top1, top2 = (torch.zeros(d.numel(), dtype=torch.bool).index_fill_(0, d.flatten().topk(k).indices, True) for d in (d1, d2))
+        both = (top1 & top2).view_as(in_both)
+        rho.append(spearman(d1, d2))
+        overlap.append(int(both.sum()))
+        in_both += both
+    return SplitHalf(torch.tensor(rho), torch.tensor(overlap), in_both)
+
+
+def spearman(a: Tensor, b: Tensor) -> float:
+    """Spearman rank correlation of two tensors of the same shape (flattened; no ties expected)."""
+    ra = a.flatten().argsort().argsort().double()
+    rb = b.flatten().argsort().argsort().double()
+    return float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
+
 
 @torch.no_grad()
-def head_ablation(model: nn.Module, tokenizer: Any, pairs: SentencePairs | None = None) -> Ablation:
+def head_ablation(model: nn.Module, tokenizer: Any, pairs: SentencePairs | None = None, mode: str = "zero") -> Ablation:
     """Remove each of the L x H heads in turn (through the attnlib copy) and re-embed every sentence.
 
     Every distinct sentence goes through the model once per ablation, all in one padded batch. For head ``(l, h)`` the layers before
     ``l`` are unchanged, so their output is computed once and reused; layer ``l`` runs again with ``W_O^(h)``
     zeroed (:func:`head_removed`), and the ``H`` results go through layers ``l+1 .. L-1`` as one batch.
+
+    Args:
+        mode: ``"zero"`` removes the head's contribution; ``"mean"`` replaces it, at every position,
+            by its mean over all real tokens of all the sentences (mean-ablation, which keeps the
+            layer's input closer to what the model saw in training).
     """
+    if mode not in ("zero", "mean"):
+        raise ValueError(f"mode must be 'zero' or 'mean', got {mode!r}")
     pairs = load_sentence_pairs() if pairs is None else pairs
     sentences = sorted(set(pairs.first + pairs.second), key=lambda t: len(tokenizer.tokenize(t)))  # each once, short first
     index = {t: i for i, t in enumerate(sentences)}
@@ -687,6 +787,7 @@ def head_ablation(model: nn.Module, tokenizer: Any, pairs: SentencePairs | None 
     device = next(model.parameters()).device
     enc = P.encode(tokenizer, sentences, device)
     mask = enc["attention_mask"]
+    real = mask.bool()  # [N, S]
     copies = attnlib_layers(model)
 
     def similarity(hidden: Tensor) -> Tensor:  # [N, S, D] -> [P]
@@ -701,9 +802,15 @@ def head_ablation(model: nn.Module, tokenizer: Any, pairs: SentencePairs | None 
     L, H = len(copies), copies[0].num_heads
     ablated = torch.empty(L, H, n, device=device)
     for l in range(L):
+        full = copies[l](inputs[l], mask, need_weights=False).hidden_states if mode == "mean" else None  # [N, S, D]
         outs = []
         for h in range(H):
-            with head_removed(copies[l], h) as reduced:
+            replacement = None
+            if full is not None:
+                with head_removed(copies[l], h) as reduced:
+                    without = reduced(inputs[l], mask, need_weights=False).hidden_states  # [N, S, D]
+                replacement = (full - without)[real].mean(0)  # [D]: head h's mean contribution over real tokens
+            with head_removed(copies[l], h, replacement) as reduced:
                 outs.append(encoder_layer(model, l, reduced, inputs[l], mask))  # [N, S, D]
         x = torch.cat(outs)  # [H * N, S, D]: the H ablations of layer l as one batch
         for later in range(l + 1, L):
@@ -711,6 +818,18 @@ def head_ablation(model: nn.Module, tokenizer: Any, pairs: SentencePairs | None 
         ablated[l] = torch.stack([similarity(part) for part in x.chunk(H)])  # [H, P]
     paraphrase = torch.tensor([k == "paraphrase" for k in pairs.kinds], device=device)
     return Ablation(baseline.cpu(), model_baseline.cpu(), ablated.cpu(), paraphrase.cpu())
+
+
+@torch.no_grad()
+def head_output_norms(model: nn.Module, run: ModelRun, layer_index: int, query: int, batch_index: int = 0) -> Tensor:
+    """``[H]``: ``||o_h||``, the length of the vector each head of the layer adds to position ``query``.
+
+    ``o_h = sum_j w_ij f_h(x_j)`` (:func:`head_contributions` summed over the keys), the head's term of
+    the attention output before ``W_O``'s bias, the residual sum and the LayerNorm. Compare it with
+    ``run.layer_inputs[layer_index][batch_index, query].norm()``, the residual stream it is added to.
+    """
+    H = P.layer_to_attnlib(model, layer_index).num_heads
+    return torch.stack([head_contributions(model, run, layer_index, h, query, batch_index).sum(0).norm() for h in range(H)])
 
 
 def norm_shares(contributions: Tensor) -> dict[str, Tensor]:
@@ -728,3 +847,45 @@ def norm_shares(contributions: Tensor) -> dict[str, Tensor]:
     norms = contributions.norm(dim=-1)  # [S]
     total = contributions.sum(0)  # [D]
     return {"of_sum_of_norms": norms / norms.sum(), "projection": contributions @ total / total.dot(total)}
+
+
+def card_pair_counts(card: str) -> tuple[int, int, int]:
+    """The training-data table of the all-MiniLM-L6-v2 model card: ``(number of rows, sum of the rows, stated total)``.
+
+    Reads every Markdown table row whose last cell is a number (``| name | paper | 1,234 |``); the
+    row whose first cell is ``**Total**`` is the stated total, the others are summed.
+    """
+    rows, total = [], None
+    for line in card.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2:
+            continue
+        number = cells[-1].replace("*", "").replace(",", "")
+        if not number.isdigit():
+            continue
+        if cells[0].replace("*", "").strip().lower() == "total":
+            total = int(number)
+        else:
+            rows.append(int(number))
+    if total is None:
+        raise ValueError("the card has no **Total** row")
+    return len(rows), sum(rows), total
+
+
+def attention_rollout(weights: Tensor) -> Tensor:
+    """Attention rollout (Abnar and Zuidema, 2020): ``[L, H, S, S]`` weights of one sentence -> ``[S, S]``.
+
+    Each layer is modelled as ``A_l = 0.5 * mean_h(weights[l, h]) + 0.5 * I`` (the heads averaged, the
+    residual connection as an identity with equal share), and the layers are chained:
+    ``R = A_{L-1} @ ... @ A_0``. Row ``i`` of ``R`` estimates how much of the last layer's position
+    ``i`` comes from each input token, *if* every layer mixed only by these weights; value norms,
+    ``W_O``, LayerNorm and the feed-forward blocks are ignored. Every row sums to 1.
+    """
+    if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2]:
+        raise ValueError(f"weights must be [L, H, S, S], got shape {tuple(weights.shape)}")
+    S = weights.shape[-1]
+    eye = torch.eye(S, dtype=weights.dtype, device=weights.device)
+    rollout = eye
+    for layer in weights:  # [H, S, S], from layer 0 up
+        rollout = (0.5 * layer.mean(0) + 0.5 * eye) @ rollout  # [S, S]
+    return rollout

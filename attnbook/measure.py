@@ -22,22 +22,39 @@ def saved_tensor_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dic
     """What autograd keeps from ``fn(*args, **kwargs)`` for the backward pass, in bytes.
 
     Every tensor saved for backward is recorded (with ``torch.autograd.graph.saved_tensors_hooks``);
-    tensors that share storage (views of the same memory, the parameters) are counted once.
-    Parameters and the inputs ``args`` themselves are reported separately, since they exist
-    anyway. This is exact, not a timing-style measurement: it is the activation memory one
-    training step holds between forward and backward for this module, for the kernels that ran.
+    tensors that share storage (views of the same memory) are counted once. A saved tensor is an
+    **activation** when its memory was allocated by an operation that ran during the call (recorded
+    with a ``TorchDispatchMode``); everything else existed before the call and exists anyway: the
+    inputs, every parameter and buffer (of a module passed as ``fn``, of one captured by a lambda,
+    or a view such as ``weight.t()`` that a linear layer saves), and any other tensor the caller
+    made earlier. This is exact, not a timing-style measurement: it is the activation memory one
+    training step holds between forward and backward, for the kernels that ran.
 
     Returns:
-        ``{"activations": bytes, "params_and_inputs": bytes, "largest": bytes of the largest
-        activation, "count": number of distinct activation storages}``.
+        ``{"activations": bytes, "params_and_inputs": bytes of the saved tensors that existed
+        before the call, "largest": bytes of the largest activation, "count": number of distinct
+        activation storages}``.
+
+    >>> lin = torch.nn.Linear(256, 256)
+    >>> x = torch.randn(4, 256, requires_grad=True)
+    >>> r = saved_tensor_bytes(lambda t: torch.relu(lin(t)), x)  # a lambda: lin.weight is still not an activation
+    >>> r["activations"] == 4 * 256 * 4, r["params_and_inputs"] == (256 * 256 + 4 * 256) * 4
+    (True, True)
     """
-    existing: set[int] = set()
-    for a in list(args) + list(kwargs.values()):
-        if isinstance(a, Tensor):
-            existing.add(a.untyped_storage().data_ptr())
-    owner = getattr(fn, "parameters", None)
-    if callable(owner):
-        existing.update(p.untyped_storage().data_ptr() for p in owner())
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    created: set[int] = set()  # storages that an operation of this call allocated
+
+    def ptrs(tree: Any) -> set[int]:
+        return {t.untyped_storage().data_ptr() for t in tree_leaves(tree) if isinstance(t, Tensor)}
+
+    class _RecordAllocations(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            created.update(ptrs(out) - ptrs((args, kwargs)))  # a view or in-place result is not new memory
+            return out
+
     seen: dict[int, int] = {}
 
     def pack(t: Tensor) -> Tensor:
@@ -45,12 +62,12 @@ def saved_tensor_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dic
         seen[storage.data_ptr()] = storage.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.enable_grad():
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.enable_grad(), _RecordAllocations():
         fn(*args, **kwargs)
-    acts = {ptr: n for ptr, n in seen.items() if ptr not in existing}
+    acts = {ptr: n for ptr, n in seen.items() if ptr in created}
     return {
         "activations": sum(acts.values()),
-        "params_and_inputs": sum(n for ptr, n in seen.items() if ptr in existing),
+        "params_and_inputs": sum(n for ptr, n in seen.items() if ptr not in created),
         "largest": max(acts.values(), default=0),
         "count": len(acts),
     }

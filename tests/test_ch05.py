@@ -224,3 +224,50 @@ def test_param_count_reads_numpy_and_tensors_and_never_raises() -> None:
     assert "output projection W_O has one" in check_param_count(4 * 1024**2 + 3 * 1024).message
     assert "every head its own bias" in check_param_count(4 * 1024**2 + 4 * 1024 * 16).message
     assert "D = 512" in check_param_count(1_050_624).message
+
+
+# --- attnbook.measure.saved_tensor_bytes: what counts as an activation ------------------------
+
+
+def test_saved_tensor_bytes_never_counts_parameters_of_a_lambda() -> None:
+    """A lambda has no .parameters(); the weights it closes over (and their views) must still be left out."""
+    from attnbook.measure import saved_tensor_bytes
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 64)
+    x = torch.randn(4, 64, requires_grad=True)
+    direct = saved_tensor_bytes(lin, x)
+    wrapped = saved_tensor_bytes(lambda t: lin(t), x)
+    assert direct == wrapped
+    assert direct["activations"] == 0  # linear saves x and weight.t(): both existed before the call
+    assert direct["params_and_inputs"] == x.nbytes + lin.weight.nbytes
+    relu = saved_tensor_bytes(lambda t: torch.relu(lin(t)), x)
+    assert relu["activations"] == 4 * 64 * 4 and relu["count"] == 1  # only the new relu output
+
+
+def test_saved_tensor_bytes_counts_tensors_made_inside_and_not_those_captured() -> None:
+    from attnbook.measure import saved_tensor_bytes
+
+    w = torch.randn(8, 8, requires_grad=True)
+    captured = torch.randn(8, 8)  # exists before the call
+    made = saved_tensor_bytes(lambda a: a * torch.ones(8, 8).exp(), w)  # the exp result is allocated by the call
+    assert made["activations"] == 8 * 8 * 4
+    closed = saved_tensor_bytes(lambda a: a * captured, w)
+    assert closed["activations"] == 0 and closed["params_and_inputs"] == 8 * 8 * 4
+
+
+def test_saved_tensors_order_fused_below_softmax_below_attnlib_at_every_head_count() -> None:
+    """The chapter's table: no implementation keeping fewer [S, S] tensors may show more bytes (the H = 1 paradox)."""
+    from attnbook.measure import saved_tensor_bytes
+
+    torch.manual_seed(0)
+    D, S = 32, 24
+    x = torch.randn(1, S, D)
+    for H in (1, 2, 4):
+        m = MultiHeadSelfAttention(D, H)
+        explicit = saved_tensor_bytes(m, x)["activations"]
+        soft = saved_tensor_bytes(lambda t: ch05.softmax_block(m, t), x)["activations"]
+        fused = saved_tensor_bytes(lambda t: m(t, need_weights=False), x)["activations"]
+        assert fused < soft < explicit, (H, fused, soft, explicit)
+        square, row = S * S * 4, S * 4  # bytes of one [S, S] and one [S] float32 tensor
+        assert 2 * H * square <= explicit - soft < 2 * H * square + 4 * H * row  # two more [S, S] per head (+ row vectors)

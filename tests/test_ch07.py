@@ -303,8 +303,8 @@ def test_head_removed_zeroes_exactly_that_heads_term_and_restores(minilm, senten
 
 def test_head_ablation_covers_every_head_and_starts_from_the_model(ablation) -> None:
     pairs = ch07.load_sentence_pairs()
-    assert len(pairs.kinds) == 18 and pairs.kinds.count("paraphrase") == 12
-    assert ablation.ablated.shape == (6, 12, 18)
+    assert len(pairs.kinds) == 36 and pairs.kinds.count("paraphrase") == 24
+    assert ablation.ablated.shape == (6, 12, 36)
     torch.testing.assert_close(ablation.baseline, ablation.model_baseline, atol=1e-5, rtol=0)
     assert ablation.baseline[ablation.paraphrase].min() > ablation.baseline[~ablation.paraphrase].max()
     assert (ablation.effect() > 0).all()  # every removal changes something: the ablation did run per head
@@ -340,3 +340,113 @@ def test_review_items_column_sum_hard_coded_length_and_float64_copy(minilm) -> N
     assert fb.status == "wrong" and "dtype" in fb.message, fb
     fb = check_copy_layer(lambda model, i: ch07._copied(model, i, prescale_q=True))
     assert "twice" in fb.message, fb
+
+
+def test_head_removed_with_a_replacement_adds_it_to_every_position_and_restores(minilm, sentence_run) -> None:
+    model, _ = minilm
+    mine = P.layer_to_attnlib(model, 2)
+    x = sentence_run.layer_inputs[2]
+    w_before, b_before = mine.w_o.weight.clone(), mine.w_o.bias.clone()
+    r = torch.randn(384)
+    with torch.no_grad():
+        with ch07.head_removed(mine, 4) as zeroed:
+            without = zeroed(x).hidden_states
+        with ch07.head_removed(mine, 4, r) as replaced:
+            with_r = replaced(x).hidden_states
+    torch.testing.assert_close(with_r, without + r, atol=1e-5, rtol=0)
+    assert torch.equal(mine.w_o.weight, w_before) and torch.equal(mine.w_o.bias, b_before)
+    with pytest.raises(ValueError, match="replacement must have shape"):
+        with ch07.head_removed(mine, 4, torch.zeros(3)):
+            pass
+
+
+def test_gap_drop_and_bootstrap_on_a_constructed_ablation() -> None:
+    para = torch.tensor([True, True, False])
+    baseline = torch.tensor([0.9, 0.8, 0.1])  # gap 0.75
+    ablated = torch.zeros(2, 3, 3)
+    ablated[:] = baseline
+    ablated[1, 2] = torch.tensor([0.7, 0.6, 0.1])  # head (1, 2) lowers both paraphrases by 0.2: gap drops by 0.2
+    ablated[0, 1] = torch.tensor([0.9, 0.8, 0.3])  # head (0, 1) raises the unrelated pair: gap drops by 0.2 too
+    ab = ch07.Ablation(baseline, baseline, ablated, para)
+    drop = ab.gap_drop()
+    torch.testing.assert_close(drop[1, 2], torch.tensor(0.2), atol=1e-6, rtol=0)
+    torch.testing.assert_close(drop[0, 1], torch.tensor(0.2), atol=1e-6, rtol=0)
+    assert drop.abs().sum() < 0.4 + 1e-5  # every other head: no change
+    boot = ab.bootstrap_gap_drop(n=50, seed=3)
+    assert boot.shape == (50, 2, 3)
+    torch.testing.assert_close(boot[:, 1, 2], torch.full((50,), 0.2), atol=1e-6, rtol=0)  # the same in every resample
+    assert torch.equal(boot, ab.bootstrap_gap_drop(n=50, seed=3))
+
+
+def test_auc_counts_paraphrase_pairs_above_unrelated_pairs() -> None:
+    para = torch.tensor([True, True, False, False])
+    ab = ch07.Ablation(torch.zeros(4), torch.zeros(4), torch.zeros(1, 1, 4), para)
+    assert float(ab.auc(torch.tensor([0.9, 0.8, 0.1, 0.2]))) == 1.0
+    assert float(ab.auc(torch.tensor([0.9, 0.15, 0.1, 0.2]))) == 0.75  # 0.15 beats 0.1 but not 0.2
+    assert float(ab.auc(torch.tensor([0.0, 0.0, 0.1, 0.2]))) == 0.0
+    assert ab.auc(torch.rand(2, 3, 4)).shape == (2, 3)
+
+
+def test_split_half_finds_a_real_effect_and_not_noise() -> None:
+    gen = torch.Generator().manual_seed(1)
+    para = torch.tensor([True] * 20 + [False] * 10)
+    baseline = torch.cat([torch.full((20,), 0.8), torch.full((10,), 0.1)])
+    ablated = baseline + 0.01 * torch.randn(3, 4, 30, generator=gen)  # noise only ...
+    ablated[2, 3, :20] -= 0.2  # ... except head (2, 3), which lowers every paraphrase pair
+    ab = ch07.Ablation(baseline, baseline, ablated, para)
+    sh = ch07.split_half(ab, n=20, k=1, seed=0)
+    assert sh.spearman.shape == (20,) and sh.overlap.shape == (20,) and sh.in_both.shape == (3, 4)
+    assert int(sh.in_both[2, 3]) == 20 and int(sh.in_both.sum()) == 20  # the real head, every time, and nothing else
+    assert torch.equal(sh.spearman, ch07.split_half(ab, n=20, k=1, seed=0).spearman)  # seeded
+    half = ab.subset(torch.tensor([0, 1, 20]))
+    assert half.ablated.shape == (3, 4, 3) and half.paraphrase.tolist() == [True, True, False]
+
+
+def test_spearman_is_rank_correlation() -> None:
+    a = torch.tensor([0.1, 0.5, 0.3, 0.9])
+    assert ch07.spearman(a, a**3) == pytest.approx(1.0)
+    assert ch07.spearman(a, -a) == pytest.approx(-1.0)
+
+
+def test_card_pair_counts_reads_rows_and_total() -> None:
+    card = "| Dataset | Paper | Pairs |\n|---|---|---|\n| [A](x) | - | 1,000 |\n| B | [p](y) | 234 |\n| **Total** | | **1,300** |\n"
+    assert ch07.card_pair_counts(card) == (2, 1234, 1300)
+    with pytest.raises(ValueError, match="Total"):
+        ch07.card_pair_counts("| A | 1 |")
+
+
+def test_the_model_card_rows_do_not_add_up_to_its_total() -> None:
+    card = (P.model_path() / "README.md").read_text(encoding="utf-8")
+    assert ch07.card_pair_counts(card) == (32, 1_167_611_585, 1_170_060_424)
+
+
+def test_head_output_norms_match_the_summed_contributions(minilm, sentence_run) -> None:
+    model, _ = minilm
+    norms = ch07.head_output_norms(model, sentence_run, 4, 6)
+    assert norms.shape == (12,)
+    torch.testing.assert_close(norms[5], ch07.head_contributions(model, sentence_run, 4, 5, 6).sum(0).norm())
+    assert int(norms.argmin()) == 5  # the [CLS] head of layer 4 writes least into "are"
+
+
+def test_mean_ablation_keeps_the_last_layer_first_and_rejects_unknown_modes(minilm) -> None:
+    model, tokenizer = minilm
+    with pytest.raises(ValueError, match="mode"):
+        ch07.head_ablation(model, tokenizer, mode="resample")
+    mean = ch07.head_ablation(model, tokenizer, mode="mean")
+    assert all(l == 5 for l, _, _ in ch07.top_heads(mean.gap_drop(), k=2))
+    assert float(mean.gap_drop().max()) < 0.05
+
+
+def test_attention_rollout_rows_sum_to_one_and_chain_layers() -> None:
+    torch.manual_seed(0)
+    w = torch.softmax(torch.randn(3, 2, 4, 4), dim=-1)  # [L, H, S, S]
+    r = ch07.attention_rollout(w)
+    torch.testing.assert_close(r.sum(-1), torch.ones(4))
+    eye = torch.eye(4)
+    a = [0.5 * w[l].mean(0) + 0.5 * eye for l in range(3)]
+    torch.testing.assert_close(r, a[2] @ a[1] @ a[0])
+    one_hot = torch.zeros(1, 1, 4, 4)
+    one_hot[..., 0] = 1.0  # every query reads token 0
+    torch.testing.assert_close(ch07.attention_rollout(one_hot)[2], torch.tensor([0.5, 0.0, 0.5, 0.0]))
+    with pytest.raises(ValueError, match="L, H, S, S"):
+        ch07.attention_rollout(torch.ones(2, 3, 4))
