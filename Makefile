@@ -68,8 +68,9 @@ $(COLAB_STAMP): tests/colab/requirements-colab.txt
 	$(COLAB_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r tests/colab/requirements-colab.txt
 	touch $(COLAB_STAMP)
 
+# COLAB_NOTEBOOKS=book/NN_slug.ipynb runs only those chapters (default: every notebook in _toc.yml).
 test-colab: setup $(COLAB_STAMP)
-	$(BIN)/python tests/colab/run_colab.py --venv $(COLAB_VENV)
+	$(BIN)/python tests/colab/run_colab.py --venv $(COLAB_VENV) $(COLAB_NOTEBOOKS)
 
 lab: setup
 	$(BIN)/jupyter lab book

@@ -220,7 +220,11 @@ def run_notebook(path: Path, venv: Path, work: Path, timeout: int) -> Result:
                        and any(o.output_type == "error" for o in c.get("outputs", []))), None)
         if failed is None or isinstance(exc, (CellTimeoutError, DeadKernelError)):
             failed = max(started) if started else None
-        summary = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, CellExecutionError):
+            summary = f"{exc.ename}: {exc.evalue}"
+        else:
+            summary = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        summary = re.sub(r"\x1b\[[0-9;]*m", "", summary)  # IPython's colours
         ran = sum(1 for i in started if nb.cells[i].cell_type == "code")
         total = sum(1 for c in nb.cells if c.cell_type == "code")
         result.failures.append(f"cell {failed} raised: {_short(summary, 160)} ({total - ran} of {total} code cells never ran)")
@@ -244,8 +248,8 @@ def run_notebook(path: Path, venv: Path, work: Path, timeout: int) -> Result:
                 text = out.text.strip().splitlines()
                 result.failures.append(f"cell {index} wrote to stderr ({len(text)} lines): {_short(text[0] if text else '', 160)}")
                 break
-        if ignored(new):
-            continue
+        if ignored(new) or any(out.output_type == "error" for out in new.get("outputs", [])):
+            continue  # an error is a failure, reported above
         a, b = comparable(old, subs), comparable(new, subs)
         if a != b:
             result.differences.append(f"cell {index}: {first_difference(a, b)}")
