@@ -5,12 +5,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NOTEBOOKS = $(shell $(BIN)/python tests/toc.py)
 
-.PHONY: setup book explorer test test-site lab bench bench-explorer clean help
+.PHONY: setup book explorer test test-site test-colab lab bench bench-explorer clean help
 
 help:
 	@echo "make book       build the website into _build/html (needs npm for the attention explorer)"
 	@echo "make test       unit tests + every notebook re-executed and compared (nbval)"
 	@echo "make test-site  build the website, then open every page in headless Chromium, offline"
+	@echo "make test-colab every chapter run top to bottom as in Colab's CPU runtime (its recorded packages)"
 	@echo "make lab        open the book in JupyterLab"
 	@echo "make bench      attention benchmark (timings and memory on this machine)"
 	@echo "make bench-explorer  the attention explorer's load and run times in headless Chromium"
@@ -54,6 +55,22 @@ test: setup
 # packages by the $(NODE_STAMP) rule above (again only when the lock file changes).
 test-site: book
 	$(BIN)/python -m pytest site_tests -q
+
+# Every chapter as a reader runs it in Google Colab (tests/colab/run_colab.py): a second environment,
+# .venv-colab/, holds the packages of a recorded Colab CPU image (tests/colab/requirements-colab.txt,
+# exact pins, installed with --no-deps so that nothing else comes in); the notebooks run in kernels
+# of that environment, each with its Colab cell executed. Rebuilt from scratch when the list changes.
+COLAB_VENV  := .venv-colab
+COLAB_STAMP := $(COLAB_VENV)/.installed
+$(COLAB_STAMP): tests/colab/requirements-colab.txt
+	rm -rf $(COLAB_VENV)
+	$(PYTHON) -m venv $(COLAB_VENV)
+	$(COLAB_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r tests/colab/requirements-colab.txt
+	touch $(COLAB_STAMP)
+
+# COLAB_NOTEBOOKS=book/NN_slug.ipynb runs only those chapters (default: every notebook in _toc.yml).
+test-colab: setup $(COLAB_STAMP)
+	$(BIN)/python tests/colab/run_colab.py --venv $(COLAB_VENV) $(COLAB_NOTEBOOKS)
 
 lab: setup
 	$(BIN)/jupyter lab book

