@@ -89,10 +89,15 @@ def best_single_head_error(U: Tensor, W: Tensor, *, n: int = 4000, shares: int =
     c_t = torch.randn(n, d, generator=generator, dtype=torch.float64)  # [n, d]: predicate's content
     y = c_a @ U @ U.T + c_t @ W @ W.T  # [n, d]: what "it" should receive
     best = (math.inf, 0.0)
-    for w_a in torch.linspace(0, 1, shares, dtype=torch.float64).tolist():
-        z = w_a * c_a + (1 - w_a) * c_t  # [n, d]: the head's weighted average
-        M = torch.linalg.lstsq(z, y).solution  # [d, d], the best shared map for this share
-        best = min(best, (relative_error(z @ M, y), w_a))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # thousands of tiny solves: extra threads only wait on each other
+    try:
+        for w_a in torch.linspace(0, 1, shares, dtype=torch.float64).tolist():
+            z = w_a * c_a + (1 - w_a) * c_t  # [n, d]: the head's weighted average
+            M = torch.linalg.lstsq(z, y).solution  # [d, d], the best shared map for this share
+            best = min(best, (relative_error(z @ M, y), w_a))
+    finally:
+        torch.set_num_threads(threads)
     return best
 
 
