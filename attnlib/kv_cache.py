@@ -30,8 +30,8 @@ class KVCache:
             :class:`attnlib.MultiHeadLatentAttention` stores its latents as ``keys``
             ``[B, 1, S_cached, latent_dim]`` and no ``values``.
         length: positions seen so far (with a window, more than ``S_cached``).
-        nbytes: bytes of the cached positions, what :func:`attnlib.kv_cache_bytes` counts; the
-            buffers may reserve up to twice that (``reserved_nbytes``).
+        nbytes: bytes of the cached positions, what :func:`attnlib.kv_cache_bytes` counts.
+        reserved_bytes: bytes the cache's buffers reserve (room to grow: up to twice ``nbytes``).
 
     >>> cache = KVCache()
     >>> k = torch.randn(2, 4, 5, 8)  # [B, H_kv, S, D_k]
@@ -62,8 +62,29 @@ class KVCache:
         return sum(t.nbytes for t in map(self._view, range(len(self._buffers))) if t is not None)
 
     @property
-    def reserved_nbytes(self) -> int:
-        return sum(b.nbytes for b in self._buffers)
+    def reserved_bytes(self) -> int:
+        return sum(b.untyped_storage().nbytes() for b in self._buffers)
+
+    def truncate(self, length: int) -> None:
+        """Roll back to the first ``length`` positions: keep positions ``< length``, forget the rest.
+
+        Speculative decoding appends several drafted tokens, then keeps only those the large model
+        accepts. ``length`` must be an int in ``0..self.length``; a windowed cache can roll back only
+        as far as the positions it still holds allow.
+
+        >>> cache = KVCache()
+        >>> _ = cache.update(torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4))  # 6 positions
+        >>> cache.truncate(4)  # two drafted tokens rejected
+        >>> cache.length, cache.keys.shape
+        (4, torch.Size([1, 2, 4, 4]))
+        """
+        if not _checks.is_int(length) or not 0 <= length <= self.length:
+            raise ValueError(f"truncate length must be an int in 0..{self.length} (the positions seen), got {length!r}")
+        first = self.length - (self._end - self._start)  # the oldest position still held
+        if length < first:
+            raise ValueError(f"this windowed cache holds positions {first}..{self.length - 1}; cannot roll back to {length}")
+        self._end -= self.length - int(length)
+        self.length = int(length)
 
     def update(self, *new: Tensor, window: int | None = None) -> tuple[Tensor, ...]:
         """Append new positions and return everything the new queries may attend to.
