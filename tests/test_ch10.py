@@ -1,0 +1,158 @@
+"""Chapter 10: the paged cache equals the contiguous one exactly, attnlib decoding equals Hugging Face's
+own cached decoding token by token, the serving experiments hold, the checkers name every known mistake."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnbook import ch10, toy_lm
+from attnlib import KVCache
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def hf_models() -> dict:
+    return ch10.tiny_hf_models()
+
+
+def test_attnlib_decoding_equals_hugging_face_generate_token_by_token(hf_models: dict) -> None:
+    prompt = torch.randint(3, 97, (1, 5), generator=torch.Generator().manual_seed(1))
+    for name, model in hf_models.items():
+        ids, hf = ch10.hf_cached_logits(model, prompt, 14)  # 19 positions: past Mistral's window of 8
+        ours = ch10.attnlib_cached_logits(model, ids[:, :-1], 5)
+        assert ours.shape == hf.shape == (14, 97)
+        assert torch.allclose(ours, hf, atol=1e-5), name
+        assert torch.equal(ours.argmax(-1), ids[0, 5:])  # the same greedy tokens
+        if "Llama" in name:  # the paged cache reads exactly the numbers the contiguous one holds
+            assert torch.equal(ch10.attnlib_cached_logits(model, ids[:, :-1], 5, paged_block=4), ours)
+
+
+def test_the_window_matters_in_the_mistral_check(hf_models: dict) -> None:
+    mistral = [m for n, m in hf_models.items() if "window" in n][0]
+    w = ch10.llama_weights(mistral)
+    ids = torch.randint(3, 97, (1, 20), generator=torch.Generator().manual_seed(2))
+    windowed = ch10.llama_decode_step(w, ids, [KVCache() for _ in range(w["layers"])])
+    full = ch10.llama_decode_step({**w, "window": None}, ids, [KVCache() for _ in range(w["layers"])])
+    assert torch.allclose(windowed[:, :8], full[:, :8], atol=1e-6) and not torch.allclose(windowed[:, 8:], full[:, 8:], atol=1e-3)
+
+
+@pytest.mark.parametrize("block_size, n_prompt, n_new", [(16, 900, 100), (5, 3, 40), (1, 7, 7)])
+def test_paged_attention_equals_the_contiguous_cache_exactly(block_size: int, n_prompt: int, n_new: int) -> None:
+    torch.manual_seed(0)
+    S = n_prompt + n_new
+    pool = ch10.BlockPool(-(-S // block_size), block_size, 2, 16)
+    seq, cache = ch10.PagedKVCache(pool), KVCache()
+    k, v = torch.randn(2, 2, S, 16).unbind(0)  # [H_kv, S, D_k] each
+    seq.append(k[:, :n_prompt], v[:, :n_prompt])
+    keys, values = cache.update(k[None, :, :n_prompt], v[None, :, :n_prompt])
+    for t in range(n_prompt, S):
+        seq.append(k[:, t : t + 1], v[:, t : t + 1])
+        keys, values = cache.update(k[None, :, t : t + 1], v[None, :, t : t + 1])
+    assert pool.blocks_in_use == -(-S // block_size)
+    for S_new in (1, 3):
+        q = torch.randn(4, S_new, 16)
+        assert torch.equal(ch10.paged_attention(q, seq), ch10.contiguous_attention(q, keys[0], values[0]))
+    seq.truncate(n_prompt)  # rollback frees the blocks past the prompt
+    assert pool.blocks_in_use == -(-n_prompt // block_size) and torch.equal(seq.gather()[0], k[:, :n_prompt])
+    with pytest.raises(RuntimeError, match="out of KV blocks"):
+        ch10.PagedKVCache(ch10.BlockPool(1, 2, 1, 1)).append(torch.zeros(1, 3, 1), torch.zeros(1, 3, 1))
+
+
+def test_copy_on_write_and_memory_policies() -> None:
+    cow = ch10.cow_demo(prompt_len=50, samples=4, new_tokens=20, block_size=16)
+    # 3 shared full prompt blocks; each sample copies the shared partial block (the first writer of it
+    # too, since all four share it) and needs one more for tokens 64-69: 3 + 4 x 2
+    assert cow == {"shared": 11, "private": 20, "copies": 3, "exact": True}
+    waste = ch10.memory_waste([(10, 1)], max_len=64, block_size=4)
+    assert waste == pytest.approx({"max-length": 1 - 11 / 64, "doubling": 1 - 11 / 16, "paged": 1 - 11 / 12})
+    assert [ch10.reserved_positions("doubling", n) for n in (1, 2, 3, 1024, 1025)] == [1, 2, 4, 1024, 2048]
+
+
+def test_prefix_cache_reuses_only_full_blocks_of_a_common_prefix() -> None:
+    pc = ch10.PrefixCache(4)
+    assert pc.admit(list(range(10))) == 0
+    assert pc.admit(list(range(9)) + [99]) == 8  # two full blocks shared, the third differs
+    assert pc.admit([5] + list(range(1, 10))) == 0  # a different first token changes every later hash
+    assert pc.computed_tokens == 10 + 2 + 10 and len(pc.blocks) == 2 + 0 + 2  # full blocks only
+
+
+def test_continuous_batching_beats_static_batching() -> None:
+    reqs = ch10._arrivals(60, 4.0, ch10.request_mix(60, seed=1), seed=2)
+    static, cont = ch10.simulate("static", reqs), ch10.simulate("continuous", reqs)
+    assert cont["ttft_mean"] < static["ttft_mean"] and cont["tokens_per_s"] >= static["tokens_per_s"]
+    one = [ch10.Request(0.0, 10, 3)]
+    cost = ch10.StepCost(10.0, 1.0)
+    assert ch10.simulate("static", one, cost=cost)["ttft_mean"] == 20.0  # one prefill step of 10 tokens
+    assert ch10.simulate("continuous", one, cost=cost, chunk=4)["ttft_mean"] == 14 + 14 + 12  # prefill in chunks 4, 4, 2
+
+
+def test_quantisation_round_trips() -> None:
+    x = torch.randn(2, 3, 50, 16)
+    for scheme, bound in (("int8-token", 0.5 / 127), ("int8-channel", 0.5 / 127), ("fp8", 2**-4)):
+        codes, scale = ch10.quantize(x, scheme)
+        err = (ch10.dequantize(codes, scale) - x).abs()
+        ref = x.abs().amax(-1 if scheme != "int8-channel" else -2, keepdim=True)
+        assert (err <= bound * ref + 1e-7).all(), scheme
+    assert ch10.quantized_bytes(*ch10.quantize(x, "int8-token")) == x.numel() + 2 * 3 * 50 * 2
+
+
+def test_speculative_decoding_gives_the_greedy_output() -> None:
+    text = toy_lm.load_text()
+    vocab = toy_lm.CharVocab(text)
+    torch.manual_seed(0)
+    target, draft = toy_lm.TinyLM(len(vocab), 32, 2, max_len=64), toy_lm.TinyLM(len(vocab), 16, 2, max_len=64)
+    toy_lm.train_next_token(target, vocab.encode(text), causal=True, steps=20)
+    prompt = vocab.encode("The dog ")
+    for k in (1, 3, 5):
+        ids, stats = ch10.speculative_generate(target, draft, prompt, 40, k=k)
+        assert torch.equal(ids, target.generate(prompt, 40)), k
+        assert stats["target_passes"] <= 1 + 40
+
+
+def test_sink_attention() -> None:
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 1, 2, 5, 8).unbind(0)
+    sink = torch.tensor([0.5, -1.0])
+    plain = ch10.sink_attention(q, k, v)
+    assert torch.allclose(plain, torch.nn.functional.scaled_dot_product_attention(q, k, v), atol=1e-6)
+    very_negative = ch10.sink_attention(q, k, v, sink_logit=torch.tensor([-1e4, -1e4]))
+    assert torch.allclose(very_negative, plain, atol=1e-6)
+    scores = q @ k.transpose(-2, -1) / 8**0.5
+    lse = ch10.sink_logsumexp(scores, sink.view(1, 2, 1))
+    assert torch.allclose(lse, torch.log(scores.exp().sum(-1) + sink.view(1, 2, 1).exp()), atol=1e-6)
+
+
+def test_paging_frame() -> None:
+    frame = ch10.paging_frame(10)
+    assert "blocks of 8" in frame.caption and frame.panels[0].matrix.shape == (3, 16)
+
+
+@pytest.mark.parametrize("check, reference, mistakes", [
+    (ch10.check_blocks_needed, ch10.reference_blocks_needed, ch10.BLOCKS_MISTAKES),
+])
+def test_number_checkers(check, reference, mistakes) -> None:
+    assert check(reference).passed
+    for m in mistakes:
+        fb = check(m.compute)
+        assert fb.status == "wrong" and fb.message == m.hint, m.name
+
+
+def test_tensor_checkers() -> None:
+    assert ch10.check_int8_per_token(ch10.reference_int8_per_token).passed
+    for m in ch10.INT8_MISTAKES:
+        fb = ch10.check_int8_per_token(m.compute)
+        assert fb.status == "wrong" and fb.message == m.hint, m.name
+    assert ch10.check_sink_softmax(ch10.reference_sink_softmax).passed
+    for m in ch10.SINK_MISTAKES:
+        fb = ch10.check_sink_softmax(m.compute)
+        assert fb.status == "wrong" and fb.message == m.hint, m.name
+    naive = lambda s, k: s.exp() / (s.exp().sum(-1, keepdim=True) + k.view(-1, 1, 1).exp())
+    assert "overflow" in ch10.check_sink_softmax(naive).message
+
+    def stub(*a):
+        raise NotImplementedError
+
+    for check in (ch10.check_blocks_needed, ch10.check_int8_per_token, ch10.check_sink_softmax):
+        assert check(stub).status == "todo"
