@@ -491,11 +491,13 @@ def cache_vs_context_figure(models: list[ModelConfig] | None = None) -> Any:
         ax.axhline(m.weight_bytes() / 2**30, color=colour, lw=1, ls="--")
         ax.plot([m.context], [m.cache_bytes(m.context) / 2**30], "o", color=colour)
     ax.set_xscale("log", base=2)
+    ticks = [256, 1024, 4096, 16384, 65536, 131072]
+    ax.set_xticks(ticks, ["256", "1k", "4k", "16k", "64k", "128k"])
     ax.set_yscale("log")
     ax.set_xlabel("context length (tokens, one sequence); each line ends at the model's maximum context")
     ax.set_ylabel("GiB (16-bit)")
     ax.set_title("KV cache (solid) against the model's weights (dashed)")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     return fig

@@ -42,7 +42,7 @@ __all__ = [
     "Request", "simulate", "StepCost",
     "quantize", "dequantize", "quantized_bytes", "quantized_cache_errors",
     "speculative_generate",
-    "sink_attention", "sink_logsumexp",
+    "sink_attention", "sink_logsumexp", "SinkLM", "stream_loss", "train_sink_lm", "load_sink_models",
     "llama_weights", "llama_decode_step", "hf_cached_logits", "attnlib_cached_logits", "tiny_hf_models",
     "paging_frame",
     "reference_blocks_needed", "BLOCKS_MISTAKES", "check_blocks_needed",
@@ -534,6 +534,129 @@ def sink_logsumexp(scores: Tensor, sink_logit: Tensor) -> Tensor:
     return torch.logaddexp(torch.logsumexp(scores, -1), sink_logit.expand(scores.shape[:-1]))
 
 
+class SinkLM(torch.nn.Module):
+    """A small character-level decoder with RoPE, for the attention-sink experiments.
+
+    ``layers`` pre-norm blocks (RMSNorm, attention with rotary positions, a GELU MLP of width 4D).
+    With ``sink=True`` each head has a learned sink logit, one extra term in its softmax denominator
+    (as in gpt-oss). Rotary positions make the attention depend only on distances, so the model can
+    run over streams longer than it was trained on, with any cache policy (:func:`stream_loss`).
+    """
+
+    def __init__(self, vocab_size: int, d_model: int = 64, num_heads: int = 4, layers: int = 2, sink: bool = False) -> None:
+        super().__init__()
+        self.H, self.D_k = num_heads, d_model // num_heads
+        self.embed = torch.nn.Embedding(vocab_size, d_model)
+        self.blocks = torch.nn.ModuleList()
+        for _ in range(layers):
+            block = torch.nn.Module()
+            block.norm1, block.norm2 = torch.nn.RMSNorm(d_model), torch.nn.RMSNorm(d_model)
+            block.qkv = torch.nn.Linear(d_model, 3 * d_model, bias=False)
+            block.out = torch.nn.Linear(d_model, d_model, bias=False)
+            block.mlp = torch.nn.Sequential(torch.nn.Linear(d_model, 4 * d_model), torch.nn.GELU(), torch.nn.Linear(4 * d_model, d_model))
+            block.sink = torch.nn.Parameter(torch.zeros(num_heads)) if sink else None
+            self.blocks.append(block)
+        self.norm = torch.nn.RMSNorm(d_model)
+        self.head = torch.nn.Linear(d_model, vocab_size, bias=False)
+
+    def _qkv(self, block: Any, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        B, S, _ = x.shape
+        q, k, v = block.qkv(block.norm1(x)).view(B, S, 3, self.H, self.D_k).permute(2, 0, 3, 1, 4)  # 3 x [B, H, S, D_k]
+        return q, k, v
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """Logits ``[B, S, V]`` of one causal pass over ``ids [B, S]`` (training and full-attention evaluation)."""
+        x = self.embed(ids)  # [B, S, D]
+        S = ids.shape[1]
+        pos = torch.arange(S)
+        for block in self.blocks:
+            q, k, v = self._qkv(block, x)
+            q, k = _rope(q, pos, 10000.0), _rope(k, pos, 10000.0)
+            att = sink_attention(q, k, v, causal_mask(S), block.sink)  # [B, H, S, D_k]
+            x = x + block.out(att.transpose(1, 2).flatten(2))
+            x = x + block.mlp(block.norm2(x))
+        return self.head(self.norm(x))
+
+
+@torch.no_grad()
+def stream_loss(model: SinkLM, ids: Tensor, *, window: int | None, sinks: int = 0) -> Tensor:
+    """Per-token loss ``[S - 1]`` of decoding the stream ``ids [S]`` one token at a time with a bounded cache.
+
+    The cache keeps the first ``sinks`` positions and the last ``window - sinks`` (``window=None``: every
+    position). Keys are cached before rotation and rotated by their *slot* in the cache, as
+    StreamingLLM does, so the distances the model sees never exceed the cache's length.
+    """
+    model.eval()
+    S = ids.numel()
+    caches: list[tuple[list[Tensor], list[Tensor]]] = [([], []) for _ in model.blocks]
+    losses = []
+    for t in range(S - 1):
+        x = model.embed(ids[t : t + 1])[None]  # [1, 1, D]
+        for block, (ks, vs) in zip(model.blocks, caches):
+            q, k, v = model._qkv(block, x)  # [1, H, 1, D_k]
+            ks.append(k)
+            vs.append(v)
+            if window is not None and len(ks) > window:  # evict the oldest non-sink position
+                del ks[sinks], vs[sinks]
+            keys, values = torch.cat(ks, 2), torch.cat(vs, 2)  # [1, H, n, D_k]
+            n = keys.shape[2]
+            slots = torch.arange(n)
+            q_r, k_r = _rope(q, slots[-1:], 10000.0), _rope(keys, slots, 10000.0)
+            att = sink_attention(q_r, k_r, values, None, block.sink)  # [1, H, 1, D_k]
+            x = x + block.out(att.transpose(1, 2).flatten(2))
+            x = x + block.mlp(block.norm2(x))
+        logits = model.head(model.norm(x))[0, 0]  # [V]
+        losses.append(F.cross_entropy(logits[None], ids[t + 1 : t + 2]))
+    return torch.stack(losses)
+
+
+def train_sink_lm(sink: bool, *, steps: int = 600, seq_len: int = 128, batch_size: int = 16, seed: int = 0) -> tuple[SinkLM, list[float]]:
+    """Train a :class:`SinkLM` on the book's text (all but its last 1,000 characters), one thread, seeded."""
+    from .toy_lm import CharVocab, load_text, sample_batch
+
+    text = load_text()
+    vocab = CharVocab(text)
+    data = vocab.encode(text[:-1000])
+    torch.manual_seed(seed)
+    model = SinkLM(len(vocab), sink=sink)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps, pct_start=0.1)
+    gen = torch.Generator().manual_seed(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    losses = []
+    try:
+        model.train()
+        for _ in range(steps):
+            x, y = sample_batch(data, batch_size, seq_len, gen)
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval(), losses
+
+
+SINK_CHECKPOINT = "sink_lm.pt"
+
+
+def load_sink_models() -> dict[str, Any]:
+    """The two shipped :class:`SinkLM` checkpoints (``tools/train_sink_lm.py`` reproduces them)."""
+    from .toy_lm import DATA_DIR, CharVocab, load_text
+
+    blob = torch.load(DATA_DIR / SINK_CHECKPOINT, weights_only=True)
+    vocab = CharVocab(load_text())
+    models = {}
+    for name in ("plain", "sink"):
+        m = SinkLM(len(vocab), sink=name == "sink")
+        m.load_state_dict(blob[name])
+        models[name] = m.eval()
+    return {"models": models, "vocab": vocab, "losses": blob["losses"]}
+
+
 # ==== 10.7 a Llama/Mistral decoder written with attnlib, checked against Hugging Face =============
 
 def _rope_theta(config: Any) -> float:
@@ -652,13 +775,13 @@ def tiny_hf_models(seed: int = 0, window: int = 8) -> dict[str, Any]:
 _FRAME_REQUESTS = ((37, 12), (21, 30), (9, 18))  # (prompt, output) of three requests sharing a pool
 
 
-def paging_frame(step: int, block_size: int = 8) -> Frame:
+def paging_frame(step: int, block_size: int = 16) -> Frame:
     """The block table of three requests after ``step`` decode steps, and what each policy reserves.
 
     One heatmap row per request over the pool's blocks: the share of each block that holds tokens.
     """
-    n_blocks = 16
-    rows, labels, texts = [], [], []
+    n_blocks = 128 // block_size
+    labels, texts = [], []
     pool_owner = np.zeros((len(_FRAME_REQUESTS), n_blocks))
     next_block, held, reserved_max, reserved_dbl = 0, 0, 0, 0
     tables = []
@@ -669,8 +792,7 @@ def paging_frame(step: int, block_size: int = 8) -> Frame:
         next_block += blocks
         tables.append(table)
         for j, b in enumerate(table):
-            fill = min(block_size, length - j * block_size) / block_size
-            pool_owner[r, b] = fill
+            pool_owner[r, b] = min(block_size, length - j * block_size) / block_size
         held += length
         reserved_max += 64
         reserved_dbl += reserved_positions("doubling", length)
@@ -681,8 +803,8 @@ def paging_frame(step: int, block_size: int = 8) -> Frame:
                f"{block_size} ({paged} positions reserved, {paged - held} empty). Preallocating the maximum "
                f"length of 64 would reserve {reserved_max}; doubling buffers would reserve {reserved_dbl}. "
                + "; ".join(texts) + ".")
-    panel = Panel(pool_owner, labels, [str(b) for b in range(n_blocks)], title="share of each physical block in use, per request",
-                  vmin=0.0, vmax=1.0)
+    panel = Panel(pool_owner, labels, [str(b) for b in range(n_blocks)], vmin=0.0, vmax=1.0, masked=pool_owner == 0,
+                  title=f"physical blocks of {block_size} positions: the share of each that holds tokens (hatched: not this request's)")
     return Frame(label=f"step {step}", panels=[panel], caption=caption)
 
 
