@@ -36,7 +36,7 @@ from .feedback import Feedback, Mistake, close, correct, diagnose, run_reader_co
 from .slider import Frame, Panel
 
 __all__ = [
-    "BlockPool", "PagedKVCache", "paged_attention", "contiguous_attention",
+    "BlockPool", "PagedKVCache", "paged_attention", "paged_attention_in_place", "contiguous_attention",
     "request_mix", "reserved_positions", "memory_waste", "cow_demo",
     "block_hashes", "PrefixCache",
     "Request", "simulate", "StepCost",
@@ -56,8 +56,10 @@ __all__ = [
 class BlockPool:
     """The physical memory of one layer's paged cache: ``num_blocks`` blocks of ``block_size`` positions.
 
-    ``keys``, ``values``: ``[N, H_kv, b, D_k]``. Every block has a reference count: a block shared by
-    several sequences (parallel samples, a common prefix) is freed when the last one lets it go.
+    ``keys``, ``values``: ``[H_kv, N, b, D_k]``: block ``n`` is ``keys[:, n]``. Heads come first so
+    that reading a sequence's blocks in table order is one gather that yields ``[H_kv, S, D_k]``
+    without a second copy. Every block has a reference count: a block shared by several sequences
+    (parallel samples, a common prefix) is freed when the last one lets it go.
     """
 
     def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -65,8 +67,8 @@ class BlockPool:
         if block_size < 1 or num_blocks < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
         self.block_size = block_size
-        self.keys = torch.zeros(num_blocks, num_kv_heads, block_size, head_dim, dtype=dtype)  # [N, H_kv, b, D_k]
-        self.values = torch.zeros_like(self.keys)  # [N, H_kv, b, D_k]
+        self.keys = torch.zeros(num_kv_heads, num_blocks, block_size, head_dim, dtype=dtype)  # [H_kv, N, b, D_k]
+        self.values = torch.zeros_like(self.keys)  # [H_kv, N, b, D_k]
         self.ref_count = [0] * num_blocks
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: block 0 is handed out first
         self.copies = 0  # blocks copied on write
@@ -93,7 +95,7 @@ class BlockPool:
 
     @property
     def block_bytes(self) -> int:
-        return 2 * self.keys[0].nbytes
+        return 2 * self.keys[:, 0].nbytes
 
 
 class PagedKVCache:
@@ -119,8 +121,8 @@ class PagedKVCache:
         last = self.block_table[-1]
         if self.pool.ref_count[last] > 1:  # shared: copy on write
             fresh = self.pool.allocate()
-            self.pool.keys[fresh] = self.pool.keys[last]
-            self.pool.values[fresh] = self.pool.values[last]
+            self.pool.keys[:, fresh] = self.pool.keys[:, last]
+            self.pool.values[:, fresh] = self.pool.values[:, last]
             self.pool.release(last)
             self.pool.copies += 1
             self.block_table[-1] = last = fresh
@@ -135,8 +137,8 @@ class PagedKVCache:
             if slot == 0:
                 self.block_table.append(block)
             m = min(b - slot, n - i)
-            self.pool.keys[block, :, slot : slot + m] = k[:, i : i + m]
-            self.pool.values[block, :, slot : slot + m] = v[:, i : i + m]
+            self.pool.keys[:, block, slot : slot + m] = k[:, i : i + m]
+            self.pool.values[:, block, slot : slot + m] = v[:, i : i + m]
             self.length += m
             i += m
 
@@ -145,8 +147,8 @@ class PagedKVCache:
         table = torch.tensor(self.block_table, dtype=torch.long)  # [n]
         out = []
         for store in (self.pool.keys, self.pool.values):
-            blocks = store[table]  # [n, H_kv, b, D_k]
-            out.append(blocks.transpose(0, 1).flatten(1, 2)[:, : self.length])  # [H_kv, n b, D_k] -> [H_kv, S, D_k]
+            blocks = store.index_select(1, table)  # [H_kv, n, b, D_k], one copy
+            out.append(blocks.flatten(1, 2)[:, : self.length])  # [H_kv, n b, D_k] -> [H_kv, S, D_k], a view
         return out[0], out[1]
 
     def update(self, k: Tensor, v: Tensor, window: int | None = None) -> tuple[Tensor, Tensor]:
@@ -172,9 +174,10 @@ class PagedKVCache:
 
 def contiguous_attention(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
     """``q [H, S_new, D_k]`` against ``keys``, ``values`` ``[H_kv, S, D_k]``, bottom-right causal -> ``[H, S_new, D_k]``."""
-    H, S_new, S = q.shape[0], q.shape[1], keys.shape[1]
+    S_new, S = q.shape[1], keys.shape[1]
     mask = causal_mask(S_new, S_k=S) if S_new > 1 else None  # [S_new, S]; one query sees everything
-    return F.scaled_dot_product_attention(q[None], repeat_kv(keys[None], H), repeat_kv(values[None], H), attn_mask=mask)[0]
+    # enable_gqa (torch 2.5+): each key/value head serves its group of query heads without a repeat_kv copy
+    return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
 
 
 def paged_attention(q: Tensor, cache: PagedKVCache) -> Tensor:
@@ -185,6 +188,36 @@ def paged_attention(q: Tensor, cache: PagedKVCache) -> Tensor:
     """
     keys, values = cache.gather()  # [H_kv, S, D_k] each
     return contiguous_attention(q, keys, values)
+
+
+def paged_attention_in_place(q: Tensor, cache: PagedKVCache) -> Tensor:
+    """Like :func:`paged_attention` for one query per head (``q [H, 1, D_k]``), without gathering.
+
+    Consecutive blocks of the table form runs that are views of the pool (no copy); each run's
+    scores, logsumexp and partial output are computed separately and merged exactly by their
+    logsumexps (Flash-Decoding's merge, chapter 9), as vLLM's PagedAttention v2 merges partitions.
+    Equal to the gathered version up to float rounding.
+    """
+    H, _, D_k = q.shape
+    H_kv = cache.pool.keys.shape[0]
+    qg = q.view(H_kv, H // H_kv, D_k) / math.sqrt(D_k)  # [H_kv, G, D_k]: each KV head's group of queries
+    b, table, outs, lses = cache.pool.block_size, cache.block_table, [], []
+    start = 0
+    while start < len(table):
+        end = start + 1
+        while end < len(table) and table[end] == table[end - 1] + 1:
+            end += 1
+        n = min(cache.length - start * b, (end - start) * b)  # positions held in this run
+        keys = cache.pool.keys[:, table[start] : table[end - 1] + 1].flatten(1, 2)[:, :n]  # [H_kv, n, D_k], a view
+        values = cache.pool.values[:, table[start] : table[end - 1] + 1].flatten(1, 2)[:, :n]
+        scores = qg @ keys.transpose(1, 2)  # [H_kv, G, n]
+        lse = torch.logsumexp(scores, -1, keepdim=True)  # [H_kv, G, 1]
+        outs.append(torch.exp(scores - lse) @ values)  # [H_kv, G, D_k]
+        lses.append(lse)
+        start = end
+    lse = torch.logsumexp(torch.stack(lses), 0)  # [H_kv, G, 1]
+    out = sum(torch.exp(l - lse) * o for o, l in zip(outs, lses))  # [H_kv, G, D_k]
+    return out.reshape(H, 1, D_k)
 
 
 # ---- memory policies on a simulated mix of requests -----------------------------------------------
@@ -582,27 +615,41 @@ class SinkLM(torch.nn.Module):
 def stream_loss(model: SinkLM, ids: Tensor, *, window: int | None, sinks: int = 0) -> Tensor:
     """Per-token loss ``[S - 1]`` of decoding the stream ``ids [S]`` one token at a time with a bounded cache.
 
-    The cache keeps the first ``sinks`` positions and the last ``window - sinks`` (``window=None``: every
-    position). Keys are cached before rotation and rotated by their *slot* in the cache, as
-    StreamingLLM does, so the distances the model sees never exceed the cache's length.
+    The cache keeps the first ``sinks`` positions and the last ``window - sinks`` (``window=None``:
+    every position). Positions are those of the cache's slots, as in StreamingLLM: the query sits in
+    the last slot, the recent keys just before it, the sinks in the first slots, so no distance the
+    model sees exceeds the cache's length. (Rotary scores depend only on distances, so the recent
+    keys keep the rotation of their original positions; only the sinks are rotated again each step.)
     """
     model.eval()
-    S = ids.numel()
-    caches: list[tuple[list[Tensor], list[Tensor]]] = [([], []) for _ in model.blocks]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny operations: one thread avoids waiting for the others
+    try:
+        return _stream_loss(model, ids, window, sinks)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@torch.no_grad()
+def _stream_loss(model: SinkLM, ids: Tensor, window: int | None, sinks: int) -> Tensor:
+    S, H, D_k = ids.numel(), model.H, model.D_k
+    bufs = [{name: torch.zeros(1, H, S, D_k) for name in ("rotated", "raw", "values")} for _ in model.blocks]
     losses = []
     for t in range(S - 1):
         x = model.embed(ids[t : t + 1])[None]  # [1, 1, D]
-        for block, (ks, vs) in zip(model.blocks, caches):
-            q, k, v = model._qkv(block, x)  # [1, H, 1, D_k]
-            ks.append(k)
-            vs.append(v)
-            if window is not None and len(ks) > window:  # evict the oldest non-sink position
-                del ks[sinks], vs[sinks]
-            keys, values = torch.cat(ks, 2), torch.cat(vs, 2)  # [1, H, n, D_k]
-            n = keys.shape[2]
-            slots = torch.arange(n)
-            q_r, k_r = _rope(q, slots[-1:], 10000.0), _rope(keys, slots, 10000.0)
-            att = sink_attention(q_r, k_r, values, None, block.sink)  # [1, H, 1, D_k]
+        here = torch.tensor([t])
+        for block, buf in zip(model.blocks, bufs):
+            q, k, v = model._qkv(block, x)  # [1, H, 1, D_k] each
+            buf["raw"][:, :, t : t + 1], buf["values"][:, :, t : t + 1] = k, v
+            buf["rotated"][:, :, t : t + 1] = _rope(k, here, 10000.0)
+            if window is None or t < window:  # everything so far fits
+                keys, values = buf["rotated"][:, :, : t + 1], buf["values"][:, :, : t + 1]  # [1, H, t + 1, D_k]
+            else:
+                start = t - (window - sinks) + 1  # the oldest recent position kept
+                sink_pos = torch.arange(start - sinks, start)  # the sinks' slots, just before the recent keys
+                keys = torch.cat([_rope(buf["raw"][:, :, :sinks], sink_pos, 10000.0), buf["rotated"][:, :, start : t + 1]], 2)
+                values = torch.cat([buf["values"][:, :, :sinks], buf["values"][:, :, start : t + 1]], 2)  # [1, H, window, D_k]
+            att = sink_attention(_rope(q, here, 10000.0), keys, values, None, block.sink)  # [1, H, 1, D_k]
             x = x + block.out(att.transpose(1, 2).flatten(2))
             x = x + block.mlp(block.norm2(x))
         logits = model.head(model.norm(x))[0, 0]  # [V]

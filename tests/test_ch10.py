@@ -158,3 +158,16 @@ def test_tensor_checkers() -> None:
 
     for check in (ch10.check_blocks_needed, ch10.check_int8_per_token, ch10.check_sink_softmax):
         assert check(stub).status == "todo"
+
+
+def test_paged_attention_in_place_merges_runs_of_blocks() -> None:
+    torch.manual_seed(0)
+    pool = ch10.BlockPool(40, 4, 2, 8)
+    a, b = ch10.PagedKVCache(pool), ch10.PagedKVCache(pool)
+    k, v = torch.randn(2, 2, 70, 8).unbind(0)
+    for c in range(0, 70, 12):  # two requests interleaved: the block table breaks into runs
+        a.append(k[:, c : c + 12], v[:, c : c + 12])
+        b.append(k[:, c : c + 12], v[:, c : c + 12])
+    assert a.block_table[:4] == [0, 1, 2, 6]
+    q = torch.randn(6, 1, 8)
+    assert torch.allclose(ch10.paged_attention_in_place(q, a), ch10.paged_attention(q, a), atol=1e-6)
