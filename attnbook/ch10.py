@@ -363,7 +363,8 @@ def _arrivals(n: int, rate_per_s: float, mix: Sequence[tuple[int, int]], seed: i
 
 def simulate(policy: str, requests: Sequence[Request], *, max_batch: int = 16, chunk: int = 256,
              cost: StepCost = StepCost()) -> dict[str, float]:
-    """Run ``requests`` through a scheduler and return mean/p90 TTFT, mean TPOT (ms) and throughput.
+    """Run ``requests`` through a scheduler and return mean/p90 TTFT, mean TPOT, the longest gap
+    between two tokens of a running request (ms) and the throughput (tokens/s).
 
     * ``"static"``: take up to ``max_batch`` waiting requests, prefill them all in one step, decode
       until the *longest* finishes, then take the next batch (finished ones idle in their slot).
@@ -373,6 +374,7 @@ def simulate(policy: str, requests: Sequence[Request], *, max_batch: int = 16, c
     """
     reqs = [Request(r.arrival, r.prompt, r.output) for r in requests]
     waiting, running, now, i = [], [], 0.0, 0
+    gaps: list[float] = []  # the time of every step that gave running requests their next token
     pending = sorted(reqs, key=lambda r: r.arrival)
     while i < len(pending) or waiting or running:
         while i < len(pending) and pending[i].arrival <= now:
@@ -392,6 +394,7 @@ def simulate(policy: str, requests: Sequence[Request], *, max_batch: int = 16, c
                 continue
             active = [r for r in running if r.generated < r.output]
             now += cost(len(active))
+            gaps.append(cost(len(active)))
             for r in active:
                 r.generated += 1
                 if r.generated == r.output:
@@ -412,6 +415,8 @@ def simulate(policy: str, requests: Sequence[Request], *, max_batch: int = 16, c
                     if r.prefilled == r.prompt:
                         finishing.append(r)  # the step that ends its prefill also gives its first token
             now += cost(len(decoding) + prefill_tokens)
+            if decoding:
+                gaps.append(cost(len(decoding) + prefill_tokens))
             for r in decoding:
                 r.generated += 1
             for r in finishing:
@@ -426,7 +431,7 @@ def simulate(policy: str, requests: Sequence[Request], *, max_batch: int = 16, c
     tpot = np.array([(r.done - r.first_token) / (r.output - 1) for r in reqs if r.output > 1])
     span = max(r.done for r in reqs) - min(r.arrival for r in reqs)
     return {"ttft_mean": float(ttft.mean()), "ttft_p90": float(np.percentile(ttft, 90)),
-            "tpot_mean": float(tpot.mean()), "tokens_per_s": sum(r.output for r in reqs) / span * 1000}
+            "tpot_mean": float(tpot.mean()), "gap_max": max(gaps), "tokens_per_s": sum(r.output for r in reqs) / span * 1000}
 
 
 # ==== 10.4 quantised caches ========================================================================
@@ -827,7 +832,7 @@ def paging_frame(step: int, block_size: int = 16) -> Frame:
 
     One heatmap row per request over the pool's blocks: the share of each block that holds tokens.
     """
-    n_blocks = 128 // block_size
+    n_blocks = 160 // block_size  # room for the three requests at their longest, with any block size down to 4
     labels, texts = [], []
     pool_owner = np.zeros((len(_FRAME_REQUESTS), n_blocks))
     next_block, held, reserved_max, reserved_dbl = 0, 0, 0, 0

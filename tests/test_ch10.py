@@ -126,7 +126,9 @@ def test_sink_attention() -> None:
 
 def test_paging_frame() -> None:
     frame = ch10.paging_frame(10, block_size=8)
-    assert "blocks of 8" in frame.caption and frame.panels[0].matrix.shape == (3, 16)
+    assert "blocks of 8" in frame.caption and frame.panels[0].matrix.shape == (3, 20)
+    for b in (4, 8, 16):
+        assert ch10.paging_frame(30, block_size=b).panels[0].matrix.shape == (3, 160 // b)
     # request 0 holds 37 + 10 = 47 positions: 5 full blocks and one holding 7 of 8
     assert frame.panels[0].matrix[0, :6].tolist() == [1, 1, 1, 1, 1, 7 / 8] and frame.panels[0].masked[0, 6:].all()
 
