@@ -51,6 +51,17 @@ __all__ = [
 ]
 
 
+class _OneThread:
+    """Run tiny operations on one thread: with many threads each of them waits for the slowest."""
+
+    def __enter__(self) -> None:
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.set_num_threads(self.threads)
+
+
 # ==== 10.1 a paged KV cache ========================================================================
 
 class BlockPool:
@@ -518,6 +529,11 @@ def speculative_generate(target: Any, draft: Any, prompt: Tensor, max_new_tokens
 
     Returns ``(ids [S0 + max_new_tokens], stats)`` with the target's forward passes and the tokens accepted.
     """
+    with _OneThread():
+        return _speculative(target, draft, prompt, max_new_tokens, k)
+
+
+def _speculative(target: Any, draft: Any, prompt: Tensor, max_new_tokens: int, k: int) -> tuple[Tensor, dict[str, int]]:
     target.eval(), draft.eval()
     t_cache, d_cache = KVCache(), KVCache()
     ids = prompt.clone()
@@ -785,8 +801,9 @@ def hf_cached_logits(model: Any, prompt: Tensor, new_tokens: int) -> tuple[Tenso
     Returns ``(ids [1, S0 + new_tokens], logits [new_tokens, V])``: the raw logits from which each new
     token was chosen (``output_logits``, available in transformers 4.38 and later).
     """
-    out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                         output_logits=True, return_dict_in_generate=True, attention_mask=torch.ones_like(prompt))
+    with _OneThread():
+        out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True, attention_mask=torch.ones_like(prompt))
     return out.sequences, torch.cat(out.logits)  # [1, S], [new_tokens, V]
 
 
@@ -803,9 +820,10 @@ def attnlib_cached_logits(model: Any, ids: Tensor, prompt_len: int, *, paged_blo
     else:
         blocks = -(-ids.shape[1] // paged_block)
         caches = [PagedKVCache(BlockPool(blocks, paged_block, w["H_kv"], w["D_k"])) for _ in range(w["layers"])]
-    rows = [llama_decode_step(w, ids[:, :prompt_len], caches)[0, -1:]]
-    for t in range(prompt_len, ids.shape[1]):
-        rows.append(llama_decode_step(w, ids[:, t : t + 1], caches)[0])
+    with _OneThread():
+        rows = [llama_decode_step(w, ids[:, :prompt_len], caches)[0, -1:]]
+        for t in range(prompt_len, ids.shape[1]):
+            rows.append(llama_decode_step(w, ids[:, t : t + 1], caches)[0])
     return torch.cat(rows)  # [S - prompt_len + 1, V]
 
 
