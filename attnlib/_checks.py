@@ -73,6 +73,21 @@ def positive_scalar(name: str, value: object) -> float | Tensor:
     return value
 
 
+def constant_scalar(name: str, value: object) -> float:
+    """A real number > 0 as a float; a 0-d tensor that requires grad is refused (no gradient would reach it)."""
+    value = positive_scalar(name, value)
+    if isinstance(value, Tensor) and value.requires_grad:
+        raise ValueError(f"{name} is a tensor that requires grad, but no gradient flows to it here; pass {name}.detach() or a float")
+    return float(value)
+
+
+def flag(name: str, value: object, hint: str = "") -> bool:
+    """``True`` or ``False`` (a Python or NumPy bool); anything else is refused."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {type(value).__name__} {value!r}"[:200] + hint)
+    return bool(value)
+
+
 def float_tensor(name: str, t: object, *, min_dim: int = 0) -> Tensor:
     if not isinstance(t, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
