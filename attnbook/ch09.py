@@ -160,6 +160,7 @@ def append_times(n_tokens: int, H_kv: int = 8, D_k: int = 64, repeats: int = 3) 
         for _ in range(n_tokens):
             keys, values = torch.cat([keys, new], dim=2), torch.cat([values, new], dim=2)  # [B, H_kv, S + 1, D_k]
 
+    @torch.no_grad()  # decoding: with gradients enabled a KVCache keeps the autograd graph by concatenating
     def with_cache() -> None:
         cache = KVCache()
         for _ in range(n_tokens):

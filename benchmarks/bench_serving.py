@@ -41,6 +41,7 @@ H, H_KV, D_K, BLOCK = 32, 8, 128, 16
 CONTEXTS = (256, 1024, 4096)
 
 
+@torch.no_grad()  # decoding: a KVCache appends in place only without autograd
 def decode_steps(P: int) -> dict:
     gen = torch.Generator().manual_seed(P)
     k, v = (torch.randn(1, H_KV, P + 1, D_K, generator=gen) for _ in range(2))  # [1, H_kv, P + 1, D_k]
