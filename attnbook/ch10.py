@@ -202,32 +202,29 @@ def paged_attention(q: Tensor, cache: PagedKVCache) -> Tensor:
 
 
 def paged_attention_in_place(q: Tensor, cache: PagedKVCache) -> Tensor:
-    """Like :func:`paged_attention` for one query per head (``q [H, 1, D_k]``), without gathering.
+    """Like :func:`paged_attention` for one query per head (``q [H, 1, D_k]``), without gathering the cache.
 
-    Consecutive blocks of the table form runs that are views of the pool (no copy); each run's
-    scores, logsumexp and partial output are computed separately and merged exactly by their
-    logsumexps (Flash-Decoding's merge, chapter 9), as vLLM's PagedAttention v2 merges partitions.
-    Equal to the gathered version up to float rounding.
+    Consecutive blocks of the table form runs that are views of the pool (no copy). The scores of
+    every run are computed from its view and joined (one small row per head), one softmax runs
+    over all of them, and each run's values are weighted by its share of the weights, as a kernel
+    that reads the blocks in place would. Equal to the gathered version up to float rounding.
     """
     H, _, D_k = q.shape
     H_kv = cache.pool.keys.shape[0]
     qg = q.view(H_kv, H // H_kv, D_k) / math.sqrt(D_k)  # [H_kv, G, D_k]: each KV head's group of queries
-    b, table, outs, lses = cache.pool.block_size, cache.block_table, [], []
+    b, table, runs = cache.pool.block_size, cache.block_table, []
     start = 0
-    while start < len(table):
+    while start < len(table):  # runs of consecutive blocks: (first block, last block + 1, positions held)
         end = start + 1
         while end < len(table) and table[end] == table[end - 1] + 1:
             end += 1
-        n = min(cache.length - start * b, (end - start) * b)  # positions held in this run
-        keys = cache.pool.keys[:, table[start] : table[end - 1] + 1].flatten(1, 2)[:, :n]  # [H_kv, n, D_k], a view
-        values = cache.pool.values[:, table[start] : table[end - 1] + 1].flatten(1, 2)[:, :n]
-        scores = qg @ keys.transpose(1, 2)  # [H_kv, G, n]
-        lse = torch.logsumexp(scores, -1, keepdim=True)  # [H_kv, G, 1]
-        outs.append(torch.exp(scores - lse) @ values)  # [H_kv, G, D_k]
-        lses.append(lse)
+        runs.append((table[start], table[end - 1] + 1, min(cache.length - start * b, (end - start) * b)))
         start = end
-    lse = torch.logsumexp(torch.stack(lses), 0)  # [H_kv, G, 1]
-    out = sum(torch.exp(l - lse) * o for o, l in zip(outs, lses))  # [H_kv, G, D_k]
+    keys = [cache.pool.keys[:, first:last].flatten(1, 2)[:, :n] for first, last, n in runs]  # views [H_kv, n, D_k]
+    values = [cache.pool.values[:, first:last].flatten(1, 2)[:, :n] for first, last, n in runs]
+    scores = torch.cat([qg @ k.transpose(1, 2) for k in keys], -1)  # [H_kv, G, S]
+    weights = torch.softmax(scores, -1).split([n for _, _, n in runs], -1)  # per run [H_kv, G, n]
+    out = sum(w @ v for w, v in zip(weights, values))  # [H_kv, G, D_k]
     return out.reshape(H, 1, D_k)
 
 
