@@ -545,14 +545,18 @@ def reference_decode_intensity(D: int, H: int, H_kv: int, S: int, batch: int) ->
 
 
 def _intensity(weights_per_seq: bool = False, cache_once: bool = False, nbytes: int = 2, cache_heads: str = "kv",
-               kv: int = 2) -> Callable[..., float]:
+               kv: int = 2, mha_weights: bool = False, activations: bool = False) -> Callable[..., float]:
     def f(D: int, H: int, H_kv: int, S: int, batch: int) -> float:
         d_k = D // H
         flops = batch * layer_flops(D, H, H_kv, 1, S)
-        weights = (2 * D * D + 2 * D * H_kv * d_k) * nbytes * (batch if weights_per_seq else 1)
+        weight_numbers = 4 * D * D if mha_weights else 2 * D * D + 2 * D * H_kv * d_k
+        weights = weight_numbers * nbytes * (batch if weights_per_seq else 1)
         heads = H_kv if cache_heads == "kv" else H
         cache = (1 if cache_once else batch) * kv * heads * d_k * S * nbytes
-        return flops / (weights + cache)
+        extra = 0
+        if activations:  # the per-token activations that the exercise leaves out
+            extra = batch * (layer_bytes(D, H, H_kv, 1, S) - layer_bytes(D, H, H_kv, 1, S, activations=False))
+        return flops / (weights + cache + extra)
     return f
 
 
@@ -570,6 +574,12 @@ INTENSITY_MISTAKES = (
             "the cache holds the H_kv key/value heads, not the H query heads."),
     Mistake("keys only", _intensity(kv=1),
             "the cache holds keys AND values: 2 x H_kv x D_k numbers per position."),
+    Mistake("multi-head weights", _intensity(mha_weights=True),
+            "you counted 4 D^2 weights, as for multi-head attention: with grouped-query attention the key and value "
+            "projections are D x (H_kv D_k) each, so the weights are 2 D^2 + 2 D H_kv D_k numbers."),
+    Mistake("activations counted", _intensity(activations=True),
+            "you counted the activations too (the input, query, attention output and output of every token): leave "
+            "them out here; read only the weights and the caches."),
 )
 
 
@@ -642,8 +652,13 @@ def check_mla_cache(fn: Callable[..., Any]) -> Feedback:
         value, fb = run_reader_code(fn, *case)
         if fb is not None:
             return fb
+        if isinstance(value, (Tensor, np.ndarray)):  # an array of two numbers is as good as a tuple
+            if value.ndim != 1:
+                return wrong(f"return two numbers (bytes per token, equivalent heads), got an array of shape {tuple(value.shape)}.")
+            value = list(value)
         if not isinstance(value, (tuple, list)) or len(value) != 2:
-            return wrong(f"return two numbers (bytes per token, equivalent heads), got {type(value).__name__}.")
+            what = f"{len(value)} numbers" if isinstance(value, (tuple, list)) else type(value).__name__
+            return wrong(f"return two numbers (bytes per token, equivalent heads), got {what}.")
         pair = []
         for v in value:
             number, fb = _number(v)

@@ -3,6 +3,7 @@ the slider's frames show what the cache holds."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -104,6 +105,11 @@ def test_new_checkers_accept_the_reference_and_name_every_mistake() -> None:
             fb = check(m.compute)
             assert fb.status == "wrong" and fb.message == m.hint, m.name
     assert ch09.check_mla_cache(ch09.reference_mla_cache).passed
+    # any length-2 sequence or array of real numbers is accepted
+    assert ch09.check_mla_cache(lambda *c: np.array(ch09.reference_mla_cache(*c))).passed
+    assert ch09.check_mla_cache(lambda *c: torch.tensor(ch09.reference_mla_cache(*c), dtype=torch.float64)).passed
+    assert ch09.check_mla_cache(lambda *c: list(ch09.reference_mla_cache(*c))).passed
+    assert ch09.check_mla_cache(lambda *c: np.zeros(3)).status == "wrong"
     for m in ch09.MLA_MISTAKES:
         fb = ch09.check_mla_cache(m.compute)
         assert fb.status == "wrong" and fb.message == m.hint, m.name
@@ -128,3 +134,23 @@ def test_decode_intensity_and_the_weight_read_batch() -> None:
     # with a long GQA cache the intensity saturates below H / H_kv x (a little) whatever the batch
     assert 4 < ch09.decode_step_intensity(4096, 32, 8, 131072, 10**6, 14336) < 5  # saturates near H / H_kv
     assert ch09.mlp_flops_bytes(4096, 11008)["flops"] == 270_532_608
+
+
+@pytest.mark.parametrize("cases, reference, mistakes", [
+    (ch09.INTENSITY_CASES, ch09.reference_decode_intensity, ch09.INTENSITY_MISTAKES),
+    (ch09.MLA_CASES, ch09.reference_mla_cache, ch09.MLA_MISTAKES),
+], ids=["decode_intensity", "mla_cache"])
+def test_number_checker_mistakes_are_distinct(cases, reference, mistakes) -> None:
+    # on the checker's cases no mistake equals the answer and no two mistakes give the same numbers,
+    # so every mistake gets its own hint
+    def values(f):
+        return [np.atleast_1d(np.asarray(f(*c), dtype=float)) for c in cases]
+    same = lambda a, b: all(np.allclose(x, y, rtol=1e-6, atol=0) for x, y in zip(a, b))
+    answer = values(reference)
+    got = {m.name: values(m.compute) for m in mistakes}
+    for name, v in got.items():
+        assert not same(v, answer), f"mistake {name!r} gives the answer"
+    names = list(got)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not same(got[a], got[b]), f"mistakes {a!r} and {b!r} collide"
