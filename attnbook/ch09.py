@@ -511,26 +511,47 @@ OKABE_ITO = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")
 
 
 def cache_vs_context_figure(models: list[ModelConfig] | None = None) -> Any:
-    """Cache GiB of one sequence (16-bit) against context, each model up to its context, its weights dashed."""
+    """Cache GiB of one sequence (16-bit) against context, each model up to its context, its weights dashed.
+
+    Models whose caches coincide (Llama 2 70B and Llama 3.1 70B up to 4k) are told apart by line style
+    and marker; the weight lines, several within a few GiB of each other, carry their labels on the right.
+    """
     import matplotlib.pyplot as plt
 
     models = MODELS if models is None else models
-    fig, ax = plt.subplots(figsize=(6.8, 4.0))
-    for m, colour in zip(models, OKABE_ITO):
+    styles = [("-", "o", 3.2), ("-", "s", 1.6), ("--", "^", 2.2), (":", "D", 2.6), ("-.", "v", 2.0), ("-", "P", 1.6)]
+    fig, ax = plt.subplots(figsize=(7.4, 4.4))
+    for m, colour, (ls, marker, lw) in zip(models, OKABE_ITO, styles):
         lengths = np.unique(np.geomspace(256, m.context, 60).astype(int))
-        ax.plot(lengths, [m.cache_bytes(int(S)) / 2**30 for S in lengths], color=colour, lw=2, label=m.name)
-        ax.axhline(m.weight_bytes() / 2**30, color=colour, lw=1, ls="--")
-        ax.plot([m.context], [m.cache_bytes(m.context) / 2**30], "o", color=colour)
+        ax.plot(lengths, [m.cache_bytes(int(S)) / 2**30 for S in lengths], color=colour, lw=lw, ls=ls,
+                marker=marker, markevery=12, ms=5, label=m.name)
+        ax.plot([m.context], [m.cache_bytes(m.context) / 2**30], marker, color=colour, ms=8)
+        ax.axhline(m.weight_bytes() / 2**30, color=colour, lw=1, ls=(0, (6, 3)), alpha=0.9)
     ax.set_xscale("log", base=2)
     ticks = [256, 1024, 4096, 16384, 65536, 131072]
     ax.set_xticks(ticks, ["256", "1k", "4k", "16k", "64k", "128k"])
     ax.set_yscale("log")
-    ax.set_xlabel("context length (tokens, one sequence); each line ends at the model's maximum context")
+    ax.set_xlim(200, 131072 * 1.15)
+    # label the weight lines directly, at the right edge, spread apart so that close values stay legible
+    weights = sorted(((m.weight_bytes() / 2**30, m, c) for m, c in zip(models, OKABE_ITO)), key=lambda t: t[0])
+    lo, hi = ax.get_ylim()
+    span = np.log10(hi) - np.log10(lo)
+    placed: list[float] = []
+    for gib, m, colour in weights:
+        y = np.log10(gib)
+        if placed and y - placed[-1] < 0.055 * span:
+            y = placed[-1] + 0.055 * span
+        placed.append(y)
+        ax.annotate(f"{m.name.split(' (')[0]} weights, {gib:.1f} GiB", xy=(1.0, gib), xycoords=("axes fraction", "data"),
+                    xytext=(1.01, 10**y), textcoords=("axes fraction", "data"), fontsize=7, color=colour,
+                    va="center", ha="left", arrowprops=dict(arrowstyle="-", color=colour, lw=0.6))
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("context length (tokens, one sequence); each line ends at the model's context")
     ax.set_ylabel("GiB (16-bit)")
-    ax.set_title("KV cache (solid) against the model's weights (dashed)")
+    ax.set_title("KV cache of one sequence (markers) against the weights (dashed)")
     ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
     ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.1, right=0.72, top=0.92, bottom=0.12)  # room on the right for the weight labels
     return fig
 
 
