@@ -363,7 +363,8 @@ class StepCost:
         return self.fixed_ms + self.per_token_ms * tokens
 
 
-def _arrivals(n: int, rate_per_s: float, mix: Sequence[tuple[int, int]], seed: int) -> list[Request]:
+def poisson_arrivals(n: int, rate_per_s: float, mix: Sequence[tuple[int, int]], seed: int) -> list[Request]:
+    """``n`` requests arriving as a Poisson process of ``rate_per_s`` per second, with (prompt, output) lengths from ``mix``."""
     rng = np.random.default_rng(seed)
     times = np.cumsum(rng.exponential(1000.0 / rate_per_s, n))
     return [Request(float(t), p, o) for t, (p, o) in zip(times, mix)]
@@ -615,6 +616,29 @@ class SinkLM(torch.nn.Module):
         q, k, v = block.qkv(block.norm1(x)).view(B, S, 3, self.H, self.D_k).permute(2, 0, 3, 1, 4)  # 3 x [B, H, S, D_k]
         return q, k, v
 
+    @torch.no_grad()
+    def attention_weights(self, ids: Tensor) -> list[Tensor]:
+        """Every layer's attention weights in one causal pass over ``ids [B, S]``.
+
+        One ``[B, H, S, S]`` tensor per layer, with one more column (the learned sink's share) when the
+        model has sink logits. The residual stream is computed as in :meth:`forward`.
+        """
+        x = self.embed(ids)  # [B, S, D]
+        B, S = ids.shape
+        pos = torch.arange(S)
+        weights = []
+        for block in self.blocks:
+            q, k, v = self._qkv(block, x)
+            q, k = rope(q, pos, 10000.0), rope(k, pos, 10000.0)
+            scores = (q @ k.transpose(-2, -1) / math.sqrt(self.D_k)).masked_fill(~causal_mask(S), float("-inf"))  # [B, H, S, S]
+            if block.sink is not None:  # the sink's column: one extra term per head
+                scores = torch.cat([scores, block.sink.view(1, -1, 1, 1).expand(B, self.H, S, 1)], -1)  # [B, H, S, S + 1]
+            weights.append(torch.softmax(scores, -1))
+            att = sink_attention(q, k, v, causal_mask(S), block.sink)  # [B, H, S, D_k]
+            x = x + block.out(att.transpose(1, 2).flatten(2))
+            x = x + block.mlp(block.norm2(x))
+        return weights
+
     def forward(self, ids: Tensor) -> Tensor:
         """Logits ``[B, S, V]`` of one causal pass over ``ids [B, S]`` (training and full-attention evaluation)."""
         x = self.embed(ids)  # [B, S, D]
@@ -622,7 +646,7 @@ class SinkLM(torch.nn.Module):
         pos = torch.arange(S)
         for block in self.blocks:
             q, k, v = self._qkv(block, x)
-            q, k = _rope(q, pos, 10000.0), _rope(k, pos, 10000.0)
+            q, k = rope(q, pos, 10000.0), rope(k, pos, 10000.0)
             att = sink_attention(q, k, v, causal_mask(S), block.sink)  # [B, H, S, D_k]
             x = x + block.out(att.transpose(1, 2).flatten(2))
             x = x + block.mlp(block.norm2(x))
@@ -659,15 +683,15 @@ def _stream_loss(model: SinkLM, ids: Tensor, window: int | None, sinks: int) -> 
         for block, buf in zip(model.blocks, bufs):
             q, k, v = model._qkv(block, x)  # [1, H, 1, D_k] each
             buf["raw"][:, :, t : t + 1], buf["values"][:, :, t : t + 1] = k, v
-            buf["rotated"][:, :, t : t + 1] = _rope(k, here, 10000.0)
+            buf["rotated"][:, :, t : t + 1] = rope(k, here, 10000.0)
             if window is None or t < window:  # everything so far fits
                 keys, values = buf["rotated"][:, :, : t + 1], buf["values"][:, :, : t + 1]  # [1, H, t + 1, D_k]
             else:
                 start = t - (window - sinks) + 1  # the oldest recent position kept
                 sink_pos = torch.arange(start - sinks, start)  # the sinks' slots, just before the recent keys
-                keys = torch.cat([_rope(buf["raw"][:, :, :sinks], sink_pos, 10000.0), buf["rotated"][:, :, start : t + 1]], 2)
+                keys = torch.cat([rope(buf["raw"][:, :, :sinks], sink_pos, 10000.0), buf["rotated"][:, :, start : t + 1]], 2)
                 values = torch.cat([buf["values"][:, :, :sinks], buf["values"][:, :, start : t + 1]], 2)  # [1, H, window, D_k]
-            att = sink_attention(_rope(q, here, 10000.0), keys, values, None, block.sink)  # [1, H, 1, D_k]
+            att = sink_attention(rope(q, here, 10000.0), keys, values, None, block.sink)  # [1, H, 1, D_k]
             x = x + block.out(att.transpose(1, 2).flatten(2))
             x = x + block.mlp(block.norm2(x))
         logits = model.head(model.norm(x))[0, 0]  # [V]
@@ -746,7 +770,7 @@ def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     """Rotate ``x [B, H, S, D_k]`` by its positions ``[S]`` (Llama's rotate-half convention)."""
     d = x.shape[-1]
     inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)  # [D_k / 2]
@@ -775,7 +799,7 @@ def llama_decode_step(w: dict[str, Any], ids: Tensor, caches: Sequence[Any]) -> 
         q = (h @ sd[p + "self_attn.q_proj.weight"].T).view(1, S_new, H, D_k).transpose(1, 2)  # [1, H, S_new, D_k]
         k = (h @ sd[p + "self_attn.k_proj.weight"].T).view(1, S_new, H_kv, D_k).transpose(1, 2)  # [1, H_kv, S_new, D_k]
         v = (h @ sd[p + "self_attn.v_proj.weight"].T).view(1, S_new, H_kv, D_k).transpose(1, 2)  # [1, H_kv, S_new, D_k]
-        q, k = _rope(q, positions, w["theta"]), _rope(k, positions, w["theta"])
+        q, k = rope(q, positions, w["theta"]), rope(k, positions, w["theta"])
         if window is not None and isinstance(cache, KVCache):
             keys, values = cache.update(k, v, window=window)  # [1, H_kv, S_kept + S_new, D_k]
         else:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from attnbook import ch10, toy_lm
+import attnlib
 from attnlib import KVCache
 
 transformers = pytest.importorskip("transformers")
@@ -79,7 +80,7 @@ def test_prefix_cache_reuses_only_full_blocks_of_a_common_prefix() -> None:
 
 
 def test_continuous_batching_beats_static_batching() -> None:
-    reqs = ch10._arrivals(60, 4.0, ch10.request_mix(60, seed=1), seed=2)
+    reqs = ch10.poisson_arrivals(60, 4.0, ch10.request_mix(60, seed=1), seed=2)
     static, cont = ch10.simulate("static", reqs), ch10.simulate("continuous", reqs)
     assert cont["ttft_mean"] < static["ttft_mean"] and cont["tokens_per_s"] >= static["tokens_per_s"]
     one = [ch10.Request(0.0, 10, 3)]
@@ -173,3 +174,26 @@ def test_paged_attention_in_place_merges_runs_of_blocks() -> None:
     assert a.block_table[:4] == [0, 1, 2, 6]
     q = torch.randn(6, 1, 8)
     assert torch.allclose(ch10.paged_attention_in_place(q, a), ch10.paged_attention(q, a), atol=1e-6)
+
+
+def test_sink_model_attention_weights_match_its_forward_pass() -> None:
+    torch.manual_seed(0)
+    for sink in (False, True):
+        model = ch10.SinkLM(20, d_model=16, num_heads=2, layers=2, sink=sink)
+        if sink:
+            for block in model.blocks:
+                block.sink.data.normal_()
+        ids = torch.randint(0, 20, (1, 9))
+        weights = model.attention_weights(ids)
+        assert len(weights) == 2 and all(w.shape == (1, 2, 9, 9 + sink) for w in weights)
+        for w in weights:
+            assert torch.allclose(w.sum(-1), torch.ones(1, 2, 9))
+            assert (w[..., :9].triu(1) == 0).all()  # causal
+        # layer 0's weights, recomputed by hand, and the same weights reproduce the attention output
+        x = model.embed(ids)
+        q, k, v = model._qkv(model.blocks[0], x)
+        pos = torch.arange(9)
+        q, k = ch10.rope(q, pos, 10000.0), ch10.rope(k, pos, 10000.0)
+        with torch.no_grad():
+            att = ch10.sink_attention(q, k, v, attnlib.causal_mask(9), model.blocks[0].sink)
+        assert torch.allclose(weights[0][..., :9] @ v.detach(), att, atol=1e-6)
