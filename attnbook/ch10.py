@@ -863,37 +863,77 @@ def tiny_hf_models(seed: int = 0, window: int = 8) -> dict[str, Any]:
 
 # ==== the slider: a paged cache filling up =========================================================
 
-_FRAME_REQUESTS = ((37, 12), (21, 30), (9, 18))  # (prompt, output) of three requests sharing a pool
+# (arrival step, prompt, output) of four requests sharing a pool: request 3 arrives after request 0 has
+# finished and reuses its freed blocks
+_FRAME_REQUESTS = ((0, 37, 12), (0, 21, 34), (0, 9, 18), (14, 15, 20))
+
+
+def simulate_paging(steps: int, block_size: int, requests: Sequence[tuple[int, int, int]] = _FRAME_REQUESTS,
+                    num_blocks: int | None = None) -> tuple[list[list[int]], list[int], list[str]]:
+    """Allocate blocks step by step, as a paged server does, and return the state after ``steps`` steps.
+
+    At step ``a`` a request arriving then is prefilled (blocks for its prompt); at every later step each
+    running request appends one token, taking a new block from the free list (the lowest-numbered free
+    block) only when its last block is full; a request that has produced all its tokens returns its
+    blocks to the free list, where later requests pick them up. Blocks never move. Returns
+    ``(block tables, lengths, states)``, one entry per request; a finished or not yet arrived request
+    has an empty table. Deterministic: the same arguments always give the same state.
+    """
+    num_blocks = 160 // block_size if num_blocks is None else num_blocks
+    free = list(range(num_blocks))  # kept sorted: the lowest-numbered free block is taken first
+    tables: list[list[int]] = [[] for _ in requests]
+    lengths = [0] * len(requests)
+    states = ["waiting"] * len(requests)
+
+    def grow(r: int, new_length: int) -> None:
+        while len(tables[r]) * block_size < new_length:
+            if not free:
+                raise ValueError(f"pool of {num_blocks} blocks of {block_size} is full at request {r}")
+            tables[r].append(free.pop(0))
+        lengths[r] = new_length
+
+    for step in range(steps + 1):
+        for r, (arrival, prompt, output) in enumerate(requests):
+            if states[r] == "running" and step > arrival:
+                grow(r, lengths[r] + 1)  # one decoded token
+                if lengths[r] == prompt + output:  # done: its blocks go back to the pool
+                    free = sorted(free + tables[r])
+                    tables[r], states[r] = [], "finished"
+            elif states[r] == "waiting" and step == arrival:
+                states[r] = "running"
+                grow(r, prompt)  # the prefill
+    return tables, lengths, states
 
 
 def paging_frame(step: int, block_size: int = 16) -> Frame:
-    """The block table of three requests after ``step`` decode steps, and what each policy reserves.
+    """The pool's blocks after ``step`` decode steps of four requests, and what each policy reserves.
 
-    One heatmap row per request over the pool's blocks: the share of each block that holds tokens.
+    One heatmap row per request over the pool's physical blocks: the share of each of its blocks that
+    holds tokens. The allocation is simulated from step 0 (:func:`simulate_paging`), so a frame
+    depends only on its arguments.
     """
-    n_blocks = 160 // block_size  # room for the three requests at their longest, with any block size down to 4
-    labels, texts = [], []
+    tables, lengths, states = simulate_paging(step, block_size)
+    n_blocks = 160 // block_size  # room for the requests at their longest, with any block size down to 4
     pool_owner = np.zeros((len(_FRAME_REQUESTS), n_blocks))
-    next_block, held, reserved_max, reserved_dbl = 0, 0, 0, 0
-    tables = []
-    for r, (prompt, output) in enumerate(_FRAME_REQUESTS):
-        length = prompt + min(step, output)
-        blocks = -(-length // block_size)
-        table = list(range(next_block, next_block + blocks))
-        next_block += blocks
-        tables.append(table)
+    labels, texts = [], []
+    held = in_use = reserved_max = reserved_dbl = 0
+    for r, (table, length, state) in enumerate(zip(tables, lengths, states)):
         for j, b in enumerate(table):
             pool_owner[r, b] = min(block_size, length - j * block_size) / block_size
-        held += length
-        reserved_max += 64
-        reserved_dbl += reserved_positions("doubling", length)
-        labels.append(f"request {r} ({length} tokens)")
-        texts.append(f"request {r}: blocks {table[0]}-{table[-1]}")
-    paged = next_block * block_size
-    caption = (f"After {step} decode steps the three requests hold {held} positions in {next_block} blocks of "
-               f"{block_size} ({paged} positions reserved, {paged - held} empty). Preallocating the maximum "
-               f"length of 64 would reserve {reserved_max}; doubling buffers would reserve {reserved_dbl}. "
-               + "; ".join(texts) + ".")
+        if state == "running":
+            held += length
+            in_use += len(table)
+            reserved_max += 64
+            reserved_dbl += reserved_positions("doubling", length)
+            labels.append(f"request {r} ({length} tokens)")
+            texts.append(f"request {r}: blocks {', '.join(map(str, table))}")
+        else:
+            labels.append(f"request {r} ({'finished, blocks freed' if state == 'finished' else 'not arrived'})")
+    paged = in_use * block_size
+    caption = (f"After {step} decode steps the running requests hold {held} positions in {in_use} blocks of "
+               f"{block_size} ({paged} positions reserved, {paged - held} empty; {n_blocks - in_use} blocks free). "
+               f"Preallocating the maximum length of 64 would reserve {reserved_max}; doubling buffers would reserve "
+               f"{reserved_dbl}. " + "; ".join(texts) + ".")
     panel = Panel(pool_owner, labels, [str(b) for b in range(n_blocks)], vmin=0.0, vmax=1.0, masked=pool_owner == 0,
                   title=f"physical blocks of {block_size} positions: the share of each that holds tokens (hatched: not this request's)")
     return Frame(label=f"step {step}", panels=[panel], caption=caption)

@@ -127,11 +127,36 @@ def test_sink_attention() -> None:
 
 def test_paging_frame() -> None:
     frame = ch10.paging_frame(10, block_size=8)
-    assert "blocks of 8" in frame.caption and frame.panels[0].matrix.shape == (3, 20)
+    assert "blocks of 8" in frame.caption and frame.panels[0].matrix.shape == (4, 20)
     for b in (4, 8, 16):
-        assert ch10.paging_frame(30, block_size=b).panels[0].matrix.shape == (3, 160 // b)
-    # request 0 holds 37 + 10 = 47 positions: 5 full blocks and one holding 7 of 8
-    assert frame.panels[0].matrix[0, :6].tolist() == [1, 1, 1, 1, 1, 7 / 8] and frame.panels[0].masked[0, 6:].all()
+        assert ch10.paging_frame(30, block_size=b).panels[0].matrix.shape == (4, 160 // b)
+    # request 0 holds 37 + 10 = 47 positions: its prompt's 5 full blocks 0-4, then block 10, taken at
+    # step 3 after requests 1 and 2 had taken 5-9, holding 7 of 8
+    row = frame.panels[0].matrix[0]
+    assert row[:5].tolist() == [1] * 5 and row[10] == 7 / 8 and (row > 0).sum() == 6
+    # a frame depends only on its arguments
+    assert ch10.paging_frame(15, block_size=8).caption == ch10.paging_frame(15, block_size=8).caption
+
+
+@pytest.mark.parametrize("block_size", [4, 8, 16])
+def test_simulated_paging_never_moves_or_shares_blocks_and_reuses_freed_ones(block_size: int) -> None:
+    previous = None
+    for step in range(31):
+        tables, lengths, states = ch10.simulate_paging(step, block_size)
+        owned = [b for t in tables for b in t]
+        assert len(owned) == len(set(owned)), f"a block has two owners at step {step}"
+        for t, n, state in zip(tables, lengths, states):
+            if state == "running":
+                assert len(t) == -(-n // block_size)  # a new block only when the last one is full
+        if previous is not None:
+            for r, (t, state) in enumerate(zip(tables, states)):
+                if state == "running" and previous[2][r] == "running":
+                    assert t[: len(previous[0][r])] == previous[0][r], "blocks moved"
+        previous = (tables, lengths, states)
+    # request 0 finishes at step 12; request 3 arrives at step 14 and takes blocks request 0 held
+    freed = set(ch10.simulate_paging(11, block_size)[0][0])
+    assert set(ch10.simulate_paging(14, block_size)[0][3]) & freed
+    assert ch10.simulate_paging(12, block_size)[2][0] == "finished"
 
 
 @pytest.mark.parametrize("check, reference, mistakes", [
