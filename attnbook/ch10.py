@@ -949,7 +949,10 @@ def reference_blocks_needed(prompt_len: int, new_tokens: int, block_size: int, s
     return total - shared_prefix // block_size
 
 
-BLOCKS_CASES = ((100, 30, 16, 40), (250, 38, 32, 200))  # (prompt, new tokens, block size, cached prefix tokens)
+# (prompt, new tokens, block size, cached prefix tokens). Subtracting prefix tokens instead of prefix blocks
+# agrees with the floor-division mistake when the last block's fill is at most the prefix's remainder
+# (the first case) and with the answer when it is larger (the third): the cases together tell all three apart.
+BLOCKS_CASES = ((100, 30, 16, 40), (250, 38, 32, 200), (61, 17, 8, 19))
 BLOCKS_MISTAKES = (
     Mistake("floor division", lambda p, n, b, s: (p + n) // b - s // b,
             "a partly filled last block still has to be allocated: round the block count up, -(-(p + n) // b)."),
@@ -960,6 +963,9 @@ BLOCKS_MISTAKES = (
             "the blocks of the cached prefix already exist: subtract the full blocks it covers."),
     Mistake("prompt only", lambda p, n, b, s: -(-p // b) - s // b,
             "the generated tokens need blocks too: count prompt_len + new_tokens positions."),
+    Mistake("prefix tokens subtracted", lambda p, n, b, s: -(-(p + n - s) // b),
+            "subtract full prefix blocks, not prefix tokens: the request's positions fill whole blocks from position 0, "
+            "so count its blocks, -(-(prompt_len + new_tokens) // block_size), then subtract shared_prefix // block_size."),
 )
 
 
@@ -984,7 +990,7 @@ def _check_ints(fn: Callable[..., Any], cases: tuple, reference: Callable[..., A
 
 
 def check_blocks_needed(fn: Callable[..., Any]) -> Feedback:
-    """Check ``fn(prompt_len, new_tokens, block_size, shared_prefix) -> new blocks`` on two cases."""
+    """Check ``fn(prompt_len, new_tokens, block_size, shared_prefix) -> new blocks`` on three cases."""
     return _check_ints(fn, BLOCKS_CASES, reference_blocks_needed, BLOCKS_MISTAKES,
                        "a request allocates its positions in whole blocks, less the full blocks a cached prefix already holds.",
                        "count ceil((prompt_len + new_tokens) / block_size) blocks, then subtract the full blocks of the cached prefix.")

@@ -169,6 +169,15 @@ def test_number_checkers(check, reference, mistakes) -> None:
         assert fb.status == "wrong" and fb.message == m.hint, m.name
 
 
+def test_blocks_mistakes_are_distinct_on_the_cases() -> None:
+    # no mistake gives the answer on every case, and no two mistakes give the same numbers on every case
+    answer = [ch10.reference_blocks_needed(*c) for c in ch10.BLOCKS_CASES]
+    got = {m.name: [m.compute(*c) for c in ch10.BLOCKS_CASES] for m in ch10.BLOCKS_MISTAKES}
+    assert all(v != answer for v in got.values())
+    assert len({tuple(v) for v in got.values()}) == len(got)
+    assert "not prefix tokens" in ch10.check_blocks_needed(lambda p, n, b, s: -(-(p + n - s) // b)).message
+
+
 def test_tensor_checkers() -> None:
     assert ch10.check_int8_per_token(ch10.reference_int8_per_token).passed
     for m in ch10.INT8_MISTAKES:
