@@ -452,8 +452,10 @@ def quantize(x: Tensor, scheme: str) -> tuple[Tensor, Tensor]:
     """Quantise a cache tensor ``x [..., S, D_k]``; returns ``(codes, scales)``.
 
     ``"int8-token"``: one scale per position (over ``D_k``); ``"int8-channel"``: one scale per
-    channel (over the positions); ``"fp8"``: float8 e4m3 with one scale per position. Symmetric:
-    ``x ~ codes * scales``.
+    channel over all the positions of ``x``, computed after the fact (a cache that grows cannot know
+    its later positions; KIVI quantises keys per channel in groups of recent positions instead);
+    ``"fp8"``: float8 e4m3 with one scale per position, rounded to the nearest float8 number by the
+    cast. Symmetric: ``x ~ codes * scales``.
     """
     if scheme == "int8-token":
         scale = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 127  # [..., S, 1]
