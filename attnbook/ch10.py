@@ -473,6 +473,24 @@ def dequantize(codes: Tensor, scale: Tensor) -> Tensor:
     return codes.to(scale.dtype) * scale
 
 
+def kivi_roundtrip(keys: Tensor, values: Tensor, group: int = 16) -> tuple[Tensor, Tensor, int]:
+    """Quantise a cache as KIVI does (in int8 here), and return ``(keys, values, bytes)`` after dequantising.
+
+    Keys ``[..., S, D_k]``: one scale per channel for each complete group of ``group`` positions,
+    computed when the group is complete; the newest ``S % group`` positions stay in 16-bit (the
+    residual) until their group fills. Values: one scale per position (per token). Bytes count the
+    int8 codes, the 16-bit scales and the 16-bit residual.
+    """
+    S, d = keys.shape[-2], keys.shape[-1]
+    full = S - S % group
+    grouped = keys[..., :full, :].unflatten(-2, (full // group, group))  # [..., S // group, group, D_k]
+    k_codes, k_scale = quantize(grouped.transpose(-2, -1), "int8-token")  # per channel: amax over the group's positions
+    k_hat = torch.cat([dequantize(k_codes, k_scale).transpose(-2, -1).flatten(-3, -2), keys[..., full:, :]], -2)  # [..., S, D_k]
+    v_codes, v_scale = quantize(values, "int8-token")
+    residual_bytes = keys[..., full:, :].numel() * 2
+    return k_hat, dequantize(v_codes, v_scale), quantized_bytes(k_codes, k_scale) + residual_bytes + quantized_bytes(v_codes, v_scale)
+
+
 def quantized_bytes(codes: Tensor, scale: Tensor, scale_bytes: int = 2) -> int:
     """Bytes of the codes plus the scales stored in 16-bit."""
     return codes.numel() * codes.element_size() + scale.numel() * scale_bytes
@@ -495,19 +513,23 @@ def quantized_cache_errors(model: Any, data: Tensor, scheme: str, *, context: in
     cache = KVCache()
     model(ids[:, :context], causal=True, cache=cache)
     exact = model(ids[:, context:], causal=True, cache=_copy_cache(cache.keys, cache.values))[:, -1]  # [B, V]
-    kq, ks = quantize(cache.keys, scheme)
-    vq, vs = quantize(cache.values, scheme)
-    approx = model(ids[:, context:], causal=True, cache=_copy_cache(dequantize(kq, ks), dequantize(vq, vs)))[:, -1]  # [B, V]
+    if scheme.startswith("kivi"):  # "kivi-16": keys per channel in groups of 16 positions, values per token
+        k_hat, v_hat, nbytes = kivi_roundtrip(cache.keys, cache.values, group=int(scheme.split("-")[1]))
+    else:
+        kq, ks = quantize(cache.keys, scheme)
+        vq, vs = quantize(cache.values, scheme)
+        k_hat, v_hat, nbytes = dequantize(kq, ks), dequantize(vq, vs), quantized_bytes(kq, ks) + quantized_bytes(vq, vs)
+    approx = model(ids[:, context:], causal=True, cache=_copy_cache(k_hat, v_hat))[:, -1]  # [B, V]
     # the attention output of the new token alone, with exact and with quantised keys and values
     att = model.attention
     x = model.embed(ids[:, context:]) + model.pos(torch.tensor([context]))  # [B, 1, D]
     outs = [att(x, causal=True, need_weights=False, cache=_copy_cache(k, v)).hidden_states
-            for k, v in ((cache.keys, cache.values), (dequantize(kq, ks), dequantize(vq, vs)))]
+            for k, v in ((cache.keys, cache.values), (k_hat, v_hat))]
     rel = float((outs[1] - outs[0]).pow(2).mean().sqrt() / outs[0].pow(2).mean().sqrt())
     logp, logq = torch.log_softmax(exact, -1), torch.log_softmax(approx, -1)
     kl = float((logp.exp() * (logp - logq)).sum(-1).mean())
     return {"attention_rel_error": rel, "kl": kl, "top1_same": float((exact.argmax(-1) == approx.argmax(-1)).float().mean()),
-            "bytes": quantized_bytes(kq, ks) + quantized_bytes(vq, vs), "bytes_fp32": cache.nbytes, "bytes_fp16": cache.nbytes // 2}
+            "bytes": nbytes, "bytes_fp32": cache.nbytes, "bytes_fp16": cache.nbytes // 2}
 
 
 def _copy_cache(keys: Tensor, values: Tensor) -> KVCache:

@@ -231,3 +231,18 @@ def test_sink_model_attention_weights_match_its_forward_pass() -> None:
         with torch.no_grad():
             att = ch10.sink_attention(q, k, v, attnlib.causal_mask(9), model.blocks[0].sink)
         assert torch.allclose(weights[0][..., :9] @ v.detach(), att, atol=1e-6)
+
+
+def test_kivi_roundtrip_groups_keys_per_channel_and_keeps_the_residual() -> None:
+    gen = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 2, 3, 37, 8, generator=gen).unbind(0)  # [B, H_kv, S, D_k] each
+    k_hat, v_hat, nbytes = ch10.kivi_roundtrip(k, v, group=16)
+    assert torch.equal(k_hat[..., 32:, :], k[..., 32:, :])  # the 5 newest positions stay unquantised
+    for start in (0, 16):  # each complete group has its own per-channel scale
+        g = k[..., start : start + 16, :]
+        s = g.abs().amax(-2, keepdim=True) / 127
+        assert torch.allclose(k_hat[..., start : start + 16, :], torch.round(g / s).clamp(-127, 127) * s)
+    s = v.abs().amax(-1, keepdim=True) / 127  # values per token
+    assert torch.allclose(v_hat, torch.round(v / s).clamp(-127, 127) * s)
+    # int8 codes, one 16-bit scale per channel and group, the 16-bit residual; values: codes and per-token scales
+    assert nbytes == 2 * 3 * 32 * 8 + 2 * 3 * 2 * 8 * 2 + 2 * 3 * 5 * 8 * 2 + 2 * 3 * 37 * 8 + 2 * 3 * 37 * 2
