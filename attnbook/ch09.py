@@ -43,7 +43,7 @@ from .slider import Frame, Panel
 
 __all__ = [
     "layer_flops", "layer_bytes", "mlp_flops_bytes", "decode_step_intensity", "cache_vs_context_figure", "mla_decode_counts", "mla_attention_flops", "append_times", "copied_positions", "time_per_token",
-    "toy_step_flops", "full_causal_pass",
+    "toy_step_flops", "full_causal_pass", "chunked_decoding_error",
     "ModelConfig", "MODELS", "DEEPSEEK_V2", "generation_frame", "GENERATION_TOKENS",
     "reference_append_and_attend", "APPEND_MISTAKES", "check_append_and_attend",
     "reference_window_cache_bytes", "WINDOW_MISTAKES", "check_window_cache_bytes",
