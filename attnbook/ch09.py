@@ -46,37 +46,68 @@ from .measure import interleaved_median_ms
 from .slider import Frame, Panel
 
 __all__ = [
-    "layer_flops", "layer_bytes", "mla_decode_counts", "mla_attention_flops", "append_times", "copied_positions", "time_per_token",
-    "toy_step_flops", "full_causal_pass",
+    "layer_flops", "layer_bytes", "mlp_flops_bytes", "decode_step_intensity", "cache_vs_context_figure", "mla_decode_counts", "mla_attention_flops", "append_times", "copied_positions", "time_per_token",
+    "toy_step_flops", "full_causal_pass", "chunked_decoding_error",
     "ModelConfig", "MODELS", "DEEPSEEK_V2", "generation_frame", "GENERATION_TOKENS",
     "reference_append_and_attend", "APPEND_MISTAKES", "check_append_and_attend",
     "reference_window_cache_bytes", "WINDOW_MISTAKES", "check_window_cache_bytes",
+    "reference_decode_intensity", "INTENSITY_MISTAKES", "check_decode_intensity",
+    "reference_mla_cache", "MLA_MISTAKES", "check_mla_cache",
+    "reference_merge_partials", "MERGE_MISTAKES", "check_merge_partials",
 ]
 
 
 # ---- exact counts ---------------------------------------------------------------------------------
 
 def layer_flops(D: int, H: int, H_kv: int, S_new: int, S_k: int) -> int:
-    """Matmul FLOPs of one attention layer for ``S_new`` queries against ``S_k`` keys.
+    """Matmul FLOPs of one attention *sublayer* for ``S_new`` queries against ``S_k`` keys.
 
     Multiply-add = 2 FLOPs, as ``FlopCounterMode`` counts: projections ``2 S_new D (2 D + 2 H_kv D_k)``
-    and the two attention matmuls ``2 * 2 H S_new S_k D_k`` (masked entries included, as the kernels
-    compute them).
+    and the two attention matmuls ``2 * 2 H S_new S_k D_k`` (masked entries included, as a
+    materialising kernel computes them; a flash kernel skips the fully masked tiles). The MLP of the
+    same transformer layer is not included: see :func:`mlp_flops_bytes`.
     """
     d_k = D // H
     return 2 * S_new * D * (2 * D + 2 * H_kv * d_k) + 4 * H * S_new * S_k * d_k
 
 
-def layer_bytes(D: int, H: int, H_kv: int, S_new: int, S_k: int, dtype_bytes: int = 2) -> int:
-    """Bytes one layer must move for ``S_new`` new positions against ``S_k`` keys (no activations).
+def layer_bytes(D: int, H: int, H_kv: int, S_new: int, S_k: int, dtype_bytes: int = 2, activations: bool = True) -> int:
+    """Bytes one attention sublayer must move for ``S_new`` new positions against ``S_k`` keys.
 
     Every weight is read once per call (``2 D^2 + 2 D H_kv D_k`` numbers), the cached keys and values
     of the ``S_k - S_new`` earlier positions are read, and the new positions' keys and values written.
-    Activations of the new tokens (a few ``D``-vectors each) are left out.
+    With ``activations``, each new position also moves ``8 D`` numbers: its input read, its queries
+    written and read, its keys and values read back by the attention, its attention output written
+    and read, and the sublayer's output written. For a prefill that is the same order as the cache
+    write; for a decode step it is negligible.
     """
     d_k = D // H
     weights = 2 * D * D + 2 * D * H_kv * d_k
-    return (weights + 2 * H_kv * d_k * S_k) * dtype_bytes
+    acts = 8 * S_new * D if activations else 0
+    return (weights + 2 * H_kv * d_k * S_k + acts) * dtype_bytes
+
+
+def mlp_flops_bytes(D: int, intermediate: int, S_new: int = 1, dtype_bytes: int = 2) -> dict[str, int]:
+    """FLOPs and weight bytes of a SwiGLU MLP (gate, up and down projections) for ``S_new`` positions.
+
+    Llama-style layers have one after every attention sublayer: ``3 D I`` weights, ``6 D I`` FLOPs per position.
+    """
+    return {"flops": 6 * D * intermediate * S_new, "weight_bytes": 3 * D * intermediate * dtype_bytes}
+
+
+def decode_step_intensity(D: int, H: int, H_kv: int, S: int, batch: int, intermediate: int = 0, dtype_bytes: int = 2) -> float:
+    """FLOPs per byte of one decode step of one transformer layer for ``batch`` sequences at context ``S``.
+
+    The weights (attention sublayer, plus a SwiGLU MLP of width ``intermediate`` when given) are read
+    once for the whole batch; every sequence reads its own cached keys and values. Activations are
+    left out (a few ``D``-vectors per sequence).
+    """
+    d_k = D // H
+    mlp = mlp_flops_bytes(D, intermediate, dtype_bytes=dtype_bytes) if intermediate else {"flops": 0, "weight_bytes": 0}
+    flops = batch * (layer_flops(D, H, H_kv, 1, S) + mlp["flops"])
+    weights = (2 * D * D + 2 * D * H_kv * d_k) * dtype_bytes + mlp["weight_bytes"]
+    cache = batch * 2 * H_kv * d_k * S * dtype_bytes
+    return flops / (weights + cache)
 
 
 def mla_decode_counts(D: int, H: int, L: int, S_k: int, dtype_bytes: int = 2, d_k: int | None = None) -> dict[str, dict[str, int]]:
@@ -119,6 +150,36 @@ def mla_attention_flops(H: int, L: int, d_k: int, S_new: int, S_k: int) -> dict[
     }
 
 
+# ---- chunked decoding against one causal pass ----------------------------------------------------
+
+def chunked_decoding_error(d_model: int, num_heads: int, num_kv_heads: int, *, seed: int,
+                           chunks: tuple[int, ...] = (4, 1, 1, 1, 3), dtype: torch.dtype = torch.float32) -> float:
+    """Largest difference, outputs and weights, between decoding ``chunks`` with a cache and one causal pass.
+
+    A seeded layer (batch of 2, the first sequence left-padded by 3) runs once over all positions and
+    once chunk by chunk with a :class:`attnlib.KVCache`; the generator is local, so the global seed
+    is left as it was.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        layer = MultiHeadSelfAttention(d_model, num_heads, num_kv_heads=num_kv_heads).to(dtype)
+    S = sum(chunks)
+    x = torch.randn(2, S, d_model, generator=gen, dtype=dtype)  # [B, S, D]
+    mask = torch.ones(2, S, dtype=torch.long)
+    mask[0, :3] = 0
+    error, pos, cache = 0.0, 0, KVCache()
+    with torch.no_grad():
+        full = layer(x, mask, causal=True)
+        for n in chunks:
+            out = layer(x[:, pos : pos + n], mask[:, : pos + n], causal=True, cache=cache)
+            error = max(error,
+                        (out.hidden_states - full.hidden_states[:, pos : pos + n]).abs().max().item(),
+                        (out.attention_weights - full.attention_weights[:, :, pos : pos + n, : pos + n]).abs().max().item())
+            pos += n
+    return error
+
+
 # ---- measurements ---------------------------------------------------------------------------------
 
 def append_times(n_tokens: int, H_kv: int = 8, D_k: int = 64, repeats: int = 3) -> dict[str, float]:
@@ -133,6 +194,7 @@ def append_times(n_tokens: int, H_kv: int = 8, D_k: int = 64, repeats: int = 3) 
         for _ in range(n_tokens):
             keys, values = torch.cat([keys, new], dim=2), torch.cat([values, new], dim=2)  # [B, H_kv, S + 1, D_k]
 
+    @torch.no_grad()  # decoding: with gradients enabled a KVCache keeps the autograd graph by concatenating
     def with_cache() -> None:
         cache = KVCache()
         for _ in range(n_tokens):
@@ -212,7 +274,11 @@ def toy_step_flops(model: Any, P: int) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A published decoder configuration (from each model's config.json / paper)."""
+    """A published decoder configuration (from each model's config.json / paper).
+
+    ``context`` is the longest sequence the model was released for (``max_position_embeddings``);
+    ``intermediate`` the width of its SwiGLU MLP.
+    """
 
     name: str
     layers: int
@@ -220,7 +286,9 @@ class ModelConfig:
     kv_heads: int
     head_dim: int
     params: float  # total parameters
+    context: int
     window: int | None = None
+    intermediate: int = 0
 
     def cache_bytes(self, seq_len: int, batch: int = 1, dtype_bytes: int = 2) -> int:
         kept = seq_len if self.window is None else min(seq_len, self.window)
@@ -230,7 +298,9 @@ class ModelConfig:
         return self.params * dtype_bytes
 
     def crossover(self, batch: int = 1) -> int | None:
-        """The shortest context at which the cache (16-bit) outgrows the 16-bit weights, or None."""
+        """The shortest context at which the cache (16-bit) outgrows the 16-bit weights, or None
+        when a window caps the cache below the weights. Compare with ``context``: beyond it the
+        model was not made to run."""
         per_token = self.cache_bytes(1, batch)
         S = int(self.weight_bytes() // per_token) + 1
         if self.window is not None and S > self.window:
@@ -239,10 +309,11 @@ class ModelConfig:
 
 
 MODELS = [
-    ModelConfig("Llama 2 7B (MHA)", 32, 32, 32, 128, 6.74e9),
-    ModelConfig("Llama 2 70B (GQA, 8 KV heads)", 80, 64, 8, 128, 68.98e9),
-    ModelConfig("Llama 3 8B (GQA, 8 KV heads)", 32, 32, 8, 128, 8.03e9),
-    ModelConfig("Mistral 7B (GQA + window 4096)", 32, 32, 8, 128, 7.24e9, window=4096),
+    ModelConfig("Llama 2 7B (MHA)", 32, 32, 32, 128, 6.74e9, context=4096, intermediate=11008),
+    ModelConfig("Llama 2 70B (GQA, 8 KV heads)", 80, 64, 8, 128, 68.98e9, context=4096, intermediate=28672),
+    ModelConfig("Llama 3.1 8B (GQA, 8 KV heads)", 32, 32, 8, 128, 8.03e9, context=131072, intermediate=14336),
+    ModelConfig("Llama 3.1 70B (GQA, 8 KV heads)", 80, 64, 8, 128, 70.55e9, context=131072, intermediate=28672),
+    ModelConfig("Mistral 7B v0.1 (GQA + window 4096)", 32, 32, 8, 128, 7.24e9, context=32768, window=4096, intermediate=14336),
 ]
 
 #: DeepSeek-V2 (236B parameters): 60 layers, 128 heads of 128 dims, kv_lora_rank 512 and a 64-dim
@@ -514,3 +585,259 @@ def check_window_cache_bytes(fn: Callable[[int], Any]) -> Feedback:
     bad = next(S for S, g, e in zip(WINDOW_LENGTHS, got, expected) if g != e)
     return wrong(f"for seq_len = {bad} you return {got[WINDOW_LENGTHS.index(bad)]:,.6g} bytes; count 2 x layers x KV heads x "
                  "head dim x cached positions x bytes per number.")
+
+
+# ---- figure: cache against context ----------------------------------------------------------------
+
+OKABE_ITO = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")
+
+
+def cache_vs_context_figure(models: list[ModelConfig] | None = None) -> Any:
+    """Cache GiB of one sequence (16-bit) against context, each model up to its context, its weights dashed.
+
+    Models whose caches coincide (Llama 2 70B and Llama 3.1 70B up to 4k) are told apart by line style
+    and marker; the weight lines, several within a few GiB of each other, carry their labels on the right.
+    """
+    import matplotlib.pyplot as plt
+
+    models = MODELS if models is None else models
+    styles = [("-", "o", 3.2), ("-", "s", 1.6), ("--", "^", 2.2), (":", "D", 2.6), ("-.", "v", 2.0), ("-", "P", 1.6)]
+    fig, ax = plt.subplots(figsize=(7.4, 4.4))
+    for m, colour, (ls, marker, lw) in zip(models, OKABE_ITO, styles):
+        lengths = np.unique(np.geomspace(256, m.context, 60).astype(int))
+        ax.plot(lengths, [m.cache_bytes(int(S)) / 2**30 for S in lengths], color=colour, lw=lw, ls=ls,
+                marker=marker, markevery=12, ms=5, label=m.name)
+        ax.plot([m.context], [m.cache_bytes(m.context) / 2**30], marker, color=colour, ms=8)
+        ax.axhline(m.weight_bytes() / 2**30, color=colour, lw=1, ls=(0, (6, 3)), alpha=0.9)
+    ax.set_xscale("log", base=2)
+    ticks = [256, 1024, 4096, 16384, 65536, 131072]
+    ax.set_xticks(ticks, ["256", "1k", "4k", "16k", "64k", "128k"])
+    ax.set_yscale("log")
+    ax.set_xlim(200, 131072 * 1.15)
+    # label the weight lines directly, at the right edge, spread apart so that close values stay legible
+    weights = sorted(((m.weight_bytes() / 2**30, m, c) for m, c in zip(models, OKABE_ITO)), key=lambda t: t[0])
+    lo, hi = ax.get_ylim()
+    span = np.log10(hi) - np.log10(lo)
+    placed: list[float] = []
+    for gib, m, colour in weights:
+        y = np.log10(gib)
+        if placed and y - placed[-1] < 0.055 * span:
+            y = placed[-1] + 0.055 * span
+        placed.append(y)
+        ax.annotate(f"{m.name.split(' (')[0]} weights, {gib:.1f} GiB", xy=(1.0, gib), xycoords=("axes fraction", "data"),
+                    xytext=(1.01, 10**y), textcoords=("axes fraction", "data"), fontsize=7, color=colour,
+                    va="center", ha="left", arrowprops=dict(arrowstyle="-", color=colour, lw=0.6))
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("context length (tokens, one sequence); each line ends at the model's context")
+    ax.set_ylabel("GiB (16-bit)")
+    ax.set_title("KV cache of one sequence (markers) against the weights (dashed)")
+    ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
+    ax.grid(alpha=0.3, which="both")
+    fig.subplots_adjust(left=0.1, right=0.72, top=0.92, bottom=0.12)  # room on the right for the weight labels
+    return fig
+
+
+# ---- exercise 3: decode intensity -----------------------------------------------------------------
+
+def reference_decode_intensity(D: int, H: int, H_kv: int, S: int, batch: int) -> float:
+    """FLOPs per byte of one decode step of an attention sublayer (16-bit, activations left out)."""
+    d_k = D // H
+    flops = batch * layer_flops(D, H, H_kv, 1, S)
+    weights = (2 * D * D + 2 * D * H_kv * d_k) * 2
+    return flops / (weights + batch * 2 * H_kv * d_k * S * 2)
+
+
+def _intensity(weights_per_seq: bool = False, cache_once: bool = False, nbytes: int = 2, cache_heads: str = "kv",
+               kv: int = 2, mha_weights: bool = False, activations: bool = False) -> Callable[..., float]:
+    def f(D: int, H: int, H_kv: int, S: int, batch: int) -> float:
+        d_k = D // H
+        flops = batch * layer_flops(D, H, H_kv, 1, S)
+        weight_numbers = 4 * D * D if mha_weights else 2 * D * D + 2 * D * H_kv * d_k
+        weights = weight_numbers * nbytes * (batch if weights_per_seq else 1)
+        heads = H_kv if cache_heads == "kv" else H
+        cache = (1 if cache_once else batch) * kv * heads * d_k * S * nbytes
+        extra = 0
+        if activations:  # the per-token activations that the exercise leaves out
+            extra = batch * (layer_bytes(D, H, H_kv, 1, S) - layer_bytes(D, H, H_kv, 1, S, activations=False))
+        return flops / (weights + cache + extra)
+    return f
+
+
+INTENSITY_CASES = ((256, 8, 2, 300, 4), (384, 12, 3, 1000, 16))  # (D, H, H_kv, S, batch): every size differs
+INTENSITY_MISTAKES = (
+    Mistake("weights read per sequence", _intensity(weights_per_seq=True),
+            "you read the weights once per sequence: a batched decode step reads every weight once and applies it to "
+            "all B new tokens; that sharing is what batching buys."),
+    Mistake("one cache for the batch", _intensity(cache_once=True),
+            "you read one cache for the whole batch: every sequence has its own cached keys and values, so the cache "
+            "bytes grow with B."),
+    Mistake("one byte per number", _intensity(nbytes=1),
+            "you counted numbers, not bytes: in 16-bit each weight and cached number takes 2 bytes."),
+    Mistake("query heads cached", _intensity(cache_heads="q"),
+            "the cache holds the H_kv key/value heads, not the H query heads."),
+    Mistake("keys only", _intensity(kv=1),
+            "the cache holds keys AND values: 2 x H_kv x D_k numbers per position."),
+    Mistake("multi-head weights", _intensity(mha_weights=True),
+            "you counted 4 D^2 weights, as for multi-head attention: with grouped-query attention the key and value "
+            "projections are D x (H_kv D_k) each, so the weights are 2 D^2 + 2 D H_kv D_k numbers."),
+    Mistake("activations counted", _intensity(activations=True),
+            "you counted the activations too (the input, query, attention output and output of every token): leave "
+            "them out here; read only the weights and the caches."),
+)
+
+
+def _number(value: Any) -> tuple[float | None, Feedback | None]:
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            return None, wrong(f"return one number, got a tensor of shape {tuple(value.shape)}.")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None, wrong(f"return a number, got {type(value).__name__}.")
+    return float(value), None
+
+
+def _check_numbers(fn: Callable[..., Any], cases: tuple, reference: Callable[..., float], mistakes: tuple,
+                   done: str, generic: str) -> Feedback:
+    got = []
+    for case in cases:
+        value, fb = run_reader_code(fn, *case)
+        if fb is not None:
+            return fb
+        value, fb = _number(value)
+        if fb is not None:
+            return fb
+        got.append(value)
+    rel = lambda a, b: abs(a - b) <= 1e-6 * max(1.0, abs(b))
+    if all(rel(g, reference(*c)) for g, c in zip(got, cases)):
+        return correct(done)
+    for m in mistakes:
+        if all(rel(g, m.compute(*c)) for g, c in zip(got, cases)):
+            return wrong(m.hint)
+    return wrong(generic)
+
+
+def check_decode_intensity(fn: Callable[..., Any]) -> Feedback:
+    """Check ``fn(D, H, H_kv, S, batch) -> FLOPs per byte`` on two configurations that differ in every size."""
+    return _check_numbers(
+        fn, INTENSITY_CASES, reference_decode_intensity, INTENSITY_MISTAKES,
+        "the batch shares the weight reads but not the caches, so the intensity rises with B towards a ceiling "
+        "set by the cache, about H / H_kv FLOPs per byte.",
+        "FLOPs: B x layer_flops(D, H, H_kv, 1, S). Bytes: the weights (2 D^2 + 2 D H_kv D_k numbers) once, plus "
+        "B caches of 2 x H_kv x D_k x S numbers, 2 bytes each.",
+    )
+
+
+# ---- exercise 4: MLA counts -----------------------------------------------------------------------
+
+def reference_mla_cache(layers: int, latent: int, rope: int, head_dim: int) -> tuple[float, float]:
+    """``(bytes per token over all layers in 16-bit, the GQA key/value heads of width head_dim with the same cache)``."""
+    per_layer = latent + rope  # one latent and one shared rotary key per token and layer
+    return float(per_layer * layers * 2), per_layer / (2 * head_dim)
+
+
+MLA_CASES = ((60, 512, 64, 128), (27, 256, 32, 96))  # (layers, latent, rope, head_dim)
+MLA_MISTAKES = (
+    Mistake("no rotary key", lambda l, L, r, d: (float(L * l * 2), L / (2 * d)),
+            "the decoupled rotary key is cached too: latent + rope numbers per token and layer."),
+    Mistake("latent as keys and values", lambda l, L, r, d: (float(2 * (L + r) * l * 2), (L + r) / d),
+            "the latent is stored once: keys and values are both rebuilt (or absorbed) from the same latent."),
+    Mistake("one byte per number", lambda l, L, r, d: (float((L + r) * l), (L + r) / (2 * d)),
+            "in 16-bit each number is 2 bytes."),
+    Mistake("GQA heads without V", lambda l, L, r, d: (float((L + r) * l * 2), (L + r) / d),
+            "a GQA key/value head caches a key AND a value, 2 x head_dim numbers per token and layer."),
+)
+
+
+def check_mla_cache(fn: Callable[..., Any]) -> Feedback:
+    """Check ``fn(layers, latent, rope, head_dim) -> (bytes per token, equivalent GQA heads)``."""
+    got = []
+    for case in MLA_CASES:
+        value, fb = run_reader_code(fn, *case)
+        if fb is not None:
+            return fb
+        if isinstance(value, (Tensor, np.ndarray)):  # an array of two numbers is as good as a tuple
+            if value.ndim != 1:
+                return wrong(f"return two numbers (bytes per token, equivalent heads), got an array of shape {tuple(value.shape)}.")
+            value = list(value)
+        if not isinstance(value, (tuple, list)) or len(value) != 2:
+            what = f"{len(value)} numbers" if isinstance(value, (tuple, list)) else type(value).__name__
+            return wrong(f"return two numbers (bytes per token, equivalent heads), got {what}.")
+        pair = []
+        for v in value:
+            number, fb = _number(v)
+            if fb is not None:
+                return fb
+            pair.append(number)
+        got.append(tuple(pair))
+    same = lambda a, b: all(abs(x - y) <= 1e-6 * max(1.0, abs(y)) for x, y in zip(a, b))
+    if all(same(g, reference_mla_cache(*c)) for g, c in zip(got, MLA_CASES)):
+        b, h = reference_mla_cache(*MLA_CASES[0])
+        return correct(f"{b:,.0f} bytes per token for DeepSeek-V2's sizes, the cache of {h:.2f} GQA key/value heads of width 128.")
+    for m in MLA_MISTAKES:
+        if all(same(g, m.compute(*c)) for g, c in zip(got, MLA_CASES)):
+            return wrong(m.hint)
+    return wrong("per token and layer MLA caches latent + rope numbers; a GQA key/value head caches 2 x head_dim. "
+                 "Multiply by the layers and by 2 bytes for the first number, divide for the second.")
+
+
+# ---- exercise 5: merging split-KV results ---------------------------------------------------------
+
+def reference_merge_partials(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
+    """Merge Flash-Decoding's partial results: ``outs[i] [B, H, 1, D_v]``, ``lses[i] [B, H, 1]`` -> ``[B, H, 1, D_v]``."""
+    lse = torch.logsumexp(torch.stack(lses), dim=0)  # [B, H, 1]
+    return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses))  # [B, H, 1, D_v]
+
+
+def _merge_case(B: int, H: int, D: int, sizes: tuple[int, ...], shift: float, seed: int) -> tuple[list[Tensor], list[Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, 1, D, generator=gen, dtype=torch.float64)
+    outs, lses = [], []
+    for n in sizes:
+        k = torch.randn(B, H, n, D, generator=gen, dtype=torch.float64)
+        v = torch.randn(B, H, n, D, generator=gen, dtype=torch.float64)
+        s = q @ k.transpose(-2, -1) + shift  # [B, H, 1, n]; the shift makes exp overflow
+        lses.append(torch.logsumexp(s, -1))  # [B, H, 1]
+        outs.append(torch.softmax(s, -1) @ v)  # [B, H, 1, D]
+    return outs, lses
+
+
+#: Two cases that differ in every size; the second has scores near 1000, where exp overflows even in float64.
+MERGE_CASES = ((2, 3, 5, (7, 4, 9), 0.0, 1), (1, 4, 6, (3, 11), 1000.0, 2))
+MERGE_MISTAKES = (
+    Mistake("plain average", lambda outs, lses: sum(outs) / len(outs),
+            "a plain average gives every chunk the same weight; a chunk's weight is its share of the softmax "
+            "denominator, exp(lse_i - lse) with lse = logsumexp of all the lse_i."),
+    Mistake("weights by key count", lambda outs, lses: sum(o * _count_share(outs, i) for i, o in enumerate(outs)),
+            "weighting by the number of keys in each chunk ignores the scores: use exp(lse_i - lse)."),
+    Mistake("unnormalised", lambda outs, lses: sum(torch.exp(l)[..., None] * o for o, l in zip(outs, lses)),
+            "the weights exp(lse_i) must be divided by their sum: use exp(lse_i - logsumexp(lses))."),
+)
+
+_MERGE_SIZES: dict[int, tuple[int, ...]] = {}
+
+
+def _count_share(outs: list[Tensor], i: int) -> float:
+    sizes = _MERGE_SIZES[len(outs)]  # the checker's cases have different chunk counts
+    return sizes[i] / sum(sizes)
+
+
+for _case in MERGE_CASES:
+    _MERGE_SIZES[len(_case[3])] = _case[3]
+
+
+def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
+    """Check ``fn(outs, lses) -> merged [B, H, 1, D_v]`` on two splits that differ in every size."""
+    for B, H, D, sizes, shift, seed in MERGE_CASES:
+        outs, lses = _merge_case(B, H, D, sizes, shift, seed)
+        got, fb = run_reader_code(fn, [o.clone() for o in outs], [l.clone() for l in lses])
+        if fb is not None:
+            return fb
+        expected = reference_merge_partials(outs, lses)
+        if isinstance(got, Tensor) and got.shape == expected.shape and not torch.isfinite(got).all():
+            return wrong(f"your result has inf or NaN when the scores are near {shift:.0f}: exp(lse_i) overflows. "
+                         "Subtract the overall logsumexp first: exp(lse_i - lse) is at most 1.")
+        if close(got, expected):
+            continue
+        return diagnose(got, MERGE_MISTAKES, outs, lses) or wrong(
+            f"the merged output differs from attention over all {sum(sizes)} keys (expected shape {tuple(expected.shape)}).")
+    return correct("the merge is exact: the partial results of any split combine into attention over all keys.")

@@ -73,6 +73,21 @@ def positive_scalar(name: str, value: object) -> float | Tensor:
     return value
 
 
+def constant_scalar(name: str, value: object) -> float:
+    """A real number > 0 as a float; a 0-d tensor that requires grad is refused (no gradient would reach it)."""
+    value = positive_scalar(name, value)
+    if isinstance(value, Tensor) and value.requires_grad:
+        raise ValueError(f"{name} is a tensor that requires grad, but no gradient flows to it here; pass {name}.detach() or a float")
+    return float(value)
+
+
+def flag(name: str, value: object, hint: str = "") -> bool:
+    """``True`` or ``False`` (a Python or NumPy bool); anything else is refused."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {type(value).__name__}{hint}")
+    return bool(value)
+
+
 def float_tensor(name: str, t: object, *, min_dim: int = 0) -> Tensor:
     if not isinstance(t, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -192,31 +207,26 @@ def module_inputs(x: object, attention_mask: object, d_model: int, weight: Tenso
     return x
 
 
-def cache_update(buffers: list[Tensor], new: tuple[Tensor, ...]) -> None:
+def cache_entries(new: tuple[Tensor, ...], cached: list[Tensor]) -> None:
     """New cache entries ``[B, H_kv, S_new, D_k]`` that match each other and what is cached."""
+    if not new:
+        raise ValueError("cache.update needs at least one tensor [B, H_kv, S_new, D_k], got none")
     for t in new:
         tensor_with_dims("cache entry", t, 4, "[B, H_kv, S_new, D_k]")
-    if len({(t.shape[:2], t.shape[-2]) for t in new}) != 1 or len({(t.dtype, t.device) for t in new}) != 1:
-        raise ValueError(f"keys and values must share B, H_kv, S_new, dtype and device, got {[shape(t) for t in new]}")
-    if buffers and buffers[0].shape[0] != new[0].shape[0]:
-        raise ValueError(f"batch size changed mid-sequence: the cache holds B = {buffers[0].shape[0]}, the new positions have B = {new[0].shape[0]}")
-    if buffers:
-        got = [(shape(t)[:2] + shape(t)[3:], t.dtype, t.device) for t in new]
-        cached = [(shape(b)[:2] + shape(b)[3:], b.dtype, b.device) for b in buffers]
-        if got != cached:
+    if len({(shape(t)[:3], t.dtype, t.device) for t in new}) != 1:
+        got = [f"{shape(t)} {t.dtype} {t.device}" for t in new]
+        raise ValueError(f"keys and values must share B, H_kv, S_new, dtype and device, got {got}")
+    if cached and cached[0].shape[0] != new[0].shape[0]:
+        raise ValueError(f"batch size changed mid-sequence: the cache holds B = {cached[0].shape[0]}, the new positions have B = {new[0].shape[0]}")
+    if cached:
+        got, held = ([f"{shape(t)[:2] + shape(t)[3:]} {t.dtype} {t.device}" for t in ts] for ts in (new, cached))
+        if got != held:
             raise ValueError(
-                f"new entries [B, H_kv, D_k], dtype, device {got} do not match the cached {cached}; "
+                f"new entries ([B, H_kv, D_k] dtype device) {got} do not match the cached {held}; "
                 "a KVCache holds one layer's sequences of one batch: start a new KVCache()"
             )
 
 
-def cache_for(cache: object, owner: tuple) -> tuple[int, int]:
-    """A KVCache used by one layer and one batch; returns the positions it has seen and still holds."""
-    from .kv_cache import KVCache
-
-    if not isinstance(cache, KVCache):
-        raise ValueError(f"cache must be an attnlib.KVCache, got {type(cache).__name__}")
-    if cache.owner is not None and cache.owner != owner:
-        raise ValueError(f"this cache was filled by a layer {cache.owner} but is used by {owner}; use one KVCache per layer")
-    cache.owner = owner
-    return cache.length, 0 if cache.keys is None else cache.keys.shape[-2]
+def instance(name: str, value: object, cls: type, what: str) -> None:
+    if not isinstance(value, cls):
+        raise ValueError(f"{name} must be {what}, got {type(value).__name__}")

@@ -90,8 +90,9 @@ class MultiHeadLatentAttention(nn.Module):
         >>> torch.allclose(a.hidden_states, b.hidden_states, atol=1e-6), b.attention_weights.shape
         (True, torch.Size([1, 4, 6, 6]))
         """
-        owner = ("MultiHeadLatentAttention", self.d_model, self.num_heads, self.latent_dim)
-        past, kept = (0, 0) if cache is None else _checks.cache_for(cache, owner)  # seen, still cached
+        if cache is not None:
+            _checks.instance("cache", cache, KVCache, "an attnlib.KVCache")
+        past, kept = (0, 0) if cache is None else cache.held_by(self)  # positions seen, still cached
         x = _checks.module_inputs(hidden_states, attention_mask, self.d_model, self.w_q.weight, past)
         S = x.shape[1]
         mask = scores_mask(attention_mask, S, past, kept + S, causal, None, x.device)  # [B, 1, S, S_k] or less
@@ -99,7 +100,7 @@ class MultiHeadLatentAttention(nn.Module):
         q = split_heads(self.w_q(x), self.num_heads)  # [B, H, S, D_k]
         latents = self.w_dkv(x)[:, None]  # [B, 1, S, L]: one "head" shared by all
         if cache is not None:
-            (latents,) = cache.update(latents)  # [B, 1, S_k, L]
+            (latents,) = cache.update(latents, owner=self)  # [B, 1, S_k, L]
         if absorbed:
             context, weights = self._absorbed(q, latents, mask, need_weights)
         else:

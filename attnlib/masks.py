@@ -81,10 +81,15 @@ def padding_mask(attention_mask: Tensor) -> Tensor:
     >>> padding_mask(torch.tensor([[1, 1, 0], [1, 1, 1]])).shape
     torch.Size([2, 1, 1, 3])
     """
+    return _key_mask(attention_mask, warn=True)
+
+
+def _key_mask(attention_mask: Tensor, warn: bool) -> Tensor:
     attention_mask = _checks.tensor_with_dims("attention_mask", attention_mask, 2, "[B, S]")
     _checks.only_values("attention_mask", attention_mask, lambda m: (m == 0) | (m == 1), "0 and 1")
     keep = attention_mask != 0  # [B, S]
-    _checks.warn_empty_sequences(keep, "padding_mask")
+    if warn:
+        _checks.warn_empty_sequences(keep, "padding_mask")
     return keep[:, None, None, :]  # [B, 1, 1, S]
 
 

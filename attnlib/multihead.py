@@ -16,7 +16,7 @@ from . import _checks
 from .core import scaled_dot_product_attention
 from .heads import merge_heads, repeat_kv, split_heads
 from .kv_cache import KVCache
-from .masks import causal_mask, combine_masks, padding_mask
+from .masks import _key_mask, causal_mask, combine_masks
 
 __all__ = ["AttentionOutput", "MultiHeadSelfAttention"]
 
@@ -115,7 +115,9 @@ class MultiHeadSelfAttention(nn.Module):
         >>> step.attention_weights.shape, cache.keys.shape  # [B, H, 1, 6], [B, H_kv, 6, D_k]
         (torch.Size([1, 4, 1, 6]), torch.Size([1, 2, 6, 4]))
         """
-        past, kept = (0, 0) if cache is None else _checks.cache_for(cache, self._owner())  # seen, still cached
+        if cache is not None:
+            _checks.instance("cache", cache, KVCache, "an attnlib.KVCache")
+        past, kept = (0, 0) if cache is None else cache.held_by(self)  # positions seen, still cached
         x = _checks.module_inputs(hidden_states, attention_mask, self.d_model, self.w_q.weight, past)
         S = x.shape[1]
         mask = scores_mask(attention_mask, S, past, kept + S, causal, self.window, x.device)  # [B, 1, S, S_k] or less
@@ -124,7 +126,7 @@ class MultiHeadSelfAttention(nn.Module):
         k = split_heads(self.w_k(x), self.num_kv_heads)  # [B, H_kv, S, D_k]
         v = split_heads(self.w_v(x), self.num_kv_heads)  # [B, H_kv, S, D_k]
         if cache is not None:
-            k, v = cache.update(k, v, window=self.window)  # [B, H_kv, S_k, D_k], S_k = S_kept + S
+            k, v = cache.update(k, v, window=self.window, owner=self)  # [B, H_kv, S_k, D_k], S_k = S_kept + S
         k = repeat_kv(k, self.num_heads)  # [B, H, S_k, D_k]
         v = repeat_kv(v, self.num_heads)  # [B, H, S_k, D_k]
 
@@ -142,9 +144,6 @@ class MultiHeadSelfAttention(nn.Module):
 
         merged = merge_heads(context)  # [B, S, D]
         return AttentionOutput(hidden_states=self.w_o(merged), attention_weights=weights)
-
-    def _owner(self) -> tuple:
-        return ("MultiHeadSelfAttention", self.d_model, self.num_heads, self.num_kv_heads, self.window)
 
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadSelfAttention":
@@ -185,10 +184,10 @@ def scores_mask(
 
     The ``S`` queries are the last of ``past + S`` positions; the ``S_k`` keys are the last ``S_k``.
     """
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be True or False, got {type(causal).__name__}; pass masks as attention_mask")
+    causal = _checks.flag("causal", causal, "; pass masks as attention_mask")
     if window is not None and not causal:
         raise ValueError(f"a sliding window (window = {window}) needs causal=True")
-    pad = None if attention_mask is None else padding_mask(attention_mask[:, past + S - S_k :])  # [B, 1, 1, S_k]
+    # an empty sequence warns (an inverted mask?) on a whole prompt, not while left padding is fed token by token
+    pad = None if attention_mask is None else _key_mask(attention_mask[:, past + S - S_k :], warn=past == 0 and S > 1)
     future = causal_mask(S, device=device, S_k=S_k, window=window) if causal else None  # [S, S_k]
     return combine_masks(pad, future)  # [B, 1, S, S_k], [B, 1, 1, S_k], [S, S_k] or None

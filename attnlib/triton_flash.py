@@ -8,24 +8,27 @@ max ``m``, the sum ``l`` and the accumulator ``acc`` live in registers and share
 until the finished rows are written. HBM sees q, k, v read and out, lse written, never a tile.
 
 The backward pass is the recomputing one of :mod:`attnlib.flash` (PyTorch tiles, no ``[S, S]``).
-Needs Triton (``pip install triton``) and a CUDA GPU; on a CPU, Triton's interpreter runs the same
-kernel on CPU tensors when ``TRITON_INTERPRET=1`` is set before ``triton`` is first imported.
+Needs Triton (``pip install triton``, imported on first use: installing it after a failed call
+needs no restart) and a CUDA GPU; on a CPU, Triton's interpreter runs the same kernel on CPU
+tensors when ``TRITON_INTERPRET=1`` is set before ``triton`` is first imported.
+
+Precision: float32 products use ``tl.dot(..., input_precision="ieee")``. Triton's default on
+NVIDIA GPUs of compute capability 8.0 and newer is TF32 (10-bit mantissas, errors near 1e-3 against
+SDPA); IEEE float32 matches SDPA to about 1e-6, at a fraction of the tensor cores' speed.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
 from torch import Tensor
 
-from .flash import BLOCK_K as TORCH_BLOCK_K, BLOCK_Q as TORCH_BLOCK_Q, _FlashAttention, _flatten
+from . import _checks
+from .flash import BLOCK_K as TORCH_BLOCK_K, BLOCK_Q as TORCH_BLOCK_Q, _FlashAttention, _flatten, flash_attention
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # attnlib never needs Triton; without it, triton_flash_attention says how to get it
-    triton = None
+triton = tl = _kernel = None  # imported on the first call (attnlib never needs Triton), retried until it works
 
 __all__ = ["triton_flash_attention"]
 
@@ -33,7 +36,7 @@ __all__ = ["triton_flash_attention"]
 def _forward_kernel(Q, K, V, Out, Lse,  # pointers to [N, S_q, D_k], [N, S_k, D_k], [N, S_k, D_v], [N, S_q, D_v], [N, S_q]
                     S_q, S_k, D_k, D_v, scale,
                     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                    BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+                    BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     n = tl.program_id(1).to(tl.int64)  # which (batch, head)
     rows = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # [BLOCK_Q] this program's queries
     dk = tl.arange(0, BLOCK_DK)  # [BLOCK_DK] feature index (a power of two >= D_k; the rest masked)
@@ -51,7 +54,7 @@ def _forward_kernel(Q, K, V, Out, Lse,  # pointers to [N, S_q, D_k], [N, S_k, D_
         cols = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K] this step's keys
         kt = tl.load(K + n * S_k * D_k + cols[None, :] * D_k + dk[:, None],
                      mask=(cols[None, :] < S_k) & (dk[:, None] < D_k), other=0.0)  # [BLOCK_DK, BLOCK_K] k^T
-        s = tl.dot(q, kt) * scale  # [BLOCK_Q, BLOCK_K] scores, accumulated and scaled in float32
+        s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_Q, BLOCK_K] scores, accumulated and scaled in float32
         visible = cols[None, :] < S_k  # [1, BLOCK_K] padding past the last key is hidden
         if CAUSAL:
             visible = visible & (cols[None, :] <= rows[:, None] + offset)  # [BLOCK_Q, BLOCK_K]
@@ -62,7 +65,7 @@ def _forward_kernel(Q, K, V, Out, Lse,  # pointers to [N, S_q, D_k], [N, S_k, D_
         l = l * alpha + tl.sum(p, 1)
         v = tl.load(V + n * S_k * D_v + cols[:, None] * D_v + dv[None, :],
                     mask=(cols[:, None] < S_k) & (dv[None, :] < D_v), other=0.0)  # [BLOCK_K, BLOCK_DV]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [BLOCK_Q, BLOCK_DV]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [BLOCK_Q, BLOCK_DV]
         m = m_new
     out = acc / l[:, None]  # [BLOCK_Q, BLOCK_DV], the only write of the output
     tl.store(Out + n * S_q * D_v + rows[:, None] * D_v + dv[None, :], out.to(Out.dtype.element_ty),
@@ -70,27 +73,39 @@ def _forward_kernel(Q, K, V, Out, Lse,  # pointers to [N, S_q, D_k], [N, S_k, D_
     tl.store(Lse + n * S_q + rows, m + tl.log(l), mask=rows < S_q)  # [BLOCK_Q] for the backward pass
 
 
-if triton is not None:  # compile the kernel (or interpret it, under TRITON_INTERPRET=1)
-    _forward_kernel = triton.jit(_forward_kernel)
+def _import_triton() -> None:
+    """Import Triton and decorate the kernel, or raise ImportError; a later call tries again."""
+    global triton, tl, _kernel
+    if _kernel is None:
+        importlib.invalidate_caches()  # see a Triton installed after this process started
+        try:
+            triton, tl = importlib.import_module("triton"), importlib.import_module("triton.language")
+        except ImportError as e:
+            raise ImportError("attnlib.triton_flash_attention needs Triton: pip install triton, then call it again") from e
+        _kernel = triton.jit(_forward_kernel)  # compiled (or interpreted, under TRITON_INTERPRET=1) when first run
 
 
 class _TritonFlashAttention(_FlashAttention):
     """Forward: the Triton kernel. Backward: inherited, the recomputing PyTorch tiles."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, block_q, block_k):  # type: ignore[no-untyped-def]
+    def forward(q, k, v, causal, scale, block_q, block_k):  # type: ignore[no-untyped-def]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # [N, S, D], rows packed
         (N, S_q, D_k), S_k, D_v = q.shape, k.shape[1], v.shape[2]
-        out = torch.empty(N, S_q, D_v, dtype=q.dtype, device=q.device)  # [N, S_q, D_v]
+        out = torch.empty(N, S_q, D_v, dtype=torch.float32, device=q.device)  # [N, S_q, D_v], rounded by the caller
         lse = torch.empty(N, S_q, dtype=torch.float32, device=q.device)  # [N, S_q]
         grid = (triton.cdiv(S_q, block_q), N)  # one program instance per (query block, batch-head)
-        _forward_kernel[grid](q, k, v, out, lse, S_q, S_k, D_k, D_v, scale, CAUSAL=causal,
-                              BLOCK_Q=block_q, BLOCK_K=block_k,
-                              BLOCK_DK=max(16, triton.next_power_of_2(D_k)),
-                              BLOCK_DV=max(16, triton.next_power_of_2(D_v)))
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (causal, scale, TORCH_BLOCK_Q, TORCH_BLOCK_K)
+        _kernel[grid](q, k, v, out, lse, S_q, S_k, D_k, D_v, scale, CAUSAL=causal,
+                      BLOCK_Q=block_q, BLOCK_K=block_k,
+                      BLOCK_DK=max(16, triton.next_power_of_2(D_k)),
+                      BLOCK_DV=max(16, triton.next_power_of_2(D_v)),
+                      PRECISION="ieee" if q.dtype == torch.float32 else "tf32")  # tf32: the default, unused for half
         return out, lse
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # type: ignore[no-untyped-def]
+        _FlashAttention.setup_context(ctx, inputs, output)
+        ctx.args = (*ctx.args[:2], TORCH_BLOCK_Q, TORCH_BLOCK_K)  # the backward runs PyTorch's tiles
 
 
 def triton_flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
@@ -101,10 +116,12 @@ def triton_flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Fa
 
     Args:
         q, k, v: ``[..., S_q, D_k]``, ``[..., S_k, D_k]``, ``[..., S_k, D_v]``; CUDA tensors, or
-            CPU tensors under ``TRITON_INTERPRET=1``. float16, bfloat16 or float32.
+            CPU tensors under ``TRITON_INTERPRET=1``. float16, bfloat16 or float32 (IEEE float32
+            products, not TF32: see the module docstring).
         causal: hide keys in each query's future (needs ``S_q <= S_k``).
         scale: multiplier for the dot products; ``None`` means ``1 / sqrt(D_k)``.
-        block_q, block_k: tile edges, powers of two >= 16 (``tl.dot`` needs at least 16).
+        block_q, block_k: tile edges, powers of two >= 16 (``tl.dot`` needs at least 16), Python or
+            NumPy ints.
 
     Returns:
         ``[..., S_q, D_v]`` in the dtype of ``q``.
@@ -113,12 +130,11 @@ def triton_flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Fa
     >>> triton_flash_attention(q, k, v, causal=True).shape  # doctest: +SKIP
     torch.Size([2, 4, 100, 32])
     """
-    if triton is None:
-        raise ImportError("attnlib.triton_flash_attention needs Triton: pip install triton")
+    _import_triton()
     for name, b in (("block_q", block_q), ("block_k", block_k)):
-        if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
+        if not _checks.is_int(b) or b < 16 or b & (b - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {b!r}")
-    lead, (q3, k3, v3), scale = _flatten(q, k, v, causal, scale)  # [N, S, D] each
+    lead, (q3, k3, v3), causal, scale = _flatten(q, k, v, causal, scale)  # [N, S, D] each
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"triton_flash_attention takes float16, bfloat16 or float32, got {q.dtype}")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
@@ -127,5 +143,7 @@ def triton_flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Fa
                          "before triton is first imported (torch.compile and PyTorch's FLOP counter import it)")
     if interpreted and q.dtype == torch.bfloat16:  # Triton's interpreter has no bfloat16 tl.dot (triton#11584)
         raise ValueError("Triton's interpreter (TRITON_INTERPRET=1) cannot run bfloat16; use float16 or float32 on the CPU")
-    out, _ = _TritonFlashAttention.apply(q3, k3, v3, bool(causal), scale, block_q, block_k)
-    return out.reshape(*lead, *out.shape[1:])  # [..., S_q, D_v]
+    if q3.numel() == 0 or k3.shape[1] == 0:  # nothing to launch; the PyTorch tiles give SDPA's empty result
+        return flash_attention(q, k, v, causal=causal, scale=scale)
+    out, _ = _TritonFlashAttention.apply(q3, k3, v3, causal, scale, int(block_q), int(block_k))
+    return out.to(q.dtype).reshape(*lead, q.shape[-2], v.shape[-1])  # [..., S_q, D_v]

@@ -70,3 +70,15 @@ def test_figures_have_alt_text(path: Path) -> None:
         if any("image/png" in o.get("data", {}) for o in cell.outputs):
             alt = cell.metadata.get("mystnb", {}).get("image", {}).get("alt", "")
             assert len(alt) > 20, f"{path} cell {i} draws a figure without alt text in metadata.mystnb.image.alt"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=str)
+def test_markdown_has_no_control_characters(path: Path) -> None:
+    # A LaTeX command written through a non-raw Python string ("\text", "\right", "\bmod") turns into a
+    # TAB, CR or backspace that silently breaks the formula on the page.
+    nb = nbformat.read(ROOT / path, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        bad = sorted({hex(ord(ch)) for ch in cell.source if (ord(ch) < 32 and ch != "\n") or ord(ch) == 127})
+        assert not bad, f"{path} markdown cell {i} contains control characters {bad}"

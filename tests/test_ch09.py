@@ -3,6 +3,7 @@ the slider's frames show what the cache holds."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -46,11 +47,12 @@ def test_toy_step_flops_and_copied_positions() -> None:
 
 
 def test_cache_sizes_of_real_models() -> None:
-    llama2_7b, llama2_70b, llama3_8b, mistral = ch09.MODELS
+    llama2_7b, llama2_70b, llama3_8b, llama3_70b, mistral = ch09.MODELS
     assert llama2_7b.cache_bytes(1) == 2**19  # 0.5 MiB per token
     assert llama3_8b.cache_bytes(1) == 2**17 and llama2_70b.cache_bytes(1) == 5 * 2**16
     assert mistral.cache_bytes(32_768) == mistral.cache_bytes(4096) == 2**29  # the window caps it
-    assert mistral.crossover() is None and 25_000 < llama2_7b.crossover() < 26_000
+    assert mistral.crossover() is None and llama2_7b.crossover() > llama2_7b.context  # never within its context
+    assert llama3_8b.crossover() == 122_529 < llama3_8b.context and llama3_70b.crossover() > llama3_70b.context
 
 
 def test_append_and_attend_checker() -> None:
@@ -121,3 +123,61 @@ def test_review_items_of_chapter_9_checkers() -> None:
     assert "MiB" in ch09.check_window_cache_bytes(lambda S: ch09.reference_window_cache_bytes(S) / 2**20).message
     fb = ch09.check_window_cache_bytes(lambda S: None if S < 2048 else ch09.reference_window_cache_bytes(S))
     assert "did you forget `return`" in fb.message
+
+
+def test_new_checkers_accept_the_reference_and_name_every_mistake() -> None:
+    for check, ref, mistakes in ((ch09.check_decode_intensity, ch09.reference_decode_intensity, ch09.INTENSITY_MISTAKES),):
+        assert check(ref).passed
+        for m in mistakes:
+            fb = check(m.compute)
+            assert fb.status == "wrong" and fb.message == m.hint, m.name
+    assert ch09.check_mla_cache(ch09.reference_mla_cache).passed
+    # any length-2 sequence or array of real numbers is accepted
+    assert ch09.check_mla_cache(lambda *c: np.array(ch09.reference_mla_cache(*c))).passed
+    assert ch09.check_mla_cache(lambda *c: torch.tensor(ch09.reference_mla_cache(*c), dtype=torch.float64)).passed
+    assert ch09.check_mla_cache(lambda *c: list(ch09.reference_mla_cache(*c))).passed
+    assert ch09.check_mla_cache(lambda *c: np.zeros(3)).status == "wrong"
+    for m in ch09.MLA_MISTAKES:
+        fb = ch09.check_mla_cache(m.compute)
+        assert fb.status == "wrong" and fb.message == m.hint, m.name
+    assert ch09.check_merge_partials(ch09.reference_merge_partials).passed
+    for m in ch09.MERGE_MISTAKES:
+        fb = ch09.check_merge_partials(m.compute)
+        assert fb.status == "wrong" and fb.message == m.hint, m.name
+    naive = lambda outs, lses: sum(torch.exp(l)[..., None] * o for o, l in zip(outs, lses)) / sum(torch.exp(l) for l in lses)[..., None]
+    assert "overflows" in ch09.check_merge_partials(naive).message
+    assert ch09.check_decode_intensity(lambda *a: torch.ones(2)).status == "wrong"
+
+    def stub(*a):
+        raise NotImplementedError
+
+    for check in (ch09.check_decode_intensity, ch09.check_mla_cache, ch09.check_merge_partials):
+        assert check(stub).status == "todo"
+
+
+def test_decode_intensity_and_the_weight_read_batch() -> None:
+    # weights only (no cache): the intensity of a decode step is about B FLOPs per byte
+    assert abs(ch09.decode_step_intensity(4096, 32, 8, 1, 295, 14336) - 295) < 3
+    # with a long GQA cache the intensity saturates below H / H_kv x (a little) whatever the batch
+    assert 4 < ch09.decode_step_intensity(4096, 32, 8, 131072, 10**6, 14336) < 5  # saturates near H / H_kv
+    assert ch09.mlp_flops_bytes(4096, 11008)["flops"] == 270_532_608
+
+
+@pytest.mark.parametrize("cases, reference, mistakes", [
+    (ch09.INTENSITY_CASES, ch09.reference_decode_intensity, ch09.INTENSITY_MISTAKES),
+    (ch09.MLA_CASES, ch09.reference_mla_cache, ch09.MLA_MISTAKES),
+], ids=["decode_intensity", "mla_cache"])
+def test_number_checker_mistakes_are_distinct(cases, reference, mistakes) -> None:
+    # on the checker's cases no mistake equals the answer and no two mistakes give the same numbers,
+    # so every mistake gets its own hint
+    def values(f):
+        return [np.atleast_1d(np.asarray(f(*c), dtype=float)) for c in cases]
+    same = lambda a, b: all(np.allclose(x, y, rtol=1e-6, atol=0) for x, y in zip(a, b))
+    answer = values(reference)
+    got = {m.name: values(m.compute) for m in mistakes}
+    for name, v in got.items():
+        assert not same(v, answer), f"mistake {name!r} gives the answer"
+    names = list(got)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not same(got[a], got[b]), f"mistakes {a!r} and {b!r} collide"

@@ -92,12 +92,13 @@ def test_fused_path_uses_a_bottom_right_mask(num_kv_heads) -> None:
     assert not torch.allclose(top_left, bottom_right)
 
 
+@torch.no_grad()  # with gradients enabled the cache appends with torch.cat (tests/test_misuse_cache_flash.py)
 def test_growth_policy_doubles_and_rolls() -> None:
     cache = KVCache()
     reserved = []
     for _ in range(9):
         cache.update(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
-        reserved.append(cache.reserved_nbytes // (2 * 2 * 4 * 4))  # positions reserved
+        reserved.append(cache.reserved_bytes // (2 * 2 * 4 * 4))  # positions reserved
     assert reserved == [1, 2, 4, 4, 8, 8, 8, 8, 16]
     rolling = KVCache()
     for i in range(20):
@@ -105,16 +106,21 @@ def test_growth_policy_doubles_and_rolls() -> None:
         keys, _ = rolling.update(k, k, window=4)
         assert keys[0, 0, :, 0].tolist() == list(map(float, range(max(0, i - 4), i + 1)))
         assert rolling.keys[0, 0, :, 0].tolist() == list(map(float, range(max(0, i - 3), i + 1)))
-    assert rolling.reserved_nbytes <= 8 * 2 * 4  # never more than 2 * window positions
+        assert rolling.reserved_bytes <= 8 * 2 * 4  # never more than 2 * window positions
+    long = KVCache()  # a long prompt, then decoding: the buffer shrinks back to the window
+    long.update(torch.zeros(1, 2, 300, 4), torch.zeros(1, 2, 300, 4), window=4)
+    for _ in range(5):
+        long.update(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), window=4)
+        assert long.nbytes == 2 * 2 * 4 * 4 * 4 and long.reserved_bytes <= 2 * long.nbytes
 
 
 def test_bad_input_raises_clear_errors() -> None:
     torch.manual_seed(0)
     layer, cache = MultiHeadSelfAttention(16, 4, num_kv_heads=2), KVCache()
     layer(torch.randn(2, 3, 16), causal=True, cache=cache)
-    with pytest.raises(ValueError, match="filled by a layer"):
+    with pytest.raises(ValueError, match="holds the keys and values of another layer"):
         MultiHeadSelfAttention(16, 4)(torch.randn(2, 1, 16), causal=True, cache=cache)
-    with pytest.raises(ValueError, match="filled by a layer"):
+    with pytest.raises(ValueError, match="holds the keys and values of another layer"):
         MultiHeadSelfAttention(32, 8, num_kv_heads=4)(torch.randn(2, 1, 32), causal=True, cache=cache)
     with pytest.raises(ValueError, match="batch size changed mid-sequence: the cache holds B = 2"):
         layer(torch.randn(1, 1, 16), causal=True, cache=cache)
@@ -179,3 +185,20 @@ def test_any_chunking_equals_one_causal_pass(chunks, num_kv_heads, window, fused
         pos += n
     torch.testing.assert_close(torch.cat(outs, dim=1), full, atol=1e-12, rtol=1e-12)
     assert cache.keys.shape[2] == (pos if window is None else min(pos, window))
+
+
+def test_truncate_rolls_back_to_a_length() -> None:
+    torch.manual_seed(0)
+    layer, x = MultiHeadSelfAttention(16, 4, num_kv_heads=2), torch.randn(1, 9, 16)
+    cache = KVCache()
+    layer(x[:, :5], causal=True, cache=cache)
+    layer(torch.randn(1, 3, 16), causal=True, cache=cache)  # three drafted tokens ...
+    cache.truncate(5)  # ... all rejected
+    assert cache.length == 5 and cache.keys.shape[-2] == 5
+    out = layer(x[:, 5:], causal=True, cache=cache).hidden_states
+    torch.testing.assert_close(out, layer(x, causal=True).hidden_states[:, 5:])
+    cache.truncate(0)
+    assert cache.length == 0 and cache.nbytes == 0
+    for bad in (-1, 1, 2.0, True, "1", None):
+        with pytest.raises(ValueError, match=r"truncate length must be an int in 0\.\.0"):
+            cache.truncate(bad)

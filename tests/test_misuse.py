@@ -119,7 +119,7 @@ MISTAKES: list[tuple[str, Callable[[], object], str]] = [
     ("a device given as a number", lambda: get_device(1.5), r"prefer must be a device string such as 'cpu' or 'cuda:0', got float"),
     ("a device name PyTorch does not know", lambda: get_device("gpu"), r"unknown device 'gpu'"),
     ("keys and values of different lengths appended to a KVCache", lambda: KVCache().update(Q[:, :, :3], V),
-     r"keys and values must share B, H_kv, S_new, dtype and device, got \[\(2, 8, 3, 4\), \(2, 8, 5, 4\)\]"),
+     r"keys and values must share B, H_kv, S_new, dtype and device, got \['\(2, 8, 3, 4\) torch.float32 cpu', '\(2, 8, 5, 4\) torch.float32 cpu'\]"),
     ("a latent width of zero", lambda: MultiHeadLatentAttention(16, 4, latent_dim=0), r"latent_dim must be a positive int, got 0"),
 ]
 

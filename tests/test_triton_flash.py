@@ -70,6 +70,27 @@ def _run_cases() -> dict:
         triton_flash_attention(q.bfloat16(), k.bfloat16(), v.bfloat16())
     except ValueError as error:
         results["bfloat16_error"] = str(error)
+    import numpy as np
+
+    import attnlib.triton_flash as tf
+
+    q, k, v = (t.detach() for t in inputs(20, 20, 16, 16))
+    launches, kernel = [], tf._kernel
+
+    class Spy:  # records the launch's compile-time arguments, then runs the kernel
+        def __getitem__(self, grid):  # type: ignore[no-untyped-def]
+            return lambda *args, **kwargs: (launches.append({k: str(v) for k, v in kwargs.items()}), kernel[grid](*args, **kwargs))
+
+    tf._kernel = Spy()
+    try:
+        got = triton_flash_attention(q, k, v, block_q=np.int64(16), block_k=np.int32(16))  # NumPy block sizes
+        triton_flash_attention(q.half(), k.half(), v.half(), block_q=16, block_k=16)
+    finally:
+        tf._kernel = kernel
+    results["numpy_blocks"] = float((got - F.scaled_dot_product_attention(q, k, v)).abs().max())
+    results["precision"] = [launch["PRECISION"] for launch in launches]
+    results["degenerate"] = [list(triton_flash_attention(*(torch.randn(*s) for s in shapes)).shape) for shapes in
+                             (((0, 4, 16),) * 3, ((1, 0, 16), (1, 4, 16), (1, 4, 16)), ((1, 3, 16), (1, 0, 16), (1, 0, 16)))]
     return results
 
 
@@ -102,6 +123,18 @@ def test_backward_matches_sdpa(interpreted: dict) -> None:
     assert max(interpreted["grad"]) < 1e-4, interpreted["grad"]
 
 
+def test_float32_products_are_ieee_not_tf32(interpreted: dict) -> None:
+    """On GPUs of compute capability >= 8.0, tl.dot's default for float32 is TF32 (about 1e-3 off
+    SDPA). The interpreter computes in full float32 whatever it is told, so what it can show is
+    the launch: float32 asks for "ieee"; float16 keeps the default, which does not apply to it."""
+    assert interpreted["precision"] == ["ieee", "tf32"]
+
+
+def test_numpy_block_sizes_and_degenerate_shapes(interpreted: dict) -> None:
+    assert interpreted["numpy_blocks"] < 1e-5
+    assert interpreted["degenerate"] == [[0, 4, 16], [1, 0, 16], [1, 3, 16]]
+
+
 def test_bfloat16_in_the_interpreter_raises_instead_of_returning_garbage(interpreted: dict) -> None:
     """Triton 3.9's interpreter multiplies bfloat16's raw bits in tl.dot (results near 1e9)."""
     assert "cannot run bfloat16" in interpreted.get("bfloat16_error", ""), interpreted
@@ -127,6 +160,23 @@ def test_without_triton_the_error_names_the_install_command() -> None:
     )
     done = _child(code)
     assert "pip install triton" in done.stdout, done.stderr
+
+
+def test_a_failed_import_of_triton_is_retried_on_the_next_call() -> None:
+    """A reader installs Triton after the first failure: the next call must find it, no restart."""
+    pytest.importorskip("triton")
+    code = (
+        "import sys, torch, attnlib\n"
+        "q = torch.randn(1, 4, 16)\n"
+        "sys.modules['triton'] = None\n"  # as if Triton were not installed yet
+        "try:\n    attnlib.triton_flash_attention(q, q, q)\nexcept ImportError as e:\n    print('first:', e)\n"
+        "del sys.modules['triton']\n"  # ... and now it is
+        "try:\n    attnlib.triton_flash_attention(q, q, q)\nexcept ValueError as e:\n    print('second:', e)\n"
+    )
+    done = _child(code)
+    first, second = done.stdout.splitlines()
+    assert first.startswith("first:") and "pip install triton" in first, done.stderr
+    assert second.startswith("second: q is on the CPU"), done.stdout  # Triton was imported this time
 
 
 def test_cpu_tensors_without_the_interpreter_raise_a_clear_error() -> None:
