@@ -97,9 +97,8 @@ _CSS = """
 
 # One handler per quiz box. Where it runs, it removes the note for notebooks that have not been
 # run and enables the answers, which the markup leaves disabled (JupyterLab shows a notebook that
-# has not been run without its scripts, and the answers would look alive but do nothing). Enter
-# and Space on an answer are the quiz's alone: JupyterLab's command mode would take Enter to edit
-# the cell instead of pressing the button. Multiple choice: a click (or Enter/Space on the focused button)
+# has not been run without its scripts, and the answers would look alive but do nothing).
+# Multiple choice: a click (or Enter/Space on the focused button)
 # grades that answer; arrow keys do nothing. Numeric: Enter in the field or the Check button
 # grades what was typed (a fraction a/b is accepted; with `precision`, both sides are rounded to
 # that many significant digits, as jupyterquiz does). Feedback goes to an aria-live region.
@@ -107,7 +106,6 @@ _JS = """(function(){
 var root=document.getElementById(%(uid)s);if(!root)return;
 var note=root.querySelector(".aq-note");if(note)note.remove();
 root.querySelectorAll("button,input").forEach(function(e){e.disabled=false;});
-root.addEventListener("keydown",function(e){if((e.key==="Enter"||e.key===" ")&&e.target.closest("button,input"))e.stopPropagation();});
 var data=JSON.parse(root.querySelector("script[type='application/json']").textContent);
 function say(q,ok,text,extra){var fb=q.querySelector(".aq-fb");
  fb.className="aq-fb "+(ok?"aq-right":"aq-wrong");fb.textContent="";
