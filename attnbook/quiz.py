@@ -136,8 +136,7 @@ root.querySelectorAll(".aq-q").forEach(function(q){var d=data[Number(q.dataset.q
 
 
 #: What the quiz says where its script has not run (removed by the script).
-_NOTE = ("Run this cell to take the quiz: the answers are checked by a script, which runs once the "
-         "notebook has been run (or trusted).")
+_NOTE = "Run this cell to take the quiz."
 
 
 def quiz_html(name: str, questions: list[dict[str, Any]]) -> str:

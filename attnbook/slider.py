@@ -225,13 +225,17 @@ _RENDER_JS = (
     "return o.join('');}"
 )
 
+#: The line view's part of the renderer, left out of a slider that has no line-view panel (it
+#: would be about 1 KB of script per slider that never runs).
+_LINES_JS = _RENDER_JS[_RENDER_JS.index("function L(p){"):_RENDER_JS.index("f.p.forEach(function(p){")]
+_HEATMAP_JS = _RENDER_JS.replace(_LINES_JS, "")
+
 _FRAME_BOX = 'class="attnlib-frame" style="overflow-x:auto;max-width:100%"'
 
 #: What a static slider says where its script has not run: in a notebook that has not been run
 #: (JupyterLab and Jupyter leave out the scripts of untrusted outputs). The script removes it
 #: and enables the slider, which the markup leaves disabled, so no dead control is shown.
-_NOTE_SLIDER = ("Run this cell to use the slider: the other settings are drawn by a script, which runs "
-                "once the notebook has been run (or trusted).")
+_NOTE_SLIDER = "Run this cell to use the slider."
 
 
 def frame_setting(frame: Callable[..., Frame], setting: Mapping[str, Any]) -> dict[str, Any]:
@@ -323,6 +327,7 @@ def static_slider(
     pal = palette(cmap)
     data = [{**_frame_data(f, fmt, len(pal)), "a": frame_setting(frame, s)} for f, s in zip(frames, settings)]
     used = sorted({k for d in data for p in d["p"] for k in p["i"] if k >= 0})
+    lines = any(p.get("y") == "lines" for d in data for p in d["p"])
     styles = {"hidden": _HIDDEN, "masked": _MASKED, "head": _HEAD, "rowhead": _ROW_HEAD, "corner": _CORNER}
     payload = _packed_for_script({"s": styles, "pal": {str(k): pal[k] for k in used}, "f": data})
     uid = "attnlib-slider-" + hashlib.sha1((title + slider_label + payload).encode()).hexdigest()[:10]
@@ -332,11 +337,11 @@ def static_slider(
         "<script>(function(){"
         f'var root=document.getElementById("{uid}");if(!root)return;'
         'var input=root.querySelector("input[type=range]"),out=root.querySelector(".attnlib-value"),'
-        f'box=root.querySelector(".attnlib-frame"),note=root.querySelector(".attnlib-note"),render={_RENDER_JS};'
+        f'box=root.querySelector(".attnlib-frame"),render={_RENDER_JS if lines else _HEATMAP_JS};'
         # The script runs, so the slider works: drop the note meant for a notebook that was not run.
-        'if(note)note.remove();input.disabled=false;'
+        'root.querySelector(".attnlib-note").remove();input.disabled=false;'
         # Keys that move the slider move only the slider (JupyterLab's command mode would take them).
-        'input.addEventListener("keydown",function(e){if(/^(Arrow|Page|Home$|End$)/.test(e.key))e.stopPropagation();});'
+        'input.onkeydown=function(e){if(/^(Arrow|Page|Home$|End$)/.test(e.key))e.stopPropagation();};'
         'function ready(d){function show(){var k=Number(input.value);if(String(k)!==box.dataset.index){box.innerHTML=render(d,k);box.dataset.index=k;}'
         'out.textContent=d.f[k].l;input.setAttribute("aria-valuetext",d.f[k].l);}'
         'input.addEventListener("input",show);show();root.dataset.ready="1";}'

@@ -167,8 +167,9 @@ def test_static_slider_says_run_this_cell_until_its_script_runs() -> None:
     markup, script = html.split("<script>(function", 1)
     assert re.search(r'<input [^>]*type="range"[^>]* disabled>', markup), "the slider is not disabled before its script runs"
     assert re.search(r'<p class="attnlib-note"[^>]*>Run this cell to use the slider', markup)
-    assert "note.remove();input.disabled=false;" in script
-    assert 'input.addEventListener("keydown",function(e){if(/^(Arrow|Page|Home$|End$)/.test(e.key))e.stopPropagation();});' in script
+    assert 'root.querySelector(".attnlib-note").remove();input.disabled=false;' in script
+    assert 'input.onkeydown=function(e){if(/^(Arrow|Page|Home$|End$)/.test(e.key))e.stopPropagation();};' in script
+    assert "function L(p)" not in script  # no line view, so no line-view renderer
     # every frame carries its setting, defaults included
     assert [f["a"] for f in unpack_slider_data(html)["f"]] == SETTINGS
     settings = [{"t": 1}, {"t": 2}]
@@ -316,3 +317,23 @@ def test_javascript_renderer_writes_the_same_markup_as_python(tmp_path) -> None:
     pal = sl.palette("viridis")
     expected = [sl._frame_markup(sl._frame_data(f, "{:.2f}", len(pal)), pal) for f in frames]
     assert json.loads(out) == expected
+
+
+def test_heatmap_only_renderer_writes_the_same_markup_as_python(tmp_path) -> None:
+    """A slider without a line view carries the renderer without its line-view part; it draws the same."""
+    import shutil
+    import subprocess
+
+    from attnbook import slider as sl
+
+    node = shutil.which("node")
+    assert node, "Node.js is needed for this test (the Makefile and .ci/run install it)"
+    markup = static_slider(demo_frame, SETTINGS, slider_label="t", title="t", alt="a").data
+    assert sl._HEATMAP_JS in markup and "function L(p)" not in markup and len(sl._HEATMAP_JS) < len(sl._RENDER_JS) - 800
+    (tmp_path / "data.json").write_text(json.dumps(sl.unpack_slider_data(markup)), encoding="utf-8")
+    script = f"const d=JSON.parse(require('fs').readFileSync({str(tmp_path / 'data.json')!r},'utf8'));" \
+             f"const render={sl._HEATMAP_JS};console.log(JSON.stringify(d.f.map((_,k)=>render(d,k))));"
+    out = subprocess.run([node, "-e", script], capture_output=True, text=True, check=True).stdout
+    pal = sl.palette("viridis")
+    assert json.loads(out) == [sl._frame_markup(sl._frame_data(demo_frame(**s), "{:.2f}", len(pal)), pal) for s in SETTINGS]
+    assert "function L(p)" in static_slider(_lines_frame, [{"k": 1}], slider_label="k", title="t", alt="a").data
