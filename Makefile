@@ -5,13 +5,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NOTEBOOKS = $(shell $(BIN)/python tests/toc.py)
 
-.PHONY: setup book explorer test test-site test-colab lab bench bench-explorer clean help
+.PHONY: setup book explorer test test-site test-colab test-lab lab bench bench-explorer clean help
 
 help:
 	@echo "make book       build the website into _build/html (needs npm for the attention explorer)"
 	@echo "make test       unit tests + every notebook re-executed and compared (nbval)"
 	@echo "make test-site  build the website, then open every page in headless Chromium, offline"
 	@echo "make test-colab every chapter run top to bottom as in Colab's CPU runtime (its recorded packages)"
+	@echo "make test-lab   every chapter in JupyterLab in headless Chromium: Run All, sliders, quiz, folded solutions"
 	@echo "make lab        open the book in JupyterLab"
 	@echo "make bench      attention benchmark (timings and memory on this machine)"
 	@echo "make bench-explorer  the attention explorer's load and run times in headless Chromium"
@@ -72,8 +73,17 @@ $(COLAB_STAMP): tests/colab/requirements-colab.txt
 test-colab: setup $(COLAB_STAMP)
 	$(BIN)/python tests/colab/run_colab.py --venv $(COLAB_VENV) $(COLAB_NOTEBOOKS)
 
+# Every chapter of _toc.yml in JupyterLab, driven by headless Chromium (lab_tests/, not part of
+# `make test`): a server of its own on 127.0.0.1 with a random token, on a temporary copy of book/,
+# stopped by its process id. Run All with no error, every live control moved by keyboard and its
+# redraw compared with the static slider's frame, the quiz answered, MyST rendered, solutions
+# folded. Seconds per chapter: _build/lab-report.json.
+test-lab: setup
+	$(BIN)/python -m pytest lab_tests -q
+
+# Jupyter refuses to run as root unless told to; containers often run as root.
 lab: setup
-	$(BIN)/jupyter lab book
+	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) book
 
 bench: setup
 	$(BIN)/python benchmarks/bench_attention.py && $(BIN)/python benchmarks/bench_decode.py

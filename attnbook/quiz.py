@@ -142,12 +142,17 @@ _CSS = """
 .attnbook-quiz .aq-fb{margin-top:.5em;padding:.35em .6em}
 """
 
-# One handler per quiz box. Multiple choice: a click (or Enter/Space on the focused button)
+# One handler per quiz box. Where it runs, it removes the note for notebooks that have not been
+# run and enables the answers, which the markup leaves disabled (JupyterLab shows a notebook that
+# has not been run without its scripts, and the answers would look alive but do nothing).
+# Multiple choice: a click (or Enter/Space on the focused button)
 # grades that answer; arrow keys do nothing. Numeric: Enter in the field or the Check button
 # grades what was typed (a fraction a/b is accepted; with `precision`, both sides are rounded to
 # that many significant digits, as jupyterquiz does). Feedback goes to an aria-live region.
 _JS = """(function(){
 var root=document.getElementById(%(uid)s);if(!root)return;
+var note=root.querySelector(".aq-note");if(note)note.remove();
+root.querySelectorAll("button,input").forEach(function(e){e.disabled=false;});
 var data=JSON.parse(root.querySelector("script[type='application/json']").textContent);
 function say(q,ok,text,extra){var fb=q.querySelector(".aq-fb");
  fb.className="aq-fb "+(ok?"aq-right":"aq-wrong");fb.textContent="";
@@ -177,6 +182,10 @@ root.querySelectorAll(".aq-q").forEach(function(q){var d=data[Number(q.dataset.q
 })();"""
 
 
+#: What the quiz says where its script has not run (removed by the script).
+_NOTE = "Run this cell to take the quiz."
+
+
 def quiz_html(name: str, questions: list[dict[str, Any]]) -> str:
     """The quiz as one self-contained block of HTML, CSS and JavaScript (no network, no kernel).
 
@@ -192,14 +201,15 @@ def quiz_html(name: str, questions: list[dict[str, Any]]) -> str:
         head = f'<p class="aq-text" id="{qid}-text">Question {n} of {len(questions)}. {esc(q["question"])}</p>'
         if q["type"] == "numeric":
             body = (f'<label for="{qid}-input">Your answer:</label> '
-                    f'<input id="{qid}-input" type="text" inputmode="decimal" autocomplete="off" aria-describedby="{qid}-text"> '
-                    f'<button type="button" class="aq-check">Check</button>')
+                    f'<input id="{qid}-input" type="text" inputmode="decimal" autocomplete="off" aria-describedby="{qid}-text" disabled> '
+                    f'<button type="button" class="aq-check" disabled>Check</button>')
             data.append({"type": "numeric", "precision": q.get("precision"), "answers": q["answers"]})
         else:
             order = list(range(len(q["answers"])))
             random.Random(f"{name}-{n}").shuffle(order)
             hint = choice_hint(q["type"])
-            buttons = "".join(f'<button type="button" aria-pressed="false" data-a="{i}">{esc(q["answers"][i]["answer"])}</button>' for i in order)
+            buttons = "".join(f'<button type="button" aria-pressed="false" disabled data-a="{i}">{esc(q["answers"][i]["answer"])}</button>'
+                              for i in order)
             shown = f'<p class="aq-how">{hint}</p>' if q["type"] == "many_choice" else ""
             body = f'{shown}<div class="aq-opts" role="group" aria-label="{hint}">{buttons}</div>'
             data.append({"type": q["type"], "answers": [{"correct": bool(a.get("correct")), "feedback": a["feedback"]} for a in q["answers"]]})
@@ -207,7 +217,8 @@ def quiz_html(name: str, questions: list[dict[str, Any]]) -> str:
                      f'<div class="aq-fb" id="{qid}-fb" aria-live="polite"></div></div>')
     payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
     script = _JS % {"uid": json.dumps(uid), "num": _NUM_JS}
-    return (f'<div class="attnbook-quiz" id="{uid}"><style>{" ".join(_CSS.split())}</style>{"".join(parts)}'
+    return (f'<div class="attnbook-quiz" id="{uid}"><style>{" ".join(_CSS.split())}</style>'
+            f'<p class="aq-note" style="font-style:italic">{_NOTE}</p>{"".join(parts)}'
             f'<script type="application/json">{payload}</script><script>{script}</script></div>')
 
 

@@ -18,6 +18,7 @@ import functools
 import gzip
 import hashlib
 import html
+import inspect
 import json
 import re
 import time
@@ -27,7 +28,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 from IPython.display import HTML
 
-__all__ = ["Panel", "Frame", "frame_html", "static_slider", "live_slider", "redraw_ms", "contrast_ratio"]
+__all__ = ["Panel", "Frame", "frame_html", "frame_setting", "static_slider", "live_slider", "redraw_ms", "contrast_ratio"]
 
 
 @dataclass
@@ -224,18 +225,49 @@ _RENDER_JS = (
     "return o.join('');}"
 )
 
+#: The line view's part of the renderer, left out of a slider that has no line-view panel (it
+#: would be about 1 KB of script per slider that never runs).
+_LINES_JS = _RENDER_JS[_RENDER_JS.index("function L(p){"):_RENDER_JS.index("f.p.forEach(function(p){")]
+_HEATMAP_JS = _RENDER_JS.replace(_LINES_JS, "")
+
 _FRAME_BOX = 'class="attnlib-frame" style="overflow-x:auto;max-width:100%"'
 
+#: What a static slider says where its script has not run: in a notebook that has not been run
+#: (JupyterLab and Jupyter leave out the scripts of untrusted outputs). The script removes it
+#: and enables the slider, which the markup leaves disabled, so no dead control is shown.
+_NOTE_SLIDER = "Run this cell to use the slider."
 
-def frame_html(frame: Frame, *, fmt: str = "{:.2f}", cmap: str = "viridis") -> HTML:
+
+def frame_setting(frame: Callable[..., Frame], setting: Mapping[str, Any]) -> dict[str, Any]:
+    """Every argument ``frame(**setting)`` runs with, defaults filled in, as JSON values.
+
+    A static slider stores it with each frame and a live slider writes it on its redraw
+    (``data-setting``), so the two renderings of one setting can be found and compared.
+
+    >>> frame_setting(lambda t, scaled=True: None, {"t": 0.5})
+    {'t': 0.5, 'scaled': True}
+    """
+    try:
+        bound = inspect.signature(frame).bind(**setting)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+    except (TypeError, ValueError):  # no signature to read, or one that does not fit
+        arguments = dict(setting)
+    plain = json.dumps(arguments, default=lambda v: v.item() if hasattr(v, "item") else str(v), ensure_ascii=False)
+    return json.loads(plain)
+
+
+def frame_html(frame: Frame, *, fmt: str = "{:.2f}", cmap: str = "viridis", setting: Mapping[str, Any] | None = None) -> HTML:
     """One :class:`Frame` (its caption and heatmaps) as HTML, with no slider around it.
 
     A live slider's ``draw`` can display this instead of a matplotlib figure: an HTML table
     redraws far faster than a figure is rendered to PNG, and the live slider then looks exactly
     like its kernel-free twin built by :func:`static_slider` from the same frames.
+    ``setting`` (the frame function's arguments) is written on the box as ``data-setting``.
     """
     pal = palette(cmap)
-    return HTML(f"{_CELL_STYLE}<div {_FRAME_BOX}>{_frame_markup(_frame_data(frame, fmt, len(pal)), pal)}</div>")
+    attr = "" if setting is None else f' data-setting="{html.escape(json.dumps(dict(setting), ensure_ascii=False))}"'
+    return HTML(f"{_CELL_STYLE}<div {_FRAME_BOX}{attr}>{_frame_markup(_frame_data(frame, fmt, len(pal)), pal)}</div>")
 
 
 def _packed_for_script(data: Any) -> str:
@@ -286,14 +318,16 @@ def static_slider(
     Returns:
         An ``IPython.display.HTML`` object; display it (or make it a cell's last expression).
     """
-    frames = [frame(**dict(s)) for s in settings]
+    settings = [dict(s) for s in settings]
+    frames = [frame(**s) for s in settings]
     if not frames:
         raise ValueError("static_slider needs at least one setting")
     if not 0 <= initial < len(frames):
         raise ValueError(f"initial = {initial} is out of range for {len(frames)} settings")
     pal = palette(cmap)
-    data = [_frame_data(f, fmt, len(pal)) for f in frames]
+    data = [{**_frame_data(f, fmt, len(pal)), "a": frame_setting(frame, s)} for f, s in zip(frames, settings)]
     used = sorted({k for d in data for p in d["p"] for k in p["i"] if k >= 0})
+    lines = any(p.get("y") == "lines" for d in data for p in d["p"])
     styles = {"hidden": _HIDDEN, "masked": _MASKED, "head": _HEAD, "rowhead": _ROW_HEAD, "corner": _CORNER}
     payload = _packed_for_script({"s": styles, "pal": {str(k): pal[k] for k in used}, "f": data})
     uid = "attnlib-slider-" + hashlib.sha1((title + slider_label + payload).encode()).hexdigest()[:10]
@@ -303,7 +337,11 @@ def static_slider(
         "<script>(function(){"
         f'var root=document.getElementById("{uid}");if(!root)return;'
         'var input=root.querySelector("input[type=range]"),out=root.querySelector(".attnlib-value"),'
-        f'box=root.querySelector(".attnlib-frame"),render={_RENDER_JS};'
+        f'box=root.querySelector(".attnlib-frame"),render={_RENDER_JS if lines else _HEATMAP_JS};'
+        # The script runs, so the slider works: drop the note meant for a notebook that was not run.
+        'root.querySelector(".attnlib-note").remove();input.disabled=false;'
+        # Keys that move the slider move only the slider (JupyterLab's command mode would take them).
+        'input.onkeydown=function(e){if(/^(Arrow|Page|Home$|End$)/.test(e.key))e.stopPropagation();};'
         'function ready(d){function show(){var k=Number(input.value);if(String(k)!==box.dataset.index){box.innerHTML=render(d,k);box.dataset.index=k;}'
         'out.textContent=d.f[k].l;input.setAttribute("aria-valuetext",d.f[k].l);}'
         'input.addEventListener("input",show);show();root.dataset.ready="1";}'
@@ -318,21 +356,41 @@ def static_slider(
         f'<div id="{uid}-alt" style="{_HIDDEN}">{esc(alt)}</div>'
         f'<div style="margin:6px 0"><label for="{uid}-input">{esc(slider_label)}:</label> '
         f'<input id="{uid}-input" type="range" min="0" max="{len(frames) - 1}" step="1" value="{initial}" '
-        f'aria-valuetext="{esc(labels[initial])}" style="vertical-align:middle;width:16em;max-width:60%"> '
+        f'aria-valuetext="{esc(labels[initial])}" style="vertical-align:middle;width:16em;max-width:60%" disabled> '
         f'<output class="attnlib-value" for="{uid}-input" aria-hidden="true">{esc(labels[initial])}</output></div>'
+        f'<p class="attnlib-note" style="font-style:italic;margin:4px 0">{_NOTE_SLIDER}</p>'
         f'<div {_FRAME_BOX} data-index="{initial}">{_frame_markup(data[initial], pal)}</div>'
         f'<script type="application/gzip" class="attnlib-data">{payload}</script>{script}</div>'
     )
     return HTML(markup)
 
 
-def live_slider(frame: Callable[..., Frame], **controls: Any) -> Any:
+# Arrow, Page, Home and End keys pressed in a live slider's controls move the control and nothing
+# else: JupyterLab's command mode takes them from a dropdown (a <select>) to move between cells.
+# A listener on the document, in the capture phase (before the control sees the key), stops the
+# key on its way back up at the slider's box, after the control has used it. Installed once per page.
+_LIVE_KEYS = (
+    "<script>(function(){if(window.attnlibLiveKeys)return;window.attnlibLiveKeys=true;"
+    'document.addEventListener("keydown",function(e){'
+    'var box=e.target&&e.target.closest&&e.target.closest(".attnlib-live");'
+    "if(!box||!/^(Arrow|Page|Home$|End$)/.test(e.key))return;"
+    "function stop(ev){ev.stopPropagation();}"
+    'box.addEventListener("keydown",stop);setTimeout(function(){box.removeEventListener("keydown",stop);},0);'
+    "},true);})();</script>"
+)
+
+
+def live_slider(frame: Callable[..., Frame], *, fmt: str = "{:.2f}", cmap: str = "viridis", **controls: Any) -> Any:
     """Show ``frame(**values)`` under ipywidgets controls, redrawn whenever a control moves.
 
     ``controls`` are what ``ipywidgets.interactive`` accepts, e.g.
     ``temperature=ipywidgets.FloatLogSlider(value=1, base=10, min=-1, max=1)``.
     Needs a running kernel; on the static website use :func:`static_slider` with the same
-    ``frame``. In the book, tag the cell ``remove-output`` and ``nbval-ignore-output``.
+    ``frame`` (and the same ``fmt`` and ``cmap``, which mean what they mean there, so that both
+    draw a setting alike). In the book, tag the cell ``remove-output`` and ``nbval-ignore-output``.
+
+    Each redraw carries its setting (:func:`frame_setting`) as ``data-setting``, which the
+    JupyterLab tests use to find the static slider's frame for the same setting.
 
     Returns:
         The ``ipywidgets.interactive`` widget (already displayed).
@@ -341,9 +399,11 @@ def live_slider(frame: Callable[..., Frame], **controls: Any) -> Any:
     from IPython.display import display
 
     def draw(**values: Any) -> None:
-        display(frame_html(frame(**values)))
+        display(frame_html(frame(**values), fmt=fmt, cmap=cmap, setting=frame_setting(frame, values)))
 
     widget = ipywidgets.interactive(draw, **controls)
+    widget.add_class("attnlib-live")
+    display(HTML(_LIVE_KEYS))
     display(widget)
     return widget
 

@@ -160,6 +160,49 @@ def test_static_slider_stores_every_frame_as_data_and_shows_one() -> None:
         static_slider(demo_frame, [], slider_label="t", title="x", alt="y")
 
 
+def test_static_slider_says_run_this_cell_until_its_script_runs() -> None:
+    """Where scripts do not run (a notebook that has not been run), the slider is disabled and says
+    what to do; its script removes the note, enables the slider and keeps the arrow keys to it."""
+    html = static_slider(demo_frame, SETTINGS, slider_label="temperature", title="Demo", alt="a demo").data
+    markup, script = html.split("<script>(function", 1)
+    assert re.search(r'<input [^>]*type="range"[^>]* disabled>', markup), "the slider is not disabled before its script runs"
+    assert re.search(r'<p class="attnlib-note"[^>]*>Run this cell to use the slider', markup)
+    assert 'root.querySelector(".attnlib-note").remove();input.disabled=false;' in script
+    assert 'input.onkeydown=function(e){if(/^(Arrow|Page|Home$|End$)/.test(e.key))e.stopPropagation();};' in script
+    assert "function L(p)" not in script  # no line view, so no line-view renderer
+    # every frame carries its setting, defaults included
+    assert [f["a"] for f in unpack_slider_data(html)["f"]] == SETTINGS
+    settings = [{"t": 1}, {"t": 2}]
+    with_default = static_slider(lambda t, scaled=True: demo_frame(t), settings, slider_label="t", title="x", alt="y").data
+    assert [f["a"] for f in unpack_slider_data(with_default)["f"]] == [{"t": 1, "scaled": True}, {"t": 2, "scaled": True}]
+
+
+def test_live_slider_redraw_carries_its_setting_and_the_static_format(monkeypatch) -> None:
+    from attnbook import live_slider
+
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, *a, **k: shown.append(obj))
+    widget = live_slider(demo_frame, fmt="{:.0f}", t=(1, 3))
+    widget.update()
+    assert "attnlib-live" in widget._dom_classes
+    markup = [o.data for o in shown if isinstance(getattr(o, "data", None), str)]
+    assert any("window.attnlibLiveKeys" in m and "stopPropagation" in m for m in markup), "no arrow-key script"
+    drawn = [m for m in markup if "attnlib-frame" in m]
+    assert drawn and 'data-setting="{&quot;t&quot;: 2}"' in drawn[-1]
+    assert ">0<" in drawn[-1] and "0.50" not in drawn[-1]  # fmt reaches the cells: 0.5 drawn as "0"
+
+
+def test_quiz_says_run_this_cell_until_its_script_runs() -> None:
+    from attnbook.quiz import quiz_html
+
+    markup = quiz_html("Demo quiz", [CHOICE, NUMERIC])
+    html_part = markup.split("<script>", 1)[0]
+    assert re.search(r'<p class="aq-note"[^>]*>Run this cell to take the quiz', html_part)
+    assert html_part.count("<button") == html_part.count(" disabled") - 1  # every button and the field
+    assert 'root.querySelectorAll("button,input").forEach(function(e){e.disabled=false;});' in markup
+    assert 'note=root.querySelector(".aq-note");if(note)note.remove();' in markup
+
+
 def test_static_slider_draws_masked_cells_without_numbers() -> None:
     p = Panel(np.array([[1.0, 0.0]]), masked=np.array([[False, True]]))
     html = static_slider(lambda: Frame("one", [p]), [{}], slider_label="s", title="t", alt="a").data
@@ -377,3 +420,23 @@ def test_a_near_miss_is_not_misdiagnosed() -> None:
     assert not ok and "one byte" not in feedback
     ok, feedback = _grade(load_quiz("09_kv_cache_decoding")[4], "0.5")
     assert not ok and "GiB" in feedback
+
+
+def test_heatmap_only_renderer_writes_the_same_markup_as_python(tmp_path) -> None:
+    """A slider without a line view carries the renderer without its line-view part; it draws the same."""
+    import shutil
+    import subprocess
+
+    from attnbook import slider as sl
+
+    node = shutil.which("node")
+    assert node, "Node.js is needed for this test (the Makefile and .ci/run install it)"
+    markup = static_slider(demo_frame, SETTINGS, slider_label="t", title="t", alt="a").data
+    assert sl._HEATMAP_JS in markup and "function L(p)" not in markup and len(sl._HEATMAP_JS) < len(sl._RENDER_JS) - 800
+    (tmp_path / "data.json").write_text(json.dumps(sl.unpack_slider_data(markup)), encoding="utf-8")
+    script = f"const d=JSON.parse(require('fs').readFileSync({str(tmp_path / 'data.json')!r},'utf8'));" \
+             f"const render={sl._HEATMAP_JS};console.log(JSON.stringify(d.f.map((_,k)=>render(d,k))));"
+    out = subprocess.run([node, "-e", script], capture_output=True, text=True, check=True).stdout
+    pal = sl.palette("viridis")
+    assert json.loads(out) == [sl._frame_markup(sl._frame_data(demo_frame(**s), "{:.2f}", len(pal)), pal) for s in SETTINGS]
+    assert "function L(p)" in static_slider(_lines_frame, [{"k": 1}], slider_label="k", title="t", alt="a").data

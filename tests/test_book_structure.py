@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -82,3 +85,85 @@ def test_markdown_has_no_control_characters(path: Path) -> None:
             continue
         bad = sorted({hex(ord(ch)) for ch in cell.source if (ord(ch) < 32 and ch != "\n") or ord(ch) == 127})
         assert not bad, f"{path} markdown cell {i} contains control characters {bad}"
+
+
+# --- Where readers run the notebooks: JupyterLab, Colab, the website ---------------------------------
+# tools/sync_notebooks.py writes the metadata below; these tests check the result on their own terms.
+
+SOLUTION_START = re.compile(r"^:{3,}\{solution-start\}", re.M)
+SOLUTION_END = re.compile(r"^:{3,}\{solution-end\}", re.M)
+
+
+def _only_the_end_fence(source: str) -> bool:
+    return not SOLUTION_END.sub("", source).replace(":", "").strip()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=str)
+def test_solutions_start_folded_in_jupyterlab_and_colab(path: Path) -> None:
+    """Every cell of a solution after its ``solution-start`` cell is folded where the reader opens it.
+
+    JupyterLab folds a cell with ``jupyter.source_hidden`` (and its output with ``outputs_hidden``)
+    and shows the first line of what it folds; Colab shows a code cell with ``cellView: form`` as
+    its ``# @title`` line and a "Show code" link. The ``solution-start`` cell itself is a dropdown
+    (jupyterlab-myst; sphinx-exercise on the website), so it holds no text before the fence.
+    """
+    nb = nbformat.read(ROOT / path, as_version=4)
+    inside, problems, solutions = False, [], 0
+    for i, cell in enumerate(nb.cells):
+        where = f"cell {i} ({cell.get('id')})"
+        if cell.cell_type == "markdown" and SOLUTION_START.search(cell.source) and not inside:
+            solutions += 1
+            if cell.source[:SOLUTION_START.search(cell.source).start()].strip():
+                problems.append(f"{where}: text before solution-start shares the cell (it would be folded with it)")
+            inside = not SOLUTION_END.search(cell.source)
+            continue
+        if not inside:
+            continue
+        is_end = cell.cell_type == "markdown" and bool(SOLUTION_END.search(cell.source))
+        if is_end:
+            inside = False
+            after = cell.source[SOLUTION_END.search(cell.source).end():].split("\n", 2)[2:]  # after the fence's closing line
+            if "".join(after).strip():
+                problems.append(f"{where}: text after solution-end shares the cell (it would be folded with the solution)")
+            if _only_the_end_fence(cell.source):
+                continue
+        jupyter = cell.metadata.get("jupyter", {})
+        if not jupyter.get("source_hidden"):
+            problems.append(f"{where}: a solution cell without jupyter.source_hidden (JupyterLab shows it unfolded)")
+        if cell.cell_type == "code":
+            if not jupyter.get("outputs_hidden"):
+                problems.append(f"{where}: a solution's output without jupyter.outputs_hidden")
+            if cell.metadata.get("cellView") != "form" or not cell.source.startswith("# @title Solution"):
+                problems.append(f"{where}: a solution's code without Colab's form view (cellView: form and a '# @title Solution' line)")
+        elif not cell.source.startswith("% Solution"):
+            problems.append(f"{where}: folded solution text must start with a '% Solution' comment (JupyterLab shows the first line of a folded cell)")
+    assert not inside, f"{path}: a solution-start has no solution-end"
+    assert solutions >= 2, f"{path}: {solutions} solutions found"
+    assert not problems, f"{path}: run tools/sync_notebooks.py\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=str)
+def test_cells_that_only_feed_a_static_slider_fold_their_code_on_the_website(path: Path) -> None:
+    """A cell that calls ``static_slider`` and defines no function (its settings, title, alt text) is
+    tagged ``hide-input``: the website shows the figure with the code behind "Show code cell source"."""
+    nb = nbformat.read(ROOT / path, as_version=4)
+    unfolded = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or "static_slider(" not in cell.source:
+            continue
+        tree = ast.parse(cell.source)
+        if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in ast.walk(tree)):
+            continue
+        if "hide-input" not in cell.metadata.get("tags", []):
+            unfolded.append(i)
+    assert not unfolded, f"{path}: cells {unfolded} only feed a static slider but show their code; run tools/sync_notebooks.py"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=str)
+def test_notebook_metadata_is_synced(path: Path) -> None:
+    """tools/sync_notebooks.py would change nothing (it is idempotent, so after a merge it is simply re-run)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import sync_notebooks
+
+    nb = nbformat.read(ROOT / path, as_version=4)
+    assert not sync_notebooks.sync(nb), f"{path}: run tools/sync_notebooks.py"

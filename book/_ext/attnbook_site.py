@@ -9,6 +9,8 @@
 * Long inline code may wrap on a phone (:data:`LONG_LITERAL`).
 * Search aliases (:data:`SEARCH_ALIASES`): "flash" finds every page about FlashAttention.
 * The book's own static files (``book/_static``) are copied on every build, changed or not.
+* A solution's ``# @title`` line (Colab's form title, written by ``tools/sync_notebooks.py``) is
+  left out of the page (:func:`drop_colab_titles`): the website folds the solution its own way.
 * ``fontawesome.js`` (1.45 MB, every icon of Font Awesome 6) is replaced by a few kilobytes
   holding only the icons the built pages use (see :func:`slim_fontawesome`).
 """
@@ -116,6 +118,21 @@ def add_search_aliases(app: Any, doctree: Any) -> None:
         doctree.append(nodes.meta("", name="keywords", content=", ".join(words)))
 
 
+def drop_colab_titles(app: Any, doctree: Any) -> None:
+    """Leave out the first line, ``# @title ...``, of a code cell in Colab's form view."""
+    from docutils import nodes
+
+    for cell in doctree.findall(nodes.container):
+        if cell.get("nb_element") != "cell_code" or (cell.get("cell_metadata") or {}).get("cellView") != "form":
+            continue
+        for block in cell.findall(nodes.literal_block):
+            first, _, rest = block.astext().partition("\n")
+            if first.startswith("# @title "):
+                block.children = [nodes.Text(rest)]
+                block.rawsource = rest
+            break
+
+
 def refresh_static(app: Any, exception: Exception | None) -> None:
     """Copy the book's own static files again: an incremental Sphinx 7.4 build keeps an older
     copy already in ``_build/html/_static`` rather than overwrite it."""
@@ -132,6 +149,7 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("html-page-context", dedupe_scripts, priority=100)
     app.connect("doctree-read", add_search_aliases)
     app.connect("doctree-read", mark_long_literals)
+    app.connect("doctree-read", drop_colab_titles)
     app.connect("build-finished", refresh_static)
     app.connect("build-finished", slim_fontawesome)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,237 @@
+"""Give every chapter notebook the cell metadata that JupyterLab, Colab and the website read.
+
+Usage: .venv/bin/python tools/sync_notebooks.py [--check] [book/NN_slug.ipynb ...]
+
+With no notebook named, every notebook of ``_toc.yml`` is synced. It prints what it changed;
+running it again changes nothing (it is idempotent), so it can be re-run after any branch that
+edits the notebooks has been merged. ``--check`` changes nothing and exits 1 when a notebook
+would change (``tests/test_book_structure.py`` checks the same). Only markdown cells are split
+and metadata (and a solution's ``# @title`` line) written, so stored outputs stay valid and no
+notebook needs re-executing.
+
+The rules:
+
+1. **Solutions start folded.** An exercise's solution is the cells from ``:::{solution-start}``
+   to ``:::{solution-end}`` (sphinx-exercise's gated syntax, which the website turns into one
+   dropdown). A markdown cell that holds other text besides a fence (the exercise before a
+   ``solution-start``, or the next exercise after a ``solution-end``) is split in two at the
+   fence, so that every cell is either part of a solution or not. Then:
+
+   * the ``solution-start`` cell stays as it is: jupyterlab-myst draws it as a folded dropdown
+     ("Solution to Exercise N"), with the text it holds inside;
+   * every cell after it, up to and including the ``solution-end`` cell, gets
+     ``"jupyter": {"source_hidden": true}`` (code cells also ``"outputs_hidden": true``), which
+     JupyterLab reads when it opens a notebook and draws as a folded cell that opens on a click
+     (the ``solution-end`` cell too, unless it holds nothing but the fence: that one stays
+     visible, an empty box that closes the solution). A folded cell shows its first line, so a
+     folded markdown cell starts with the MyST comment ``% Solution: <the exercise's title>,
+     continued`` (not rendered, on the website or in JupyterLab) instead of the solution's first words;
+   * every code cell of a solution gets Colab's form view, ``"cellView": "form"``, and a first
+     line ``# @title Solution: <the exercise's title>``: Colab shows the title and hides the code
+     until "Show code" is clicked. (The website leaves the ``# @title`` line out, see
+     ``book/_ext/attnbook_site.py``.)
+
+2. **A cell that only feeds a static slider shows its figure, not its plumbing.** A code cell
+   that calls ``static_slider(`` and defines no function or class (its settings, title and alt
+   text) is tagged ``hide-input``: the website folds its code behind "Show code cell source".
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from toc import toc_notebooks  # noqa: E402
+
+START = re.compile(r"^(:{3,})\{solution-start\}", re.M)
+END = re.compile(r"^(:{3,})\{solution-end\}", re.M)
+EXERCISE = re.compile(r"^:{3,}\{exercise(?:-start)?\}[ \t]*(.*)$", re.M)
+TITLE = "# @title "
+COMMENT = "% Solution: "
+
+
+def _fence_end(text: str, start: int, colons: int) -> int:
+    """The index just after the line that closes the fence opened at ``start`` (``colons`` colons)."""
+    pos = text.index("\n", start) + 1 if "\n" in text[start:] else len(text)
+    for line in re.finditer(r"^.*$", text[pos:], re.M):
+        stripped = line.group().strip()
+        if stripped and set(stripped) == {":"} and len(stripped) >= colons:
+            return pos + line.end()
+    raise ValueError(f"the fence at {text[start:start + 40]!r} is never closed")
+
+
+def split_points(text: str) -> list[int]:
+    """Where a markdown cell must be split so that no cell holds both solution and other text."""
+    points = []
+    for match in START.finditer(text):
+        if text[:match.start()].strip():
+            points.append(match.start())
+    for match in END.finditer(text):
+        after = _fence_end(text, match.start(), len(match.group(1)))
+        if text[after:].strip():
+            points.append(after)
+    return sorted(set(points))
+
+
+def _split_markdown(nb: Any) -> bool:
+    changed = False
+    cells = []
+    for cell in nb.cells:
+        points = split_points(cell.source) if cell.cell_type == "markdown" else []
+        if not points:
+            cells.append(cell)
+            continue
+        changed = True
+        bounds = [0, *points, len(cell.source)]
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            part = cell.source[a:b].strip("\n")
+            if not part.strip():
+                continue
+            new = nbformat.v4.new_markdown_cell(part, metadata=dict(cell.metadata))
+            # Deterministic ids: the first part keeps the cell's id, the others derive from it.
+            new.id = cell.id if k == 0 else f"{cell.id[:58]}-s{k}"
+            cells.append(new)
+    nb.cells = cells
+    return changed
+
+
+def solution_roles(nb: Any) -> list[str | None]:
+    """Each cell's part in an exercise solution: ``start``, ``body``, ``end`` (with text), ``end-fence`` or None."""
+    roles: list[str | None] = []
+    inside = False
+    for cell in nb.cells:
+        is_md = cell.cell_type == "markdown"
+        if is_md and START.search(cell.source) and not inside:
+            inside = not END.search(cell.source)
+            roles.append("start")
+        elif inside and is_md and END.search(cell.source):
+            inside = False
+            only_fence = not END.sub("", cell.source).replace(":", "").strip()
+            roles.append("end-fence" if only_fence else "end")
+        else:
+            roles.append("body" if inside else None)
+    if inside:
+        raise ValueError("a solution-start has no solution-end")
+    return roles
+
+
+def exercise_titles(nb: Any) -> list[str | None]:
+    """For each cell, the title of the last exercise above it (None before the first)."""
+    titles, title = [], None
+    for cell in nb.cells:
+        titles.append(title)
+        if cell.cell_type == "markdown":
+            for match in EXERCISE.finditer(cell.source):
+                title = match.group(1).strip() or "exercise"
+    return titles
+
+
+def only_feeds_a_static_slider(source: str) -> bool:
+    """A code cell that calls ``static_slider`` and defines no function or class."""
+    if "static_slider(" not in source:
+        return False
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # IPython magics: never a slider cell
+        return False
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and getattr(n.func, "id", getattr(n.func, "attr", None)) == "static_slider"]
+    defines = any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in ast.walk(tree))
+    return bool(calls) and not defines
+
+
+def _set(mapping: Any, key: str, value: Any) -> bool:
+    if mapping.get(key) == value:
+        return False
+    mapping[key] = value
+    return True
+
+
+def _drop(mapping: Any, key: str) -> bool:
+    return mapping.pop(key, None) is not None
+
+
+def sync(nb: Any) -> bool:
+    """Apply the rules to ``nb`` in place; True when anything changed."""
+    changed = _split_markdown(nb)
+    roles, titles = solution_roles(nb), exercise_titles(nb)
+    for cell, role, title in zip(nb.cells, roles, titles):
+        meta = cell.metadata
+        jupyter = dict(meta.get("jupyter", {}))
+        hidden = role in ("body", "end")
+        if hidden:
+            jupyter["source_hidden"] = True
+            if cell.cell_type == "code":
+                jupyter["outputs_hidden"] = True
+        else:
+            jupyter.pop("source_hidden", None)
+            jupyter.pop("outputs_hidden", None)
+        if jupyter:
+            changed |= _set(meta, "jupyter", jupyter)
+        else:
+            changed |= _drop(meta, "jupyter")
+        lines = cell.source.split("\n")
+        if cell.cell_type == "markdown":
+            # A folded cell shows its first line; for prose, a MyST comment (invisible when rendered)
+            # names what it holds instead of giving the solution's first words away.
+            has_comment = lines[0].startswith(COMMENT)
+            if hidden:
+                comment = f"{COMMENT}{title or 'exercise'}, continued"
+                if lines[0] != comment:
+                    cell.source = "\n".join([comment, *(lines[1:] if has_comment else lines)])
+                    changed = True
+            elif has_comment:
+                cell.source = "\n".join(lines[1:])
+                changed = True
+        if cell.cell_type != "code":
+            continue
+        has_title = lines[0].startswith(TITLE)
+        if role == "body":
+            heading = f"{TITLE}Solution: {title or 'exercise'}"
+            if lines[0] != heading and not lines[0].startswith("%%"):  # a cell magic must stay first
+                cell.source = "\n".join([heading, *(lines[1:] if has_title else lines)])
+                changed = True
+            changed |= _set(meta, "cellView", "form")
+        else:
+            if has_title and meta.get("cellView") == "form":
+                cell.source = "\n".join(lines[1:])
+                changed = True
+            changed |= _drop(meta, "cellView")
+        # Only ever added: an author may fold other cells' code too.
+        tags = list(meta.get("tags", []))
+        if only_feeds_a_static_slider(cell.source) and "hide-input" not in tags:
+            meta["tags"] = [*tags, "hide-input"]
+            changed = True
+    return changed
+
+
+def sync_file(path: Path, *, write: bool = True) -> bool:
+    nb = nbformat.read(path, as_version=4)
+    changed = sync(nb)
+    if changed and write:
+        nbformat.validate(nb)
+        nbformat.write(nb, path)
+    return changed
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    paths = [Path(a) for a in argv if a != "--check"] or [ROOT / p for p in toc_notebooks()]
+    changed = [str(p.resolve().relative_to(ROOT) if p.resolve().is_relative_to(ROOT) else p)
+               for p in paths if sync_file(p, write=not check)]
+    if check:
+        print("would change: " + (", ".join(changed) if changed else "nothing"))
+        return 1 if changed else 0
+    print("updated: " + (", ".join(changed) if changed else "nothing"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
