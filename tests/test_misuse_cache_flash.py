@@ -236,3 +236,13 @@ def test_inference_on_one_slice_per_core_equals_the_autograd_path() -> None:
     torch.testing.assert_close(fast, slow.detach(), atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(fast, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5, rtol=1e-5)
     assert torch.get_num_threads() == threads
+
+
+def test_edges_elsewhere_numpy_sizes_and_rows_that_see_nothing() -> None:
+    from attnlib import kv_cache_bytes, softmax
+
+    sizes = [np.int32(n) for n in (80, 8, 128, 131072)]  # Llama 2 70B at 128k tokens, batch 64
+    assert kv_cache_bytes(*sizes, batch=np.int32(64)) == kv_cache_bytes(80, 8, 128, 131072, batch=64) == 2 * 80 * 8 * 128 * 131072 * 64 * 2
+    scores = torch.tensor([[0.0, 1.0], [float("-inf"), float("-inf")]], requires_grad=True)
+    softmax(scores).backward(torch.full((2, 2), 100.0))  # a large upstream gradient into a row that sees nothing
+    assert torch.isfinite(scores.grad).all() and scores.grad[1].eq(0).all()
