@@ -5,11 +5,10 @@ at a time copies ``O(n)`` numbers in total (``torch.cat`` on every step: ``O(n^2
 window keeps the last ``window`` positions (a rolling buffer, moved to the front when full); a
 buffer grown past ``2 * window`` by a long prompt is replaced by one holding just the window.
 
-* **Autograd.** Under ``torch.no_grad()``/``torch.inference_mode()`` (decoding) the cache writes
-  into its buffers in place. With gradients enabled it appends with ``torch.cat``, so gradients
-  reach the keys and values of earlier calls: training through a cache gives the gradients of one
-  pass over the sequence, at the price of a copy of the cache per call (as Hugging Face's
-  ``DynamicCache``).
+* **Autograd.** Under ``torch.no_grad()``/``torch.inference_mode()`` (decoding), or for tensors
+  that need no gradient, the cache writes into its buffers in place. Keys and values that require
+  grad are appended with ``torch.cat``, so gradients reach those of earlier calls: training through
+  a cache gives the gradients of one pass, at the price of a copy of the cache per call.
 * **Modes.** A cache filled under ``inference_mode`` works outside it and the other way round
   (the first call in the new mode copies the cache once).
 * **Sharing.** The first layer that stores into a cache owns it; any other layer, even of the same
@@ -104,7 +103,7 @@ class KVCache:
             self._owner = self._owner or weakref.ref(owner)
         n = new[0].shape[-2]
         kept = [b[:, :, self._start : self._end] for b in self._buffers]  # [B, H_kv, S_kept, D_k]
-        if torch.is_grad_enabled():  # keep the graph: gradients reach every cached position
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (*new, *kept)):  # keep the graph for autograd
             views = tuple(torch.cat([c, t], dim=2) for c, t in zip(kept, new)) if kept else new
             self._buffers, self._start, self._end, self._writable = list(views), 0, views[0].shape[-2], False
         else:
