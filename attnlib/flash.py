@@ -177,7 +177,8 @@ def _per_core(fn: Callable[..., tuple[Tensor, ...]], *tensors: Tensor) -> tuple[
     operation waits for its slowest thread, slow on a machine that other programs share."""
     threads = torch.get_num_threads()
     n = min(threads, tensors[0].shape[0])
-    if tensors[0].device.type != "cpu" or n < 2 or tensors[0].shape[1] * tensors[1].shape[1] < 2**16:  # small: not worth it
+    small = tensors[0].shape[1] * tensors[1].shape[1] < 2**16  # not worth the threads; nor while tracing
+    if tensors[0].device.type != "cpu" or n < 2 or small or _checks.tracing():
         return fn(*tensors)
     with ThreadPoolExecutor(n, initializer=torch.set_num_threads, initargs=(1,)) as pool:
         parts = list(pool.map(lambda ts: fn(*ts), zip(*(t.tensor_split(n) for t in tensors))))
