@@ -75,7 +75,7 @@ class _FlashAttention(torch.autograd.Function):
         for rows, cols in _key_blocks(S_q, S_k, block_q, block_k, causal):
             s = _scores(qs, kw, rows, cols, causal, S_k - S_q)  # [N, R, bk], R rows see this key block
             m_new = torch.maximum(m[:, rows], s.amax(dim=-1, keepdim=True))  # [N, R, 1]
-            p = torch.exp(s.sub_(m_new))  # [N, R, bk] exp(score - m_new); s is this tile's own
+            p = torch.exp(s - m_new)  # [N, R, bk] exp(score - m_new), out of place (see the tests' first-call check)
             alpha = torch.exp(m[:, rows] - m_new)  # [N, R, 1] rescales what was summed relative to m
             l[:, rows] = l[:, rows] * alpha + p.sum(dim=-1, keepdim=True)  # [N, R, 1]
             acc[:, rows] = torch.baddbmm(acc[:, rows] * alpha, p, vw[:, cols])  # [N, R, D_v] += [N, R, bk] @ [N, bk, D_v]
@@ -102,10 +102,10 @@ class _FlashAttention(torch.autograd.Function):
         S_q, S_k = q.shape[1], k.shape[1]
         for rows, cols in _key_blocks(S_q, S_k, block_q, block_k, causal):
             s = _scores(qs, kw, rows, cols, causal, S_k - S_q)  # [N, R, bk] recomputed
-            p = torch.exp(s.sub_(lse[:, rows, None]))  # [N, R, bk] the tile's weights, exactly
+            p = torch.exp(s - lse[:, rows, None])  # [N, R, bk] the tile's weights, exactly
             dv[:, cols] = p.transpose(1, 2) @ d_out[:, rows]  # [N, bk, D_v], complete in one step
             dp = d_out[:, rows] @ vw[:, cols].transpose(1, 2)  # [N, R, bk]
-            ds = dp.sub_(delta[:, rows, None]).mul_(p)  # [N, R, bk] gradient of the scores, over dp
+            ds = p * (dp - delta[:, rows, None])  # [N, R, bk] gradient of the scores
             dk[:, cols] = ds.transpose(1, 2) @ qs[:, rows]  # [N, bk, D_k], complete in one step
             dq[:, rows] += ds @ kw[:, cols]  # [N, R, D_k], accumulated over the key blocks
         return (dq * scale).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
