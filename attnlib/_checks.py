@@ -218,13 +218,12 @@ def cache_entries(new: tuple[Tensor, ...], cached: list[Tensor]) -> None:
         raise ValueError(f"keys and values must share B, H_kv, S_new, dtype and device, got {got}")
     if cached and cached[0].shape[0] != new[0].shape[0]:
         raise ValueError(f"batch size changed mid-sequence: the cache holds B = {cached[0].shape[0]}, the new positions have B = {new[0].shape[0]}")
-    if cached:
+    if cached and [(t.shape[:2], t.shape[3:], t.dtype, t.device) for t in new] != [(b.shape[:2], b.shape[3:], b.dtype, b.device) for b in cached]:
         got, held = ([f"{shape(t)[:2] + shape(t)[3:]} {t.dtype} {t.device}" for t in ts] for ts in (new, cached))
-        if got != held:
-            raise ValueError(
-                f"new entries ([B, H_kv, D_k] dtype device) {got} do not match the cached {held}; "
-                "a KVCache holds one layer's sequences of one batch: start a new KVCache()"
-            )
+        raise ValueError(
+            f"new entries ([B, H_kv, D_k] dtype device) {got} do not match the cached {held}; "
+            "a KVCache holds one layer's sequences of one batch: start a new KVCache()"
+        )
 
 
 def instance(name: str, value: object, cls: type, what: str) -> None:

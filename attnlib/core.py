@@ -69,7 +69,7 @@ def softmax(scores: Tensor, dim: int = -1, temperature: float | Tensor = 1.0) ->
     else:
         exps = torch.exp(shifted / temperature)  # exp(-inf) = 0: hidden entries get weight 0
     total = exps.sum(dim=dim, keepdim=True)
-    return (exps / total.clamp_min(torch.finfo(x.dtype).tiny)).to(scores.dtype)  # 0 / tiny = 0 for empty rows
+    return (exps / total.masked_fill(total == 0, 1.0)).to(scores.dtype)  # empty rows: 0 / 1 = 0, finite gradients
 
 
 def scaled_dot_product_attention(

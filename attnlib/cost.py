@@ -7,6 +7,7 @@ Shapes follow the legend in :mod:`attnlib`.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -145,6 +146,5 @@ def kv_cache_bytes(
     """
     args = dict(num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, seq_len=seq_len,
                 batch=batch, dtype_bytes=dtype_bytes)
-    for name, value in args.items():
-        _checks.positive_int(name, value)
-    return 2 * num_layers * num_kv_heads * head_dim * seq_len * batch * dtype_bytes
+    sizes = [_checks.positive_int(name, value) for name, value in args.items()]  # Python ints: NumPy's would overflow
+    return 2 * math.prod(sizes)

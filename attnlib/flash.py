@@ -16,18 +16,18 @@ FlashAttention (Dao et al., 2022; FlashAttention-2, Dao 2023), in plain PyTorch 
   ``p = exp(score - lse)``, with no running max needed; the key block's ``dk`` and ``dv`` are
   complete after its one step, and ``dq`` of the rows that see it is accumulated.
 
-Only tiles ``[rows, block_k]`` (times the batch/head dims) ever exist, so extra memory grows like
-``S * block_k``, not ``S^2``. With ``causal=True`` the query blocks entirely before a key block
-skip it. Few, large operations keep the Python loop short: ``ceil(S_k / block_k)`` steps of about
-a dozen operations. On a GPU every line below is a separate kernel that reads and writes HBM;
-:func:`attnlib.triton_flash.triton_flash_attention` fuses one query block's whole walk into one
-kernel. PyTorch's ``scaled_dot_product_attention`` is the one to use in practice.
+Only tiles ``[rows, block_k]`` (times the batch/head dims) ever exist: extra memory grows like
+``S * block_k``, not ``S^2``. Causal: query blocks entirely before a key block skip it. The loop
+has ``ceil(S_k / block_k)`` steps of about a dozen large operations. On a GPU each line below is a
+kernel that reads and writes HBM; :func:`attnlib.triton_flash.triton_flash_attention` fuses one
+query block's walk into one kernel. In practice, use PyTorch's ``scaled_dot_product_attention``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
@@ -36,9 +36,9 @@ from . import _checks
 
 __all__ = ["flash_attention", "BLOCK_Q", "BLOCK_K"]
 
-#: Default tile edges. ``BLOCK_Q`` only sets which query rows skip a key block (causal); ``BLOCK_K``
-#: the keys per step: a tile ``[N, S_q, BLOCK_K]`` float32 is 64 MiB for N = 8, S_q = 8192.
-BLOCK_Q, BLOCK_K = 64, 256
+#: Default tile edges (``make bench``): ``BLOCK_Q`` sets which rows skip a key block (causal), ``BLOCK_K``
+#: the keys per step; a tile ``[N, S_q, BLOCK_K]`` float32 is 32 MiB for N = 8, S_q = 8192.
+BLOCK_Q, BLOCK_K = 64, 128
 
 
 def _key_blocks(S_q: int, S_k: int, block_q: int, block_k: int, causal: bool) -> Iterator[tuple[slice, slice]]:
@@ -61,8 +61,7 @@ def _scores(qs: Tensor, k: Tensor, rows: slice, cols: slice, causal: bool, offse
 
 
 class _FlashAttention(torch.autograd.Function):
-    """Inputs ``[N, S, D]`` (any float dtype); works in float32 for float16/bfloat16 and returns
-    ``out`` in that working dtype (the caller rounds it), so the backward pass sees it unrounded."""
+    """Inputs ``[N, S, D]``; float16/bfloat16 run in float32 and ``out`` stays float32 (unrounded for backward)."""
 
     @staticmethod
     def forward(q, k, v, causal, scale, block_q, block_k):  # type: ignore[no-untyped-def]
@@ -76,7 +75,7 @@ class _FlashAttention(torch.autograd.Function):
         for rows, cols in _key_blocks(S_q, S_k, block_q, block_k, causal):
             s = _scores(qs, kw, rows, cols, causal, S_k - S_q)  # [N, R, bk], R rows see this key block
             m_new = torch.maximum(m[:, rows], s.amax(dim=-1, keepdim=True))  # [N, R, 1]
-            p = torch.exp(s - m_new)  # [N, R, bk] exp(score - m_new)
+            p = torch.exp(s - m_new)  # [N, R, bk] exp(score - m_new), out of place (see the tests' first-call check)
             alpha = torch.exp(m[:, rows] - m_new)  # [N, R, 1] rescales what was summed relative to m
             l[:, rows] = l[:, rows] * alpha + p.sum(dim=-1, keepdim=True)  # [N, R, 1]
             acc[:, rows] = torch.baddbmm(acc[:, rows] * alpha, p, vw[:, cols])  # [N, R, D_v] += [N, R, bk] @ [N, bk, D_v]
@@ -164,10 +163,27 @@ def flash_attention(
     block_q, block_k = _checks.positive_int("block_q", block_q), _checks.positive_int("block_k", block_k)
     lead, (q3, k3, v3), causal, scale = _flatten(q, k, v, causal, scale)  # [N, S, D] each
     with torch.autocast(q.device.type, enabled=False):  # the inputs' dtype rules; half runs in float32 anyway
-        out, lse = _FlashAttention.apply(q3, k3, v3, causal, scale, block_q, block_k)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            out, lse = _FlashAttention.apply(q3, k3, v3, causal, scale, block_q, block_k)
+        else:  # inference: on a CPU, one slice of the batch-heads per core
+            out, lse = _per_core(lambda *t: _FlashAttention.forward(*t, causal, scale, block_q, block_k), q3, k3, v3)
     S_q = q.shape[-2]
     out, lse = out.to(q.dtype).reshape(*lead, S_q, v.shape[-1]), lse.reshape(*lead, S_q)  # [..., S_q, D_v], [..., S_q]
     return (out, lse) if return_lse else out
+
+
+def _per_core(fn: Callable[..., tuple[Tensor, ...]], *tensors: Tensor) -> tuple[Tensor, ...]:
+    """``fn`` on one slice of the batch-heads N per CPU thread, each single-threaded: a multi-threaded
+    operation waits for its slowest thread, slow on a machine that other programs share."""
+    threads = torch.get_num_threads()
+    n = min(threads, tensors[0].shape[0])
+    small = tensors[0].shape[1] * tensors[1].shape[1] < 2**16  # not worth the threads; nor while tracing
+    if tensors[0].device.type != "cpu" or n < 2 or small or _checks.tracing():
+        return fn(*tensors)
+    with ThreadPoolExecutor(n, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        parts = list(pool.map(lambda ts: fn(*ts), zip(*(t.tensor_split(n) for t in tensors))))
+    torch.set_num_threads(threads)  # the new threads' setting would otherwise become the default for later threads
+    return tuple(torch.cat(outs) for outs in zip(*parts))
 
 
 def _flatten(q: Tensor, k: Tensor, v: Tensor, causal: object, scale: object) -> tuple[list[int], list[Tensor], bool, float]:

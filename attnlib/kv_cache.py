@@ -1,24 +1,18 @@
 """The KV cache of one attention layer: the keys and values of every position seen so far.
 
-Growth policy: one preallocated buffer per tensor whose capacity doubles when it is full, so
-appending ``n`` positions one at a time copies ``O(n)`` numbers in total; ``torch.cat`` on every
-step would copy the whole cache each time, ``O(n^2)``. With a sliding window the cache keeps only
-the last ``window`` positions (a rolling buffer); when the buffer is full they are moved to its
-front, which again costs ``O(1)`` copies per position on average, and a buffer grown past
-``2 * window`` positions (by a long prompt) is replaced by one that holds just the window, so a
-windowed cache reserves ``O(window)``. Positions stay in order.
+Growth: one buffer per tensor whose capacity doubles when full, so appending ``n`` positions one
+at a time copies ``O(n)`` numbers in total (``torch.cat`` on every step: ``O(n^2)``). A sliding
+window keeps the last ``window`` positions (a rolling buffer, moved to the front when full); a
+buffer grown past ``2 * window`` by a long prompt is replaced by one holding just the window.
 
-The contract:
-
-* **Autograd.** Under ``torch.no_grad()`` or ``torch.inference_mode()`` (decoding) the cache writes
-  into its buffers in place. With gradients enabled it appends with ``torch.cat`` instead, so every
-  cached position stays in the graph and gradients reach the keys and values of earlier calls:
-  training through a cache gives the gradients of one pass over the whole sequence, at the price
-  of copying the cache on every call (as Hugging Face's ``DynamicCache`` does). Decode under no_grad.
-* **Modes.** A cache filled under ``inference_mode`` can be used outside it (and the other way
-  round): the first call in the new mode copies the cache into ordinary tensors once.
-* **Sharing.** A cache belongs to the first layer that stores something in it; any other layer,
-  even one of the same shape, is refused. Use one ``KVCache`` per layer.
+* **Autograd.** Under ``torch.no_grad()``/``torch.inference_mode()`` (decoding), or for tensors
+  that need no gradient, the cache writes into its buffers in place. Keys and values that require
+  grad are appended with ``torch.cat``, so gradients reach those of earlier calls: training through
+  a cache gives the gradients of one pass, at the price of a copy of the cache per call.
+* **Modes.** A cache filled under ``inference_mode`` works outside it and the other way round
+  (the first call in the new mode copies the cache once).
+* **Sharing.** The first layer that stores into a cache owns it; any other layer, even of the same
+  shape, is refused: one ``KVCache`` per layer.
 """
 
 from __future__ import annotations
@@ -109,7 +103,7 @@ class KVCache:
             self._owner = self._owner or weakref.ref(owner)
         n = new[0].shape[-2]
         kept = [b[:, :, self._start : self._end] for b in self._buffers]  # [B, H_kv, S_kept, D_k]
-        if torch.is_grad_enabled():  # keep the graph: gradients reach every cached position
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (*new, *kept)):  # keep the graph for autograd
             views = tuple(torch.cat([c, t], dim=2) for c, t in zip(kept, new)) if kept else new
             self._buffers, self._start, self._end, self._writable = list(views), 0, views[0].shape[-2], False
         else:

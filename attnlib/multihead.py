@@ -189,5 +189,6 @@ def scores_mask(
         raise ValueError(f"a sliding window (window = {window}) needs causal=True")
     # an empty sequence warns (an inverted mask?) on a whole prompt, not while left padding is fed token by token
     pad = None if attention_mask is None else _key_mask(attention_mask[:, past + S - S_k :], warn=past == 0 and S > 1)
-    future = causal_mask(S, device=device, S_k=S_k, window=window) if causal else None  # [S, S_k]
+    sees_all = S == 1 and (window is None or window >= S_k)  # one decoded token sees every cached key: no mask
+    future = causal_mask(S, device=device, S_k=S_k, window=window) if causal and not sees_all else None  # [S, S_k]
     return combine_masks(pad, future)  # [B, 1, S, S_k], [B, 1, 1, S_k], [S, S_k] or None

@@ -10,7 +10,11 @@ Columns, per context length P (tokens already in the sequence):
   the P cached positions), and their ratio next to the exact FLOP ratio (P + 1);
 * decode tokens/s (1000 / ms with the cache) and prefill tokens/s (a prompt of P tokens in one pass).
 
-Target: a speedup of at least 10x at P = 1024. ``--check`` exits with status 1 when it fails.
+Everything runs under ``torch.inference_mode()``, as decoding does: with gradients enabled the
+cache appends with ``torch.cat`` so that autograd sees every position (see ``attnlib.kv_cache``).
+
+Target: a speedup of at least 13x at P = 1024 (so that the book's "about 10x" holds under ordinary
+noise). ``--check`` exits with status 1 when it fails.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from attnlib import KVCache
 CONTEXTS = (128, 512, 1024)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def prefill_tokens_per_s(model: toy_lm.TinyLM, P: int) -> float:
     ids = torch.randint(0, model.head.out_features, (1, P), generator=torch.Generator().manual_seed(1))
     torch.set_num_threads(1)
@@ -42,7 +46,8 @@ def main() -> int:
     args = parser.parse_args()
     torch.manual_seed(0)
     model = toy_lm.TinyLM(60, d_model=64, num_heads=4, max_len=1100).eval()
-    ms = ch09.time_per_token(model, list(CONTEXTS), repeats=15)
+    with torch.inference_mode():
+        ms = ch09.time_per_token(model, list(CONTEXTS), repeats=15)
     threads = torch.get_num_threads()
     prefill = [prefill_tokens_per_s(model, P) for P in CONTEXTS]
     torch.set_num_threads(threads)
@@ -57,8 +62,8 @@ def main() -> int:
     print(f"\nfrom P = 128 to 1024 (8x the context) the time per token grows {grow['no cache']:.1f}x without the cache, "
           f"{grow['cache']:.1f}x with it")
     speedup = ms["no cache"][-1] / ms["cache"][-1]
-    ok = speedup >= 10
-    print(f"{'PASS' if ok else 'FAIL'}: speedup at P = 1024 is {speedup:.1f}x (target >= 10x)")
+    ok = speedup >= 13
+    print(f"{'PASS' if ok else 'FAIL'}: speedup at P = 1024 is {speedup:.1f}x (target >= 13x)")
     return 0 if ok or not args.check else 1
 
 

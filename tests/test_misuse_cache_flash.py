@@ -223,3 +223,26 @@ def test_half_gradients_with_uneven_shapes_are_as_accurate_as_pytorch(dtype: tor
     ours = run(lambda q, k, v: flash_attention(q, k, v, causal=True, block_q=16, block_k=32), dtype)
     for o, t, r in zip(ours, theirs, ref):
         assert (o - r).abs().max() <= (t - r).abs().max()
+
+
+def test_inference_on_one_slice_per_core_equals_the_autograd_path() -> None:
+    """Without gradients the CPU path runs one slice of the batch-heads per thread; same numbers."""
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 3, 300, 16, generator=gen) for _ in range(3))
+    threads = torch.get_num_threads()
+    with torch.inference_mode():
+        fast = flash_attention(q, k, v, causal=True)
+    slow = flash_attention(*(t.clone().requires_grad_() for t in (q, k, v)), causal=True)
+    torch.testing.assert_close(fast, slow.detach(), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(fast, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5, rtol=1e-5)
+    assert torch.get_num_threads() == threads
+
+
+def test_edges_elsewhere_numpy_sizes_and_rows_that_see_nothing() -> None:
+    from attnlib import kv_cache_bytes, softmax
+
+    sizes = [np.int32(n) for n in (80, 8, 128, 131072)]  # Llama 2 70B at 128k tokens, batch 64
+    assert kv_cache_bytes(*sizes, batch=np.int32(64)) == kv_cache_bytes(80, 8, 128, 131072, batch=64) == 2 * 80 * 8 * 128 * 131072 * 64 * 2
+    scores = torch.tensor([[0.0, 1.0], [float("-inf"), float("-inf")]], requires_grad=True)
+    softmax(scores).backward(torch.full((2, 2), 100.0))  # a large upstream gradient into a row that sees nothing
+    assert torch.isfinite(scores.grad).all() and scores.grad[1].eq(0).all()
