@@ -12,12 +12,9 @@ _VALID = ("cuda", "mps", "cpu")
 
 
 def _available(kind: str) -> bool:
-    if kind == "cuda":
-        return torch.cuda.is_available()
     if kind == "mps":
-        backend = getattr(torch.backends, "mps", None)
-        return bool(backend is not None and backend.is_available())
-    return kind == "cpu"
+        return bool(getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available())
+    return torch.cuda.is_available() if kind == "cuda" else kind == "cpu"
 
 
 def get_device(prefer: str | torch.device | None = None) -> torch.device:
@@ -34,19 +31,18 @@ def get_device(prefer: str | torch.device | None = None) -> torch.device:
         raise ValueError(f"prefer must be a device string such as 'cpu' or 'cuda:0', got {type(prefer).__name__}")
     requested = os.environ.get("ATTNLIB_DEVICE") or prefer
     if requested is None:
-        for kind in _VALID:
-            if _available(kind):
-                return torch.device(kind)
-        return torch.device("cpu")  # pragma: no cover - cpu is always available
+        return torch.device(next(kind for kind in _VALID if _available(kind)))  # cpu is always available
+    return _checked(requested, "ATTNLIB_DEVICE" if os.environ.get("ATTNLIB_DEVICE") else "prefer")
+
+
+def _checked(requested: str | torch.device, source: str = "device") -> torch.device:
+    """``torch.device(requested)`` if it exists on this machine (a CUDA index too), else ``ValueError``."""
     try:
         device = torch.device(requested)
-    except RuntimeError as err:
-        raise ValueError(
-            f"unknown device {requested!r}; expected one of {', '.join(_VALID)} (optionally with an index, e.g. 'cuda:0')"
-        ) from err
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"unknown device {requested!r}; expected one of {', '.join(_VALID)} (e.g. 'cuda:0')") from err
     if device.type not in _VALID:
         raise ValueError(f"device type {device.type!r} is not supported; expected one of {', '.join(_VALID)}")
-    if not _available(device.type):
-        source = "ATTNLIB_DEVICE" if os.environ.get("ATTNLIB_DEVICE") else "prefer"
+    if not _available(device.type) or (device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count()):
         raise ValueError(f"device {requested!r} (from {source}) is not available on this machine")
     return device

@@ -127,17 +127,17 @@ class MultiHeadSelfAttention(nn.Module):
         v = split_heads(self.w_v(x), self.num_kv_heads)  # [B, H_kv, S, D_k]
         if cache is not None:
             k, v = cache.update(k, v, window=self.window, owner=self)  # [B, H_kv, S_k, D_k], S_k = S_kept + S
-        k = repeat_kv(k, self.num_heads)  # [B, H, S_k, D_k]
-        v = repeat_kv(v, self.num_heads)  # [B, H, S_k, D_k]
 
         if need_weights:
+            k, v = repeat_kv(k, self.num_heads), repeat_kv(v, self.num_heads)  # [B, H, S_k, D_k] each
             context, weights = scaled_dot_product_attention(q, k, v, mask)  # [B, H, S, D_k], [B, H, S, S_k]
         else:
             # plain causal (no padding, cache or window): is_causal=True, since on CUDA an explicit mask rules out
             # the flash backend; otherwise a bottom-right mask (is_causal=True would align top-left when S != S_k)
             is_causal = causal and attention_mask is None and self.window is None and k.shape[-2] == S
             mask = None if is_causal else mask
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)  # [B, H, S, D_k]
+            gqa = self.num_kv_heads != self.num_heads  # SDPA shares each key/value head without copying it
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)  # [B, H, S, D_k]
             if mask is not None:  # a query that sees no key gets 0 as above (torch 2.1 CUDA gave NaN: pytorch#110213)
                 context = context.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
             weights = None

@@ -27,7 +27,7 @@ def softmax(scores: Array, axis: int = -1) -> Array:
     scores = np.asarray(scores)
     if not np.issubdtype(scores.dtype, np.floating):
         raise ValueError(f"scores must be a floating-point array, got dtype {scores.dtype}")
-    row_max = np.max(scores, axis=axis, keepdims=True)
+    row_max = np.max(scores, axis=axis, keepdims=True, initial=-np.inf)  # initial: empty rows too
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
     exps = np.exp(scores - row_max)
     total = np.sum(exps, axis=axis, keepdims=True)

@@ -24,6 +24,7 @@ command that installs them.
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _checks
+from .device import _checked
 from .multihead import MultiHeadSelfAttention
 
 __all__ = [
@@ -89,7 +91,7 @@ def _offline() -> None:
 
 
 def load_minilm(device: torch.device | str | None = None) -> tuple[nn.Module, Any]:
-    """Load all-MiniLM-L6-v2 from the installed package (once per process and device).
+    """Load all-MiniLM-L6-v2 from the installed package (read once per process and device; each call returns a copy).
 
     The model is float32, in ``eval()`` mode (no dropout) and uses the "eager" attention
     implementation, the only one that can return attention weights (``output_attentions=True``).
@@ -107,10 +109,10 @@ def load_minilm(device: torch.device | str | None = None) -> tuple[nn.Module, An
     >>> type(model).__name__, model.config.num_hidden_layers, model.config.num_attention_heads
     ('BertModel', 6, 12)
     """
-    device = torch.device("cpu" if device is None else device)
+    device = torch.device("cpu") if device is None else _checked(device)
     key = str(device)
-    if key in _CACHE:
-        return _CACHE[key]
+    if key in _CACHE:  # loaded once; every caller gets its own copy, so .train() or edits do not leak
+        return copy.deepcopy(_CACHE[key][0]), _CACHE[key][1]
     path = model_path()
     _offline()
     try:
@@ -128,7 +130,7 @@ def load_minilm(device: torch.device | str | None = None) -> tuple[nn.Module, An
             transformers.utils.logging.enable_progress_bar()
     model = model.to(device=device, dtype=torch.float32).eval()  # float32 on every transformers version
     _CACHE[key] = (model, tokenizer)
-    return model, tokenizer
+    return copy.deepcopy(model), tokenizer
 
 
 def tokens(tokenizer: Any, text: str) -> list[str]:

