@@ -15,7 +15,8 @@ Each checker keeps its known mistakes in one table (:class:`attnbook.feedback.Mi
 from __future__ import annotations
 
 import math
-from typing import Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -289,9 +290,40 @@ LOOP_MISTAKES: tuple[Mistake, ...] = (
 )
 
 
+_NO_FORWARD = "the exercise asks for the per-head loop: do not call the module itself"
+
+_NO_SDPA = (
+    "you called F.scaled_dot_product_attention: the exercise asks you to write each head's attention yourself, "
+    "softmax(q_h k_h^T / sqrt(D_k)) v_h with torch.softmax, one head at a time from its rows of the weights."
+)
+
+
 class _NoForward(MultiHeadSelfAttention):
     def forward(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
-        raise RuntimeError("the exercise asks for the per-head loop: do not call the module itself")
+        raise RuntimeError(_NO_FORWARD)
+
+
+@contextmanager
+def _loop_guard() -> Iterator[set[str]]:
+    """While the reader's loop runs: refuse the module's own forward however it is reached (also
+    ``MultiHeadSelfAttention.forward(module, x)``), and record calls of F.scaled_dot_product_attention."""
+    used: set[str] = set()
+    forward, sdpa = MultiHeadSelfAttention.forward, F.scaled_dot_product_attention
+
+    def no_forward(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(_NO_FORWARD)
+
+    def spy_sdpa(*args: Any, **kwargs: Any) -> Any:
+        used.add("scaled_dot_product_attention")
+        return sdpa(*args, **kwargs)
+
+    MultiHeadSelfAttention.forward = no_forward  # type: ignore[method-assign]
+    F.scaled_dot_product_attention = spy_sdpa
+    try:
+        yield used
+    finally:
+        MultiHeadSelfAttention.forward = forward  # type: ignore[method-assign]
+        F.scaled_dot_product_attention = sdpa
 
 
 def _loop_one(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor], case: int) -> Feedback | None:
@@ -302,9 +334,12 @@ def _loop_one(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor], case: int)
     module.load_state_dict(ref.state_dict())
     with torch.no_grad():
         expected = ref(x).hidden_states  # [B, S, D]
-    got, fb = run_reader_code(fn, x.clone(), module)
+    with _loop_guard() as used:
+        got, fb = run_reader_code(fn, x.clone(), module)
     if fb is not None:
         return fb
+    if used:
+        return wrong(_NO_SDPA)
     if not isinstance(got, Tensor):
         return wrong(f"return a torch.Tensor of shape [B, S, D] = {tuple(expected.shape)}, got {describe(got)}.")
     if tuple(got.shape) != tuple(expected.shape):

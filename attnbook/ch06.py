@@ -226,7 +226,13 @@ def check_split_merge(split_fn: Callable[[Tensor, int], Tensor], merge_fn: Calla
 
 
 def _as_ints(answer: object) -> tuple[int, ...] | None:
-    """A tuple of ints from a tuple, list or ``torch.Size`` of Python or NumPy ints (``None`` otherwise)."""
+    """A tuple of ints from a tuple, list or ``torch.Size`` of Python or NumPy ints, or a 1-D integer
+    NumPy array or tensor (``None`` otherwise)."""
+    if isinstance(answer, np.ndarray) and answer.ndim == 1 and answer.dtype.kind in "iu":
+        answer = answer.tolist()
+    elif isinstance(answer, Tensor) and answer.dim() == 1 and not answer.is_floating_point() and not answer.is_complex() \
+            and answer.dtype != torch.bool:
+        answer = answer.tolist()
     if not isinstance(answer, (tuple, list)):
         return None
     try:

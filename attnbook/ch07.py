@@ -17,6 +17,7 @@ import operator
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -27,6 +28,7 @@ from .feedback import (
     Feedback,
     Mistake,
     MistakeTable,
+    as_number,
     close,
     compare_tensors,
     correct,
@@ -282,8 +284,11 @@ def reference_strongest_link(weights: Tensor, toks: Sequence[str], query: str, k
 def _as_pair(result: Any) -> tuple[int, int] | None:
     """``(layer, head)`` from a pair of Python, NumPy or 0-d tensor integers, or a 2-element integer tensor."""
     try:
-        if isinstance(result, Tensor) and result.numel() == 2 and not result.is_floating_point() and not result.is_complex():
+        if isinstance(result, Tensor) and result.numel() == 2 and not result.is_floating_point() and not result.is_complex() \
+                and result.dtype != torch.bool:
             result = result.flatten().tolist()
+        if isinstance(result, np.ndarray) and result.size == 2 and result.dtype.kind in "iu":
+            result = result.reshape(-1).tolist()
         if isinstance(result, (tuple, list)) and len(result) == 2 and not any(isinstance(r, bool) for r in result):
             return operator.index(result[0]), operator.index(result[1])
     except Exception:  # not integers
@@ -341,6 +346,10 @@ def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Fe
             if isinstance(result, (int, Tensor)) and not isinstance(result, bool):
                 return wrong(f"return a pair (layer, head), got {result!r}: a flat index i over L*H heads is "
                              f"(i // {H}, i % {H}).")
+            if isinstance(result, (tuple, list)) and len(result) == 2 and all(as_number(r) is not None for r in result):
+                return wrong(f"layer and head are indices, so return two integers (layer, head), got "
+                             f"{as_number(result[0]):g} and {as_number(result[1]):g}: use int(...) on the argmax, "
+                             "not a division that gives a float.")
             return wrong(f"return a pair of ints (layer, head), got {describe(result)}.")
         expected = reference_strongest_link(weights, toks, query, key)
         if got == expected:
@@ -372,6 +381,10 @@ PREVIOUS_MISTAKES: tuple[Mistake, ...] = (
     Mistake("sum instead of mean", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1),
             "you summed the S - 1 weights on the previous token; the score is their mean, so that it lies between 0 and 1 "
             "whatever the sentence's length."),
+    Mistake("wrap-around with roll", lambda w: (w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) + w[..., 0, -1]) / w.shape[-1],
+            "you shifted with torch.roll, which wraps around: query 0 then counts its weight on the LAST token as its "
+            "'previous' one. Query 0 has no previous token: average weights[..., i, i-1] over i = 1 .. S-1 only, "
+            "weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)."),
     Mistake("without the [CLS] key", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., 1:].mean(-1),
             "you left out query 1, whose previous token is [CLS]: every query i = 1 .. S-1 has a previous token, "
             "[CLS] included."),
@@ -502,6 +515,17 @@ def _diagnose_copy(mine: MultiHeadSelfAttention, model: nn.Module, layer_index: 
     return None
 
 
+def _shared_with(mine: nn.Module, model: nn.Module) -> list[str]:
+    """The names of ``mine``'s parameters whose memory is the model's (a shared module, Parameter or view)."""
+    def span(t: Tensor) -> tuple[int, int]:  # the bytes a parameter (or a transposed view of it) covers
+        start = t.data_ptr()
+        return start, start + max(1, t.numel()) * t.element_size()
+
+    theirs = [span(p) for p in model.parameters()]
+    return [name for name, p in mine.named_parameters()
+            if any(a < e and s < b for a, b in [span(p)] for s, e in theirs)]
+
+
 def _solution_copy(model: nn.Module, layer_index: int) -> MultiHeadSelfAttention:
     return _copied(model, layer_index)
 
@@ -543,6 +567,11 @@ def check_copy_layer(fn: Callable[[nn.Module, int], Any], layers: Sequence[int] 
         if (result.d_model, result.num_heads) != (384, 12):
             return wrong(f"the model has D = 384 and H = 12 heads; your module has d_model = {result.d_model}, "
                          f"num_heads = {result.num_heads}.")
+        shared = _shared_with(result, model)
+        if shared:
+            return wrong(f"your module shares {', '.join(shared)} with the model: copy the weights, do not share the "
+                         "modules (or their Parameters). Build new nn.Linear layers and copy_ the weights into them, so "
+                         "that changing your copy later (the ablations) leaves the model alone.")
         for m in COPY_MISTAKES:
             if _same_module(result, m.compute(model, layer_index)):
                 return wrong(m.hint)

@@ -411,6 +411,11 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     for name, got, exp in zip(("m_new", "l_new", "acc_new"), result, ref1):
         if tuple(got.shape) != tuple(exp.shape):
             return wrong(f"{name} has shape {tuple(got.shape)}, expected {tuple(exp.shape)} (keep dims with keepdim=True).")
+        if torch.isinf(got).any() and name != "m_new":
+            return wrong(
+                f"{name} contains inf on the first tile: exp(s - m_old) with m_old = -inf is exp(+inf). Compute the "
+                "new maximum first and exponentiate against it: exp(s - m_new), and rescale by exp(m_old - m_new)."
+            )
         if torch.isnan(got).any():
             return wrong(
                 f"{name} contains NaN on the first tile, where m = -inf: compute the new maximum first and "
@@ -431,7 +436,13 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     m2, l2, acc2 = result2
     ref2 = reference_online_update(*ref1, s[:, split:], v[split:])
     if not close(m2, ref2[0]):
-        return wrong("on the second tile m_new is wrong: it must be torch.maximum(m_old, tile max), not the tile max alone.")
+        if close(m2, ref1[0]):
+            return wrong("on the second tile m_new is still the old maximum: m_new must be the running maximum, "
+                         "max(m_old, tile max): torch.maximum(m, s.amax(-1, keepdim=True)).")
+        if close(m2, s[:, split:].amax(-1, keepdim=True)):
+            return wrong("on the second tile m_new is the tile max alone: m_new must be the running maximum, "
+                         "max(m_old, tile max): torch.maximum(m, s.amax(-1, keepdim=True)).")
+        return wrong("on the second tile m_new is wrong: m_new must be the running maximum, max(m_old, tile max).")
     m_ref = ref2[0]
     p_old = torch.exp(s[:, split:] - ref1[0])  # the new tile exponentiated against the OLD maximum
     if close(l2, ref1[1] + torch.exp(s[:, split:] - m_ref).sum(-1, keepdim=True)):
@@ -502,6 +513,9 @@ def _tile_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         return wrong(f"return the tile's weights as one torch.Tensor [{bq}, {bk}], got {describe(got)}.")
     if close(got, weights[rows, cols]):
         return None
+    if got.dtype in (torch.float16, torch.bfloat16) and close(got, weights[rows, cols], atol=1e-2, rtol=1e-2):
+        return wrong(f"your weights are {got.dtype}, which keeps only 2-3 significant digits: return them in the "
+                     f"dtype of s_tile ({s_tile.dtype}).")
     if tuple(got.shape) != (bq, bk):
         return wrong(f"the tile's weights are [{bq}, {bk}] ({bq} query rows, {bk} keys), got shape {tuple(got.shape)}; "
                      f"lse is [{bq}]: broadcast it over the keys with lse[:, None].")
@@ -545,10 +559,12 @@ def reference_merge_partials(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b:
 
 #: The merge checker's cases ``(H, S_q, S_k, keys in part a, D, D_v, lse shift, dtype)``: the second
 #: differs in every size and the dtype, and adds 800 to every score (its logsumexps are near 800), so
-#: ``exp(lse)`` overflows even in float64 and only a merge that subtracts the maximum survives.
+#: ``exp(lse)`` overflows even in float64; the third adds 300 in float32 (the scores the exercise
+#: names), where ``exp(lse)`` overflows float32. Only a merge that subtracts the maximum survives.
 MERGE_CASES: tuple[tuple[int, int, int, int, int, int, float, torch.dtype], ...] = (
     (2, 3, 20, 12, 8, 4, 0.0, torch.float32),
     (3, 2, 15, 9, 5, 6, 800.0, torch.float64),
+    (4, 1, 11, 4, 6, 3, 300.0, torch.float32),
 )
 
 
@@ -600,10 +616,17 @@ def _merge_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         return wrong(f"return two tensors (out, lse), got {describe(got)}: the merged lse is needed "
                      "to merge the result again with a third part.")
     got_out, got_lse = got
-    for name, t in (("out", got_out), ("lse", got_lse)):
+    for name, t, exp in (("out", got_out, out), ("lse", got_lse, lse)):
         if not isinstance(t, Tensor) or t.is_complex():
             return wrong(f"{name} should be a real torch.Tensor, got {describe(t)}.")
-    if not torch.isfinite(got_out).all() or not torch.isfinite(got_lse).all():
+        if tuple(t.shape) != tuple(exp.shape):
+            what = "[H, S_q, D_v], like out_a" if name == "out" else "[H, S_q], like lse_a (no trailing axis of size 1)"
+            return wrong(f"{name} has shape {tuple(t.shape)}; it should be {what}.")
+    if not torch.isfinite(got_lse).all():
+        return wrong(f"your lse overflows to inf or NaN with logsumexps near {MERGE_CASES[case][6]:.0f}: exp(lse_a) is "
+                     "inf there, so log(exp(lse_a) + exp(lse_b)) is too. Use torch.logaddexp(lse_a, lse_b), which "
+                     "subtracts the larger one first.")
+    if not torch.isfinite(got_out).all():
         return wrong("with large scores exp(lse) overflows to inf (float32 above about 88, even float64 above about "
                      "709) and the result is inf or NaN: subtract the larger lse first (torch.logaddexp does), "
                      "i.e. weight by exp(lse_part - lse_total).")

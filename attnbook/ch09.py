@@ -716,6 +716,22 @@ def _check_numbers(fn: Callable[..., Any], cases: tuple, reference: Callable[...
     return wrong(generic)
 
 
+def _vector(f: Callable[..., Any], cases: tuple) -> tuple[Any, ...]:
+    """``f`` on every case: the checkers compare a reader's answers on all cases together."""
+    return tuple(f(*case) for case in cases)
+
+
+def _solution_intensity(D: int, H: int, H_kv: int, S: int, batch: int) -> float:
+    d_k = D // H
+    flops = batch * layer_flops(D, H, H_kv, 1, S)
+    return flops / ((2 * D * D + 2 * D * H_kv * d_k) * 2 + batch * 2 * H_kv * d_k * S * 2)
+
+
+@exercise(solution=_solution_intensity,
+          tables=(MistakeTable(tuple(Mistake(m.name, lambda m=m: _vector(m.compute, INTENSITY_CASES), m.hint)
+                                     for m in INTENSITY_MISTAKES),
+                               lambda: [()], lambda: _vector(reference_decode_intensity, INTENSITY_CASES)),),
+          not_generic={"float16": "the answer is one number"})
 def check_decode_intensity(fn: Callable[..., Any]) -> Feedback:
     """Check ``fn(D, H, H_kv, S, batch) -> FLOPs per byte`` on two configurations that differ in every size."""
     return _check_numbers(
@@ -748,6 +764,14 @@ MLA_MISTAKES = (
 )
 
 
+def _solution_mla(layers: int, latent: int, rope: int, head_dim: int) -> tuple[float, float]:
+    return float((latent + rope) * layers * 2), (latent + rope) / (2 * head_dim)
+
+
+@exercise(solution=_solution_mla,
+          tables=(MistakeTable(tuple(Mistake(m.name, lambda m=m: _vector(m.compute, MLA_CASES), m.hint) for m in MLA_MISTAKES),
+                               lambda: [()], lambda: _vector(reference_mla_cache, MLA_CASES)),),
+          not_generic={"float16": "the answer is two numbers"})
 def check_mla_cache(fn: Callable[..., Any]) -> Feedback:
     """Check ``fn(layers, latent, rope, head_dim) -> (bytes per token, equivalent GQA heads)``."""
     got = []
@@ -825,6 +849,13 @@ for _case in MERGE_CASES:
     _MERGE_SIZES[len(_case[3])] = _case[3]
 
 
+def _solution_merge(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
+    lse = torch.logsumexp(torch.stack(lses), dim=0)  # [B, H, 1]
+    return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses))  # [B, H, 1, D_v]
+
+
+@exercise(solution=_solution_merge,
+          tables=(MistakeTable(MERGE_MISTAKES, lambda: [_merge_case(*c) for c in MERGE_CASES], reference_merge_partials),))
 def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
     """Check ``fn(outs, lses) -> merged [B, H, 1, D_v]`` on two splits that differ in every size."""
     for B, H, D, sizes, shift, seed in MERGE_CASES:

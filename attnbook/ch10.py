@@ -32,7 +32,7 @@ from torch import Tensor
 
 from attnlib import KVCache, causal_mask, repeat_kv
 
-from .feedback import Feedback, Mistake, close, correct, diagnose, run_reader_code, wrong
+from .feedback import Feedback, Mistake, MistakeTable, close, correct, diagnose, exercise, run_reader_code, wrong
 from .slider import Frame, Panel
 
 __all__ = [
@@ -1013,6 +1013,19 @@ def _check_ints(fn: Callable[..., Any], cases: tuple, reference: Callable[..., A
     return wrong(generic)
 
 
+def _vector(f: Callable[..., Any], cases: tuple) -> tuple[Any, ...]:
+    """``f`` on every case: the checkers compare a reader's answers on all cases together."""
+    return tuple(f(*case) for case in cases)
+
+
+def _solution_blocks(prompt_len: int, new_tokens: int, block_size: int, shared_prefix: int) -> int:
+    return -(-(prompt_len + new_tokens) // block_size) - shared_prefix // block_size
+
+
+@exercise(solution=_solution_blocks,
+          tables=(MistakeTable(tuple(Mistake(m.name, lambda m=m: _vector(m.compute, BLOCKS_CASES), m.hint) for m in BLOCKS_MISTAKES),
+                               lambda: [()], lambda: _vector(reference_blocks_needed, BLOCKS_CASES)),),
+          not_generic={"float16": "the answer is a count"})
 def check_blocks_needed(fn: Callable[..., Any]) -> Feedback:
     """Check ``fn(prompt_len, new_tokens, block_size, shared_prefix) -> new blocks`` on three cases."""
     return _check_ints(fn, BLOCKS_CASES, reference_blocks_needed, BLOCKS_MISTAKES,
@@ -1051,6 +1064,13 @@ INT8_MISTAKES = (
 )
 
 
+def _solution_int8(x: Tensor) -> Tensor:
+    scale = x.abs().amax(dim=-1, keepdim=True) / 127  # [..., S, 1]
+    return torch.round(x / scale).clamp(-127, 127) * scale  # [..., S, D_k]
+
+
+@exercise(solution=_solution_int8,
+          tables=(MistakeTable(INT8_MISTAKES, lambda: [(_int8_case(*c),) for c in INT8_CASES], reference_int8_per_token),))
 def check_int8_per_token(fn: Callable[[Tensor], Any]) -> Feedback:
     """Check ``fn(x) -> dequantised x`` (int8, one scale per position) on two caches of different sizes."""
     for case in INT8_CASES:
@@ -1098,6 +1118,13 @@ SINK_MISTAKES = (
 )
 
 
+def _solution_sink(scores: Tensor, sink: Tensor) -> Tensor:
+    lse = torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink.view(-1, 1, 1))  # [..., H, S_q, 1]
+    return torch.exp(scores - lse)  # [..., H, S_q, S_k]
+
+
+@exercise(solution=_solution_sink,
+          tables=(MistakeTable(SINK_MISTAKES, lambda: [_sink_case(*c) for c in SINK_CASES], reference_sink_softmax),))
 def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
     """Check ``fn(scores [1, H, S_q, S_k], sink [H]) -> weights`` on two cases, the second with scores near 800."""
     for case in SINK_CASES:

@@ -271,3 +271,27 @@ def test_saved_tensors_order_fused_below_softmax_below_attnlib_at_every_head_cou
         assert fused < soft < explicit, (H, fused, soft, explicit)
         square, row = S * S * 4, S * 4  # bytes of one [S, S] and one [S] float32 tensor
         assert 2 * H * square <= explicit - soft < 2 * H * square + 4 * H * row  # two more [S, S] per head (+ row vectors)
+
+
+def test_per_head_loop_refuses_the_module_forward_however_it_is_reached_and_sdpa() -> None:
+    import torch.nn.functional as F
+
+    from attnlib.multihead import MultiHeadSelfAttention
+
+    fb = check_per_head_loop(lambda x, m: MultiHeadSelfAttention.forward(m, x).hidden_states)
+    assert fb.status == "wrong" and "do not call the module itself" in fb.message, fb
+
+    def sdpa_split(x, m):  # a view/transpose split and PyTorch's fused attention: right numbers, not the exercise
+        B, S, D = x.shape
+        H, d_k = m.num_heads, m.d_k
+        q, k, v = (lin(x).view(B, S, H, d_k).transpose(1, 2) for lin in (m.w_q, m.w_k, m.w_v))  # [B, H, S, D_k]
+        return m.w_o(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, S, D))
+
+    fb = check_per_head_loop(sdpa_split)
+    assert fb.status == "wrong" and "scaled_dot_product_attention" in fb.message and "torch.softmax" in fb.message, fb
+    # the guard is lifted afterwards: the module and F work as before
+    m = MultiHeadSelfAttention(8, 2)
+    x = torch.randn(1, 3, 8)
+    assert m(x).hidden_states.shape == (1, 3, 8)
+    assert F.scaled_dot_product_attention(x, x, x).shape == (1, 3, 8)
+    assert check_per_head_loop(loop).passed

@@ -500,3 +500,15 @@ def test_strides_accept_numpy_ints() -> None:
 
     assert check_transposed_strides(tuple(np.int64(v) for v in (60, 3, 12, 1))).passed
     assert not check_transposed_strides((60.0, 3.0, 12.0, 1.0)).passed
+
+
+def test_transposed_strides_read_numpy_and_tensor_integers() -> None:
+    import numpy as np
+
+    from attnbook.ch06 import check_transposed_strides
+
+    for answer in (tuple(np.array([60, 3, 12, 1])), np.array([60, 3, 12, 1]), torch.tensor([60, 3, 12, 1]),
+                   (np.int32(60), 3, np.uint8(12), 1)):
+        assert check_transposed_strides(answer).passed, answer
+    for answer in (np.array([60.0, 3.0, 12.0, 1.0]), np.array([[60, 3, 12, 1]]), torch.tensor([True, False, True, False])):
+        assert not check_transposed_strides(answer).passed, answer

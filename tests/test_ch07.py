@@ -450,3 +450,50 @@ def test_attention_rollout_rows_sum_to_one_and_chain_layers() -> None:
     torch.testing.assert_close(ch07.attention_rollout(one_hot)[2], torch.tensor([0.5, 0.0, 0.5, 0.0]))
     with pytest.raises(ValueError, match="L, H, S, S"):
         ch07.attention_rollout(torch.ones(2, 3, 4))
+
+
+def test_copy_layer_refuses_float64_with_a_dtype_hint_and_shared_modules() -> None:
+    fb = ch07.check_copy_layer(lambda model, i: ch07._copied(model, i).double())
+    assert fb.status == "wrong" and "float64" in fb.message and "Traceback" not in fb.message, fb
+
+    def aliased(model, i):  # right numbers, but the ablations would then change the model itself
+        mine = ch07._copied(model, i)
+        attn = P.encoder_layers(model)[i].attention
+        mine.w_q, mine.w_k, mine.w_v, mine.w_o = attn.self.query, attn.self.key, attn.self.value, attn.output.dense
+        return mine
+
+    fb = ch07.check_copy_layer(aliased)
+    assert fb.status == "wrong" and "do not share the modules" in fb.message, fb
+
+    def shared_parameter(model, i):
+        mine = ch07._copied(model, i)
+        mine.w_v.weight = P.encoder_layers(model)[i].attention.self.value.weight
+        return mine
+
+    fb = ch07.check_copy_layer(shared_parameter)
+    assert fb.status == "wrong" and "w_v.weight" in fb.message, fb
+    assert ch07.check_copy_layer(ch07._solution_copy).passed
+
+
+def test_strongest_link_requires_integers_and_reads_integer_arrays() -> None:
+    import numpy as np
+
+    fb = ch07.check_strongest_link(lambda *a: (3.6, 1.6))
+    assert fb.status == "wrong" and "integers" in fb.message, fb
+    fb = ch07.check_strongest_link(lambda *a: tuple(float(x) for x in ch07._solution_link(*a)))
+    assert fb.status == "wrong", fb
+    assert ch07.check_strongest_link(lambda *a: np.array(ch07._solution_link(*a))).passed
+    assert ch07.check_strongest_link(lambda *a: np.array(ch07._solution_link(*a), dtype=np.int32)).passed
+    assert ch07.check_strongest_link(lambda *a: tuple(np.int64(x) for x in ch07._solution_link(*a))).passed
+
+
+def test_previous_token_score_names_a_wrap_around_roll() -> None:
+    def rolled(w):  # key (i - 1) mod S for every query i, query 0 included
+        S = w.shape[-1]
+        prev = torch.roll(torch.arange(S), 1)  # [S]: S-1, 0, 1, ..., S-2
+        return w[..., torch.arange(S), prev].mean(-1)  # [L, H]
+
+    fb = ch07.check_previous_token_score(rolled)
+    assert fb.status == "wrong" and "torch.roll" in fb.message, fb
+    fb = ch07.check_previous_token_score(lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1))
+    assert fb.status == "wrong" and "summed" in fb.message, fb

@@ -349,3 +349,65 @@ def test_review_items_of_chapter_8_checkers() -> None:
     assert fb.status == "wrong" and "overflow" in fb.message, fb
     fb = check_tile_weights(lambda s, lse: torch.exp(s - lse[:, None]).numpy())
     assert "torch.Tensor" in fb.message and "differ" not in fb.message, fb
+
+
+def test_merge_names_an_overflowed_lse_and_wrong_types_or_shapes() -> None:
+    def naive_lse(oa, la, ob, lb):  # finite out (weights 0) once lse is inf: the lse must be checked first
+        lse = torch.log(torch.exp(la) + torch.exp(lb))
+        return torch.exp(la - lse)[..., None] * oa + torch.exp(lb - lse)[..., None] * ob, lse
+
+    fb = check_merge_partials(naive_lse)
+    assert fb.status == "wrong" and "lse overflows" in fb.message and "torch.logaddexp" in fb.message, fb
+    fb = check_merge_partials(lambda *p: (reference_merge_partials(*p)[0], reference_merge_partials(*p)[1][..., None]))
+    assert "lse has shape" in fb.message and "differs" not in fb.message, fb
+    fb = check_merge_partials(lambda *p: (reference_merge_partials(*p)[0].numpy(), reference_merge_partials(*p)[1]))
+    assert "torch.Tensor" in fb.message and "differs" not in fb.message, fb
+
+
+def test_merge_tries_scores_near_300_in_float32() -> None:
+    from attnbook.ch08 import MERGE_CASES, _merge_case
+
+    assert any(c[6] == 300.0 and c[7] == torch.float32 for c in MERGE_CASES)
+    parts = _merge_case(next(i for i, c in enumerate(MERGE_CASES) if c[6] == 300.0))[0]
+    assert 250 < float(parts[1].min()) and float(parts[1].max()) < 350
+    assert not torch.isfinite(torch.exp(parts[1])).all()  # exp(lse) overflows float32 there
+
+
+def test_tile_weights_name_the_type_and_the_dtype() -> None:
+    import numpy as np
+
+    from attnbook.ch08 import check_tile_weights
+
+    right = lambda s, lse: torch.exp(s - lse[:, None])  # noqa: E731
+    for wrong_type in (lambda s, lse: right(s, lse).tolist(), lambda s, lse: np.float64(0.5), lambda s, lse: right(s, lse).numpy()):
+        fb = check_tile_weights(wrong_type)
+        assert "torch.Tensor" in fb.message and "differ" not in fb.message, fb
+    fb = check_tile_weights(lambda s, lse: right(s, lse).half())
+    assert fb.status == "wrong" and "float16" in fb.message and "differ" not in fb.message, fb
+
+
+def test_online_update_names_a_stale_maximum_and_an_infinite_first_tile() -> None:
+    from attnbook.ch08 import check_online_softmax_update
+
+    def stale(m, l, acc, s, v):  # keeps the first tile's maximum for ever
+        m_new = m if torch.isfinite(m).all() else s.amax(-1, keepdim=True)
+        p, a = torch.exp(s - m_new), torch.exp(m - m_new)
+        return m_new, l * a + p.sum(-1, keepdim=True), acc * a + p @ v
+
+    fb = check_online_softmax_update(stale)
+    assert "running maximum" in fb.message and "max(m_old, tile max)" in fb.message, fb
+
+    def tile_max_only(m, l, acc, s, v):
+        m_new = s.amax(-1, keepdim=True)
+        p, a = torch.exp(s - m_new), torch.exp(m - m_new)
+        return m_new, l * a + p.sum(-1, keepdim=True), acc * a + p @ v
+
+    assert "tile max alone" in check_online_softmax_update(tile_max_only).message
+
+    def against_old(m, l, acc, s, v):  # exp(s - m_old) with m_old = -inf on the first tile
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p, a = torch.exp(s - m), torch.exp(m - m_new)
+        return m_new, l * a + p.sum(-1, keepdim=True), acc * a + p @ v
+
+    fb = check_online_softmax_update(against_old)
+    assert "inf" in fb.message and "-inf - (-inf)" not in fb.message, fb
