@@ -86,7 +86,7 @@ lab: setup
 	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) book
 
 bench: setup
-	$(BIN)/python benchmarks/bench_attention.py && $(BIN)/python benchmarks/bench_decode.py
+	$(BIN)/python benchmarks/bench_attention.py && $(BIN)/python benchmarks/bench_decode.py && $(BIN)/python benchmarks/bench_serving.py
 
 bench-explorer: book
 	$(BIN)/python benchmarks/bench_explorer.py
