@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["KEYS_SENTENCE", "CAT_SENTENCE", "IT_SENTENCE", "NOTES_ARE_WEIGHTS", "ILLUSTRATIVE_ARE_WEIGHTS", "toy_hidden_states"]
+__all__ = ["KEYS_SENTENCE", "CAT_SENTENCE", "IT_SENTENCE", "toy_hidden_states"]
 
 #: "The keys on the table are lost." split into S = 8 tokens.
 KEYS_SENTENCE: list[str] = ["The", "keys", "on", "the", "table", "are", "lost", "."]
@@ -15,12 +15,6 @@ KEYS_SENTENCE: list[str] = ["The", "keys", "on", "the", "table", "are", "lost", 
 CAT_SENTENCE: list[str] = ["The", "cat", "sat", "on", "the", "mat"]
 #: The multi-head example (a pronoun that needs two relations at once).
 IT_SENTENCE: list[str] = ["The", "animal", "didn't", "cross", "the", "street", "because", "it", "was", "too", "tired", "."]
-
-#: Invented weights of the query "are" over KEYS_SENTENCE. They are made up for
-#: illustration (no model produced them); chapter 7 compares them with a real model.
-NOTES_ARE_WEIGHTS: dict[str, float] = {
-    "The": 0.04, "keys": 0.38, "on": 0.05, "the": 0.04, "table": 0.22, "are": 0.18, "lost": 0.07, ".": 0.02,
-}
 
 
 def toy_hidden_states(tokens: list[str], d_model: int = 16, *, seed: int = 0, device: torch.device | str | None = None) -> Tensor:
@@ -43,7 +37,3 @@ def toy_hidden_states(tokens: list[str], d_model: int = 16, *, seed: int = 0, de
     pe[:, 0::2] = torch.sin(pos * freq)
     pe[:, 1::2] = torch.cos(pos * freq)
     return (words + pe)[None].to(device)  # [1, S, D]
-
-#: The same invented weights under a name that says what they are: an illustration of what a
-#: trained head *might* do for the query "are", not a measurement.
-ILLUSTRATIVE_ARE_WEIGHTS: dict[str, float] = NOTES_ARE_WEIGHTS
