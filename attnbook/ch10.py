@@ -960,7 +960,7 @@ def paging_frame(step: int, block_size: int = 16) -> Frame:
                f"{reserved_dbl}. " + "; ".join(texts) + ".")
     panel = Panel(pool_owner, labels, [str(b) for b in range(n_blocks)], vmin=0.0, vmax=1.0, masked=pool_owner == 0,
                   title=f"physical blocks of {block_size} positions: the share of each that holds tokens (hatched: not this request's)")
-    return Frame(label=f"step {step}", panels=[panel], caption=caption)
+    return Frame(label=f"blocks of {block_size}, step {step}", panels=[panel], caption=caption)  # both vary in a slider
 
 
 # ==== exercises ====================================================================================

@@ -128,6 +128,9 @@ def test_sink_attention() -> None:
 def test_paging_frame() -> None:
     frame = ch10.paging_frame(10, block_size=8)
     assert "blocks of 8" in frame.caption and frame.panels[0].matrix.shape == (4, 20)
+    # the label names both settings, so a slider over steps and block sizes shows each frame apart
+    labels = {ch10.paging_frame(s, block_size=b).label for b in (8, 16) for s in (0, 10)}
+    assert labels == {"blocks of 8, step 0", "blocks of 8, step 10", "blocks of 16, step 0", "blocks of 16, step 10"}
     for b in (4, 8, 16):
         assert ch10.paging_frame(30, block_size=b).panels[0].matrix.shape == (4, 160 // b)
     # request 0 holds 37 + 10 = 47 positions: its prompt's 5 full blocks 0-4, then block 10, taken at
