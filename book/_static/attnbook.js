@@ -50,15 +50,25 @@ document.addEventListener("DOMContentLoaded", function () {
 // cell opened, a slider moved.
 (function () {
   var BOXES = "pre, .cell_output > .output, .pst-scrollable-table-container, .attnlib-frame, mjx-container[display='true']";
-  function mark() {
-    document.querySelectorAll(BOXES).forEach(function (box) {
-      var scrolls = box.scrollWidth > box.clientWidth + 1;
-      if (scrolls) box.setAttribute("tabindex", "0");
-      else if (box.getAttribute("tabindex") === "0") box.setAttribute("tabindex", "-1");
-    });
+  function markBox(box) {
+    var scrolls = box.scrollWidth > box.clientWidth + 1;
+    if (scrolls) box.setAttribute("tabindex", "0");
+    else if (box.getAttribute("tabindex") === "0") box.setAttribute("tabindex", "-1");
   }
+  function mark() { document.querySelectorAll(BOXES).forEach(markBox); }
   var timer = null;
   function later() { clearTimeout(timer); timer = setTimeout(mark, 350); }
+  // A slider's frame box is marked in the same event that redraws it: one frame of a slider can
+  // be wide and the next narrow, and its keyboard access must not lag a frame behind. The input
+  // event does not bubble, so a listener added to the slider's input from the capture phase runs
+  // right after the slider's own listener has drawn the frame.
+  function frameDrawn(e) {
+    var root = e.target && e.target.closest && e.target.closest(".attnlib-slider");
+    if (!root) return;
+    e.target.addEventListener("input", function () {
+      root.querySelectorAll(".attnlib-frame").forEach(markBox);
+    }, { once: true });
+  }
   window.addEventListener("load", function () {
     var ready = window.MathJax && MathJax.startup && MathJax.startup.promise;
     (ready || Promise.resolve()).then(mark);
@@ -66,5 +76,6 @@ document.addEventListener("DOMContentLoaded", function () {
     document.addEventListener("click", later, true);
     document.addEventListener("toggle", later, true);
     document.addEventListener("input", later, true);
+    document.addEventListener("input", frameDrawn, true);
   });
 })();
