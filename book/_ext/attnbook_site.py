@@ -13,6 +13,10 @@
   left out of the page (:func:`drop_colab_titles`): the website folds the solution its own way.
 * ``fontawesome.js`` (1.45 MB, every icon of Font Awesome 6) is replaced by a few kilobytes
   holding only the icons the built pages use (see :func:`slim_fontawesome`).
+* Code is highlighted without a ``<span>`` around the tokens that both the light and the dark
+  Pygments style draw exactly like plain text (names, punctuation, whitespace in the a11y
+  styles): the page looks the same and its code weighs about half as much
+  (:func:`drop_plain_spans`).
 """
 
 from __future__ import annotations
@@ -144,7 +148,46 @@ def refresh_static(app: Any, exception: Exception | None) -> None:
             shutil.copyfile(source, target)
 
 
+#: The theme's own defaults, used where ``_config.yml`` names no Pygments style.
+DEFAULT_PYGMENTS_STYLES = {"pygments_light_style": "a11y-high-contrast-light", "pygments_dark_style": "a11y-high-contrast-dark"}
+
+
+def plain_token_types(style_names: list[str]) -> frozenset:
+    """Token types that every one of ``style_names`` draws exactly like plain text (``Text``)."""
+    from pygments.styles import get_style_by_name
+    from pygments.token import STANDARD_TYPES, Text
+
+    styles = [get_style_by_name(name) for name in style_names]
+    return frozenset(
+        t for t in STANDARD_TYPES
+        if t is not Text and all(style.style_for_token(t) == style.style_for_token(Text) for style in styles)
+    )
+
+
+def drop_plain_spans(app: Any) -> None:
+    highlighter = getattr(app.builder, "highlighter", None)
+    if highlighter is None or getattr(highlighter, "dest", None) != "html":
+        return
+    from pydata_sphinx_theme.utils import get_theme_options_dict
+    from pygments.util import ClassNotFound
+
+    options = get_theme_options_dict(app)
+    names = [options.get(key) or default for key, default in DEFAULT_PYGMENTS_STYLES.items()]
+    try:
+        plain = plain_token_types(names)
+    except ClassNotFound:  # a style the theme will not find either: keep every span
+        return
+    base = highlighter.formatter
+
+    class PlainSpanFormatter(base):  # type: ignore[misc, valid-type]
+        def _get_css_classes(self, ttype: Any) -> str:
+            return "" if ttype in plain else super()._get_css_classes(ttype)
+
+    highlighter.formatter = PlainSpanFormatter
+
+
 def setup(app: Any) -> dict[str, Any]:
+    app.connect("builder-inited", drop_plain_spans)
     # Early: html-page-context stops at the first listener that returns a template name.
     app.connect("html-page-context", dedupe_scripts, priority=100)
     app.connect("doctree-read", add_search_aliases)
