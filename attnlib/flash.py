@@ -2,31 +2,27 @@
 
 FlashAttention (Dao et al., 2022; FlashAttention-2, Dao 2023), in plain PyTorch so every step reads:
 
-* **Forward.** The keys are cut into blocks of ``block_k``, the queries into blocks of ``block_q``.
-  On a GPU each query block is one program that walks over the key blocks; here all query blocks
-  walk *in step* (FlashAttention-2's parallelism over query blocks): the one loop runs over the key
-  blocks, and each step handles every query row that can see that key block with one batched matmul,
-  a tile ``[rows, block_k]``. Every query row keeps three running quantities: ``m`` (the largest
-  score so far), ``l`` (the sum of ``exp(score - m)``) and ``acc`` (the sum of ``exp(score - m) * v``).
-  When a tile raises the maximum, ``l`` and ``acc`` are rescaled by ``exp(m_old - m_new)``: the
-  *online softmax* (Milakov & Gimelshein, 2018). At the end ``out = acc / l`` and
-  ``lse = m + log(l)``, the log of each row's softmax denominator.
-* **Backward.** Only ``q, k, v``, ``out`` and ``lse`` are kept. The loop again runs over the key
-  blocks (as FlashAttention-2's backward does): each tile's weights come back as
-  ``p = exp(score - lse)``, with no running max needed; the key block's ``dk`` and ``dv`` are
-  complete after its one step, and ``dq`` of the rows that see it is accumulated.
+* **Forward** (FlashAttention-2's loop order): one block of ``block_q`` queries at a time (on a GPU
+  the blocks run in parallel; on a CPU without gradients each thread takes a share of the
+  batch-heads) walks over the blocks of ``block_k`` keys it sees, one tile of scores per step. Each
+  row keeps ``m`` (the largest score so far), ``l`` (the sum of ``exp(score - m)``) and ``acc`` (the
+  sum of ``exp(score - m) * v``); when a tile raises the maximum, ``l`` and ``acc`` are rescaled by
+  ``exp(m_old - m_new)``: the *online softmax* (Milakov & Gimelshein, 2018). After the walk,
+  ``out = acc / l`` and ``lse = m + log(l)``, the log of each row's softmax denominator.
+* **Backward** (FlashAttention-2's order): only ``q, k, v``, ``out`` and ``lse`` are kept. One key
+  block at a time walks over the query blocks that see it; a tile's weights come back exactly as
+  ``p = exp(score - lse)``; the block's ``dk`` and ``dv`` are complete after its walk, ``dq`` adds up.
 
-Only tiles ``[rows, block_k]`` (times the batch/head dims) ever exist: extra memory grows like
-``S * block_k``, not ``S^2``. Causal: query blocks entirely before a key block skip it. The loop
-has ``ceil(S_k / block_k)`` steps of about a dozen large operations. On a GPU each line below is a
-kernel that reads and writes HBM; :func:`attnlib.triton_flash.triton_flash_attention` fuses one
-query block's walk into one kernel. In practice, use PyTorch's ``scaled_dot_product_attention``.
+Only tiles ``[block_q, block_k]`` (times the batch-heads) exist: extra memory is a few tiles plus
+``O(S)``. Causal: a query block stops at its last visible key block; only diagonal tiles are masked
+inside. On a GPU each line is a kernel that reads and writes HBM; :func:`attnlib.triton_flash.
+triton_flash_attention` fuses a query block's walk into one kernel. In practice, use PyTorch's SDPA.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -36,28 +32,25 @@ from . import _checks
 
 __all__ = ["flash_attention", "BLOCK_Q", "BLOCK_K"]
 
-#: Default tile edges (``make bench``): ``BLOCK_Q`` sets which rows skip a key block (causal), ``BLOCK_K``
-#: the keys per step; a tile ``[N, S_q, BLOCK_K]`` float32 is 32 MiB for N = 8, S_q = 8192.
-BLOCK_Q, BLOCK_K = 64, 128
+#: Default tile edges, timed by ``make bench`` (2-core CPU, S = 4096): a float32 tile [4, 256, 256] is 1 MiB, in cache.
+BLOCK_Q, BLOCK_K = 256, 256
 
 
-def _key_blocks(S_q: int, S_k: int, block_q: int, block_k: int, causal: bool) -> Iterator[tuple[slice, slice]]:
-    """Each block of keys with the query rows that see it: the query blocks not entirely before it."""
-    offset = S_k - S_q  # query i sits at absolute position i + offset (bottom-right alignment)
-    for k0 in range(0, S_k, block_k):
-        first = max(0, k0 - offset) // block_q * block_q if causal else 0  # first query block that sees key k0
-        yield slice(first, S_q), slice(k0, min(k0 + block_k, S_k))
+def _blocks(n: int, size: int) -> list[slice]:
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def _scores(qs: Tensor, k: Tensor, rows: slice, cols: slice, causal: bool, offset: int) -> Tensor:
-    """One tile of scaled scores ``qs[rows] k[cols]^T``, the future set to -inf when causal."""
-    s = qs[:, rows] @ k[:, cols].transpose(1, 2)  # [N, R, D_k] @ [N, D_k, bk] -> [N, R, bk]
-    last = min(rows.stop, cols.stop - 1 - offset)  # rows from `last` on see every key of the block
-    if causal and last > rows.start:
-        i = torch.arange(rows.start + offset, last + offset, device=s.device)[:, None]  # [r, 1]
-        j = torch.arange(cols.start, cols.stop, device=s.device)[None, :]  # [1, bk]
-        s[:, : last - rows.start].masked_fill_(j > i, float("-inf"))  # [N, r, bk], in place: s is this tile's own
-    return s
+def _sees(rows: slice, cols: slice, causal: bool, offset: int) -> bool:
+    """Whether any query of ``rows`` sees a key of ``cols``: query ``i`` sees keys ``j <= i + offset``."""
+    return not causal or cols.start <= rows.stop - 1 + offset
+
+
+def _mask_future(s: Tensor, rows: slice, cols: slice, causal: bool, offset: int) -> None:
+    """Causal: set the scores of keys in each query's future to -inf, in place, if the tile crosses the diagonal."""
+    if causal and cols.stop - 1 > rows.start + offset:
+        i = torch.arange(rows.start + offset, rows.stop + offset, device=s.device)[:, None]  # [r, 1]
+        j = torch.arange(cols.start, cols.stop, device=s.device)[None, :]  # [1, c]
+        s.masked_fill_(j > i, float("-inf"))  # [N, r, c]
 
 
 class _FlashAttention(torch.autograd.Function):
@@ -67,21 +60,29 @@ class _FlashAttention(torch.autograd.Function):
     def forward(q, k, v, causal, scale, block_q, block_k):  # type: ignore[no-untyped-def]
         work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         qs = q.to(work) * scale  # [N, S_q, D_k], upcast first, then scaled once
-        kw, vw = k.to(work), v.to(work)  # [N, S_k, D_k], [N, S_k, D_v]
-        N, S_q, S_k = q.shape[0], q.shape[1], k.shape[1]
-        m = torch.full((N, S_q, 1), float("-inf"), dtype=work, device=q.device)  # [N, S_q, 1] running max
-        l = torch.zeros_like(m)  # [N, S_q, 1] running sum of exp(score - m)
-        acc = torch.zeros(N, S_q, v.shape[-1], dtype=work, device=q.device)  # [N, S_q, D_v]
-        for rows, cols in _key_blocks(S_q, S_k, block_q, block_k, causal):
-            s = _scores(qs, kw, rows, cols, causal, S_k - S_q)  # [N, R, bk], R rows see this key block
-            m_new = torch.maximum(m[:, rows], s.amax(dim=-1, keepdim=True))  # [N, R, 1]
-            p = torch.exp(s - m_new)  # [N, R, bk] exp(score - m_new), out of place (see the tests' first-call check)
-            alpha = torch.exp(m[:, rows] - m_new)  # [N, R, 1] rescales what was summed relative to m
-            l[:, rows] = l[:, rows] * alpha + p.sum(dim=-1, keepdim=True)  # [N, R, 1]
-            acc[:, rows] = torch.baddbmm(acc[:, rows] * alpha, p, vw[:, cols])  # [N, R, D_v] += [N, R, bk] @ [N, bk, D_v]
-            m[:, rows] = m_new
-        out = acc / l.clamp_min(1.0)  # [N, S_q, D_v]; l >= 1 (the max term is exp(0)), l = 0 only when S_k = 0
-        lse = (m + torch.log(l)).squeeze(-1)  # [N, S_q]
+        kt, vw = k.to(work).transpose(1, 2), v.to(work)  # [N, D_k, S_k], [N, S_k, D_v]
+        N, S_q, S_k, offset = q.shape[0], q.shape[1], k.shape[1], k.shape[1] - q.shape[1]
+        out, lse = qs.new_empty(N, S_q, v.shape[-1]), qs.new_empty(N, S_q)  # [N, S_q, D_v], [N, S_q]
+        tile = qs.new_empty(N, block_q, block_k)  # every full tile is computed in this one buffer
+        key_blocks = [(cols, kt[:, :, cols], vw[:, cols]) for cols in _blocks(S_k, block_k)]  # [N, D_k, c], [N, c, D_v]
+        for rows in _blocks(S_q, block_q):  # FlashAttention-2: one query block at a time ...
+            q_blk, r = qs[:, rows], rows.stop - rows.start  # [N, r, D_k]
+            m, l = qs.new_full((N, r, 1), float("-inf")), qs.new_zeros(N, r, 1)  # [N, r, 1] running max and sum
+            acc = qs.new_zeros(N, r, v.shape[-1])  # [N, r, D_v] running sum of exp(score - m) * v
+            for cols, k_blk, v_blk in key_blocks:  # ... walks over the key blocks it sees
+                if not _sees(rows, cols, causal, offset):
+                    break
+                fits = tile.shape[1:] == (r, cols.stop - cols.start)
+                s = torch.bmm(q_blk, k_blk, out=tile if fits else None)  # [N, r, c] scaled scores
+                _mask_future(s, rows, cols, causal, offset)
+                m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # [N, r, 1]
+                p = s.sub_(m_new).exp_()  # [N, r, c] exp(score - m_new), in place in the tile
+                alpha = torch.exp(m - m_new)  # [N, r, 1] rescales what was summed relative to m
+                l = l * alpha + p.sum(dim=-1, keepdim=True)  # [N, r, 1]
+                torch.baddbmm(acc.mul_(alpha), p, v_blk, out=acc)  # [N, r, D_v]: acc = acc * alpha + p @ v_blk
+                m = m_new  # every row sees key 0 in its first tile, so m is finite from then on
+            out[:, rows] = acc / l.clamp_min(1.0)  # l >= 1 (the max term is exp(0)); l = 0 only when S_k = 0
+            lse[:, rows] = (m + torch.log(l)).squeeze(-1)  # [N, r]
         return out, lse
 
     @staticmethod
@@ -92,22 +93,23 @@ class _FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, d_lse):  # type: ignore[no-untyped-def]
-        q, k, v, out, lse = ctx.saved_tensors
-        causal, scale, block_q, block_k = ctx.args
-        work = lse.dtype
-        qs, kw, vw, d_out = q.to(work) * scale, k.to(work), v.to(work), d_out.to(work)
+        (q, k, v, out, lse), (causal, scale, block_q, block_k) = ctx.saved_tensors, ctx.args
+        qs, kw, vw, d_out = q.to(lse.dtype) * scale, k.to(lse.dtype), v.to(lse.dtype), d_out.to(lse.dtype)
         # ds = p * (dp - delta) for every tile; the rowsum of p * dp equals rowsum(d_out * out)
         delta = (d_out * out).sum(dim=-1) - d_lse  # [N, S_q]; d lse / d score = p
-        dq, dk, dv = torch.zeros_like(qs), torch.zeros_like(kw), torch.zeros_like(vw)
-        S_q, S_k = q.shape[1], k.shape[1]
-        for rows, cols in _key_blocks(S_q, S_k, block_q, block_k, causal):
-            s = _scores(qs, kw, rows, cols, causal, S_k - S_q)  # [N, R, bk] recomputed
-            p = torch.exp(s - lse[:, rows, None])  # [N, R, bk] the tile's weights, exactly
-            dv[:, cols] = p.transpose(1, 2) @ d_out[:, rows]  # [N, bk, D_v], complete in one step
-            dp = d_out[:, rows] @ vw[:, cols].transpose(1, 2)  # [N, R, bk]
-            ds = p * (dp - delta[:, rows, None])  # [N, R, bk] gradient of the scores
-            dk[:, cols] = ds.transpose(1, 2) @ qs[:, rows]  # [N, bk, D_k], complete in one step
-            dq[:, rows] += ds @ kw[:, cols]  # [N, R, D_k], accumulated over the key blocks
+        dq, dk, dv, kt, offset = torch.zeros_like(qs), torch.zeros_like(kw), torch.zeros_like(vw), kw.mT, k.shape[1] - q.shape[1]
+        for cols in _blocks(k.shape[1], block_k):  # one key block at a time ...
+            for rows in _blocks(q.shape[1], block_q):  # ... walks over the query blocks that see it
+                if not _sees(rows, cols, causal, offset):
+                    continue
+                s = torch.bmm(qs[:, rows], kt[:, :, cols])  # [N, r, c] scaled scores, recomputed
+                _mask_future(s, rows, cols, causal, offset)
+                p = s.sub_(lse[:, rows, None]).exp_()  # [N, r, c] the tile's weights, exactly
+                dv[:, cols] += p.transpose(1, 2) @ d_out[:, rows]  # [N, c, D_v]
+                dp = d_out[:, rows] @ vw[:, cols].transpose(1, 2)  # [N, r, c]
+                ds = p * (dp - delta[:, rows, None])  # [N, r, c] gradient of the scores
+                dk[:, cols] += ds.transpose(1, 2) @ qs[:, rows]  # [N, c, D_k], complete after the walk
+                dq[:, rows] += ds @ kw[:, cols]  # [N, r, D_k], accumulated over the key blocks
         return (dq * scale).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
@@ -139,8 +141,7 @@ def flash_attention(
         causal: hide keys in each query's future (bottom-right aligned); needs ``S_q <= S_k``.
         scale: multiplier for the dot products, a real number ``> 0`` (Python, NumPy or a 0-d tensor
             that does not require grad); ``None`` means ``1 / sqrt(D_k)``.
-        block_q, block_k: query rows per block (causal: a query block skips the key blocks entirely
-            in its future) and keys per step; the result does not depend on them.
+        block_q, block_k: the tile's query rows and keys (the result does not depend on them).
         return_lse: also return ``lse [..., S_q]``, ``log sum_j exp(score_ij)`` per query row.
 
     Returns:
@@ -175,14 +176,15 @@ def flash_attention(
 def _per_core(fn: Callable[..., tuple[Tensor, ...]], *tensors: Tensor) -> tuple[Tensor, ...]:
     """``fn`` on one slice of the batch-heads N per CPU thread, each single-threaded: a multi-threaded
     operation waits for its slowest thread, slow on a machine that other programs share."""
-    threads = torch.get_num_threads()
-    n = min(threads, tensors[0].shape[0])
+    threads, n = torch.get_num_threads(), min(torch.get_num_threads(), tensors[0].shape[0])
     small = tensors[0].shape[1] * tensors[1].shape[1] < 2**16  # not worth the threads; nor while tracing
     if tensors[0].device.type != "cpu" or n < 2 or small or _checks.tracing():
         return fn(*tensors)
-    with ThreadPoolExecutor(n, initializer=torch.set_num_threads, initargs=(1,)) as pool:
-        parts = list(pool.map(lambda ts: fn(*ts), zip(*(t.tensor_split(n) for t in tensors))))
-    torch.set_num_threads(threads)  # the new threads' setting would otherwise become the default for later threads
+    try:
+        with ThreadPoolExecutor(n, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+            parts = list(pool.map(lambda ts: fn(*ts), zip(*(t.tensor_split(n) for t in tensors))))
+    finally:  # the new threads' setting would otherwise become the default for later threads
+        torch.set_num_threads(threads)
     return tuple(torch.cat(outs) for outs in zip(*parts))
 
 
