@@ -47,8 +47,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "AttentionOutput", "AttentionResult", "KVCache", "MultiHeadLatentAttention", "MultiHeadSelfAttention",
-    "causal_mask", "combine_masks",
-    "flash_attention", "from_additive_mask", "from_key_padding_mask", "get_device", "kv_cache_bytes",
+    "AttentionOutput", "AttentionResult", "KVCache", "MultiHeadLatentAttention", "MultiHeadSelfAttention", "causal_mask",
+    "combine_masks", "flash_attention", "from_additive_mask", "from_key_padding_mask", "get_device", "kv_cache_bytes",
     "merge_heads", "padding_mask", "repeat_kv", "scaled_dot_product_attention", "softmax", "split_heads",
 ]  # fmt: skip

@@ -10,6 +10,10 @@ __all__ = ["get_device"]
 
 _VALID = ("cuda", "mps", "cpu")
 
+# The first float exp that two CPU threads compute at once in a process (torch's CPU build uses MKL's vector
+# math for it) sometimes returns one thread's share 1.5e-4 off; one single-threaded exp beforehand prevents it.
+torch.exp(torch.zeros(1))
+
 
 def _available(kind: str) -> bool:
     if kind == "mps":

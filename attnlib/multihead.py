@@ -64,9 +64,7 @@ class MultiHeadSelfAttention(nn.Module):
     ) -> None:
         super().__init__()
         d_model, num_heads, num_kv_heads = _checks.head_counts(d_model, num_heads, num_kv_heads)
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
+        self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
         self.d_k = d_model // num_heads
         self.window = None if window is None else _checks.positive_int("window", window)
         self.w_q = nn.Linear(d_model, d_model, bias=bias)  # [D] -> [H * D_k]

@@ -101,8 +101,7 @@ def multi_head_attention(
     q = split_heads(x @ w_q, num_heads)  # [B, H, S, D_k]
     k = split_heads(x @ w_k, num_heads)  # [B, H, S, D_k]
     v = split_heads(x @ w_v, num_heads)  # [B, H, S, D_k]
-    d_k = q.shape[-1]
-    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d_k)  # [B, H, S, S]
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])  # [B, H, S, S], scaled by 1 / sqrt(D_k)
     if causal:
         scores = np.where(causal_mask(S), scores, -np.inf)  # future -> -inf
     weights = softmax(scores, axis=-1)  # [B, H, S, S]

@@ -120,8 +120,7 @@ def triton_flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Fa
             products, not TF32: see the module docstring).
         causal: hide keys in each query's future (needs ``S_q <= S_k``).
         scale: multiplier for the dot products; ``None`` means ``1 / sqrt(D_k)``.
-        block_q, block_k: tile edges, powers of two >= 16 (``tl.dot`` needs at least 16), Python or
-            NumPy ints.
+        block_q, block_k: tile edges, powers of two >= 16 (``tl.dot`` needs 16), Python or NumPy ints.
 
     Returns:
         ``[..., S_q, D_v]`` in the dtype of ``q``.
