@@ -7,7 +7,8 @@
 * :func:`loop_order_figure`: the tile orders of FlashAttention-1 and -2, and what each keeps on chip.
 * :func:`steady_median_ms`: timings that load from other programs does not inflate (one thread, CPU time).
 * :func:`exp_per_s`: exponentials per second of a GPU's special-function units (datasheet-derived).
-* :func:`triton_demo_lines`, :data:`TRITON_INTERPRETER_RUN`: the Triton example, live or as stored.
+* :func:`triton_demo_lines`, :data:`TRITON_INTERPRETER_RUN`: the Triton example, live or as stored;
+  :func:`triton_demo_runs` (the dtypes it checks) and :class:`full_float32_matmuls` (TF32 off).
 * :func:`lazy_online_softmax`: the online softmax that rescales only when the maximum grows a lot.
 * :func:`check_online_softmax_update`: one step of the online softmax (fold a tile of scores
   into the running max ``m``, running sum ``l`` and running output ``acc``).
@@ -60,6 +61,8 @@ __all__ = [
     "lazy_online_softmax",
     "TRITON_INTERPRETER_RUN",
     "triton_demo_lines",
+    "triton_demo_runs",
+    "full_float32_matmuls",
     "reference_tile_weights",
     "check_tile_weights",
     "reference_merge_partials",
