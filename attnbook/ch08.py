@@ -2,21 +2,24 @@
 
 * :data:`GPUS`: datasheet numbers of two GPUs (not measurements), with their sources.
 * :func:`standard_attention_io`, :func:`flash_v1_io`, :func:`fused_forward_io`: exact HBM traffic.
+* :func:`causal_tile_counts`: the tiles and scores a causal tiled pass computes and masks.
 * :func:`tile_frame`, :func:`tile_grid_html`: the frame of the tile-schedule slider, and its live redraw.
 * :func:`loop_order_figure`: the tile orders of FlashAttention-1 and -2, and what each keeps on chip.
 * :func:`steady_median_ms`: timings that load from other programs does not inflate (one thread, CPU time).
 * :func:`exp_per_s`: exponentials per second of a GPU's special-function units (datasheet-derived).
-* :func:`triton_demo_lines`, :data:`TRITON_INTERPRETER_RUN`: the Triton example, live or as stored.
+* :func:`triton_demo_lines`, :data:`TRITON_INTERPRETER_RUN`: the Triton example, live or as stored;
+  :func:`triton_demo_runs` (the dtypes it checks) and :class:`full_float32_matmuls` (TF32 off).
 * :func:`lazy_online_softmax`: the online softmax that rescales only when the maximum grows a lot.
 * :func:`check_online_softmax_update`: one step of the online softmax (fold a tile of scores
   into the running max ``m``, running sum ``l`` and running output ``acc``).
 * :func:`check_tile_weights`: recover one tile's weights from the scores and the logsumexp.
 * :func:`check_merge_partials`: Flash-Decoding's merge of two partial results through their logsumexps.
-* :func:`check_kv_cache_size`: bytes of a decoder's KV cache per token.
 
-Both diagnose the usual mistakes: a running sum or output not rescaled by ``exp(m_old - m_new)``,
-the new tile exponentiated against the old maximum, NaN on the first tile (``m = -inf``); K
-counted without V, query heads instead of key/value heads, a forgotten layer count, bits for bytes.
+The checkers diagnose the usual mistakes: a running sum or output not rescaled by
+``exp(m_old - m_new)``, the new tile exponentiated against the old maximum, NaN on the first tile
+(``m = -inf``); a tile softmaxed on its own or divided by ``lse`` instead of ``exp(lse)``; partial
+results averaged or weighted by their key counts, ``exp(lse)`` overflowing; and a right answer
+returned in float16 or bfloat16 (:func:`attnbook.feedback.low_precision`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from .feedback import (
     Feedback,
     Mistake,
     MistakeTable,
-    as_number,
+    low_precision,
     close,
     correct,
     describe,
@@ -47,6 +50,7 @@ __all__ = [
     "standard_attention_io",
     "flash_v1_io",
     "fused_forward_io",
+    "causal_tile_counts",
     "tile_frame",
     "TILE_FMT",
     "TILE_LEGEND",
@@ -57,14 +61,14 @@ __all__ = [
     "lazy_online_softmax",
     "TRITON_INTERPRETER_RUN",
     "triton_demo_lines",
+    "triton_demo_runs",
+    "full_float32_matmuls",
     "reference_tile_weights",
     "check_tile_weights",
     "reference_merge_partials",
     "check_merge_partials",
     "reference_online_update",
     "check_online_softmax_update",
-    "reference_kv_cache_size",
-    "check_kv_cache_size",
 ]
 
 
@@ -165,6 +169,37 @@ def steady_median_ms(fns: dict[str, Callable[[], Any]], *, repeats: int, warmup:
         return interleaved_median_ms(fns, repeats=repeats, warmup=warmup, device=device, clock=time.thread_time)
     finally:
         torch.set_num_threads(threads)
+
+
+def causal_tile_counts(S: int, block_q: int, block_k: int) -> dict[str, int]:
+    """What a causal tiled pass over ``S`` queries and ``S`` keys computes, per (batch, head).
+
+    Query block ``rows`` computes key block ``cols`` when some query of it sees a key of it
+    (``cols.start <= rows.stop - 1``); such a tile is masked inside when it also holds a key in
+    some query's future (``cols.stop - 1 > rows.start``), as in :func:`attnlib.flash_attention`.
+
+    Returns:
+        ``tiles`` (all of them), ``computed``, ``masked_tiles`` (computed and masked inside),
+        ``scores`` (scores computed, masked ones included) and ``masked_scores`` (computed, then
+        hidden by the mask).
+
+    >>> c = causal_tile_counts(2048, 256, 256)
+    >>> c["computed"], c["tiles"], c["scores"], c["masked_tiles"], c["masked_scores"]
+    (36, 64, 2359296, 8, 261120)
+    """
+    rows_of = [(r, min(r + block_q, S)) for r in range(0, S, block_q)]
+    cols_of = [(c, min(c + block_k, S)) for c in range(0, S, block_k)]
+    out = dict(tiles=len(rows_of) * len(cols_of), computed=0, masked_tiles=0, scores=0, masked_scores=0)
+    for r0, r1 in rows_of:
+        for c0, c1 in cols_of:
+            if c0 > r1 - 1:  # every key of the tile is in every query's future: skipped
+                continue
+            out["computed"] += 1
+            out["scores"] += (r1 - r0) * (c1 - c0)
+            if c1 - 1 > r0:  # some query of the tile has a future key in it
+                out["masked_tiles"] += 1
+                out["masked_scores"] += sum(max(0, c1 - max(c0, i + 1)) for i in range(r0, r1))  # keys j > i
+    return out
 
 
 #: How the tile grid prints its cells (kinds 0, 1, 2), live and static alike.
@@ -300,27 +335,63 @@ TRITON_INTERPRETER_RUN: tuple[str, ...] = (
 )
 
 
+class full_float32_matmuls:
+    """A ``with`` block in which PyTorch's CUDA matmuls and cuDNN use full float32, not TF32.
+
+    Sets ``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32`` to
+    ``False`` and restores both on exit, also after an error. On a CPU it changes nothing that runs.
+    """
+
+    def __enter__(self) -> "full_float32_matmuls":
+        self._saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self._saved
+
+
+def triton_demo_runs(device: torch.device | str) -> list[tuple[torch.dtype, float]]:
+    """The dtypes :func:`triton_demo_lines` runs on ``device``, each with its tolerance against SDPA.
+
+    On CUDA: float16, and float32, whose products ``input_precision="ieee"`` keeps in full float32
+    (within ``1e-5`` of SDPA with TF32 off). Elsewhere (Triton's interpreter): float32 only.
+    """
+    if torch.device(device).type == "cuda":
+        return [(torch.float16, 2e-3), (torch.float32, 1e-5)]
+    return [(torch.float32, 1e-5)]
+
+
 def triton_demo_lines(device: torch.device | str) -> list[str]:
     """Run :func:`attnlib.triton_flash_attention` on a tiny causal example and describe the result.
 
     ``[1, 2, 50, 32]`` inputs with 16-blocks: a grid of ``(ceil(50 / 16), 1 * 2) = (4, 2)`` program
-    instances. float16 on CUDA, float32 on the CPU (Triton's interpreter, ``TRITON_INTERPRET=1``);
-    compared with ``F.scaled_dot_product_attention`` in float32. Raises ``AssertionError`` if they differ.
+    instances, in each dtype of :func:`triton_demo_runs` (float32 on the CPU, in Triton's
+    interpreter, ``TRITON_INTERPRET=1``; float16 and float32 on CUDA). Each result is compared with
+    ``F.scaled_dot_product_attention`` in float32, computed with TF32 off
+    (:class:`full_float32_matmuls`). Raises ``AssertionError`` if they differ.
     """
     import torch.nn.functional as F
     from attnlib.triton_flash import triton_flash_attention
 
     device = torch.device(device)
-    dtype = torch.float16 if device.type == "cuda" else torch.float32  # the interpreter runs float16/float32
     gen = torch.Generator().manual_seed(8)
-    q, k, v = (torch.randn(1, 2, 50, 32, generator=gen).to(device, dtype) for _ in range(3))  # [B, H, S, D_k]
-    out = triton_flash_attention(q, k, v, causal=True, block_q=16, block_k=16)  # [B, H, S, D_k]
-    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
-    tol = 2e-3 if dtype == torch.float16 else 1e-5
-    same = torch.allclose(out.float(), ref, atol=tol)
-    assert same, f"triton_flash_attention differs from SDPA by {(out.float() - ref).abs().max().item():.2e}"
-    return [f"grid of program instances: {(math.ceil(50 / 16), 1 * 2)} | output {tuple(out.shape)} {out.dtype}",
-            f"equal to SDPA within {tol:g}: {same}"]
+    q, k, v = (torch.randn(1, 2, 50, 32, generator=gen).to(device) for _ in range(3))  # [B, H, S, D_k], float32
+    with full_float32_matmuls():
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, S, D_k]
+    lines = []
+    for dtype, tol in triton_demo_runs(device):
+        out = triton_flash_attention(*(t.to(dtype) for t in (q, k, v)), causal=True, block_q=16, block_k=16)
+        worst = (out.float() - ref).abs().max().item()
+        same = torch.allclose(out.float(), ref, atol=tol)
+        assert same, f"triton_flash_attention in {dtype} differs from SDPA by {worst:.2e}"
+        if not lines:
+            lines.append(f"grid of program instances: {(math.ceil(50 / 16), 1 * 2)} | output {tuple(out.shape)} {out.dtype}")
+        if len(triton_demo_runs(device)) == 1:
+            lines.append(f"equal to SDPA within {tol:g}: {same}")
+        else:
+            lines.append(f"{str(dtype).removeprefix('torch.')}: equal to SDPA (float32, TF32 off) within {tol:g}: {same}")
+    return lines
 
 
 def reference_online_update(m: Tensor, l: Tensor, acc: Tensor, s: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -411,6 +482,9 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     for name, got, exp in zip(("m_new", "l_new", "acc_new"), result, ref1):
         if tuple(got.shape) != tuple(exp.shape):
             return wrong(f"{name} has shape {tuple(got.shape)}, expected {tuple(exp.shape)} (keep dims with keepdim=True).")
+        half = low_precision(got, exp, name=name)
+        if half is not None:
+            return half
         if torch.isinf(got).any() and name != "m_new":
             return wrong(
                 f"{name} contains inf on the first tile: exp(s - m_old) with m_old = -inf is exp(+inf). Compute the "
@@ -435,6 +509,10 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         return problem
     m2, l2, acc2 = result2
     ref2 = reference_online_update(*ref1, s[:, split:], v[split:])
+    for name, got, exp in zip(("m_new", "l_new", "acc_new"), result2, ref2):
+        half = low_precision(got, exp, name=name)
+        if half is not None:
+            return half
     if not close(m2, ref2[0]):
         if close(m2, ref1[0]):
             return wrong("on the second tile m_new is still the old maximum: m_new must be the running maximum, "
@@ -513,9 +591,9 @@ def _tile_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         return wrong(f"return the tile's weights as one torch.Tensor [{bq}, {bk}], got {describe(got)}.")
     if close(got, weights[rows, cols]):
         return None
-    if got.dtype in (torch.float16, torch.bfloat16) and close(got, weights[rows, cols], atol=1e-2, rtol=1e-2):
-        return wrong(f"your weights are {got.dtype}, which keeps only 2-3 significant digits: return them in the "
-                     f"dtype of s_tile ({s_tile.dtype}).")
+    half = low_precision(got, weights[rows, cols], name="your weights")
+    if half is not None:
+        return half
     if tuple(got.shape) != (bq, bk):
         return wrong(f"the tile's weights are [{bq}, {bk}] ({bq} query rows, {bk} keys), got shape {tuple(got.shape)}; "
                      f"lse is [{bq}]: broadcast it over the keys with lse[:, None].")
@@ -630,6 +708,10 @@ def _merge_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         return wrong("with large scores exp(lse) overflows to inf (float32 above about 88, even float64 above about "
                      "709) and the result is inf or NaN: subtract the larger lse first (torch.logaddexp does), "
                      "i.e. weight by exp(lse_part - lse_total).")
+    for name, t, exp in (("out", got_out, out), ("lse", got_lse, lse)):
+        half = low_precision(t, exp, name=name)
+        if half is not None:
+            return half
     if not close(got_out, out, atol=1e-4, rtol=1e-4):
         hint = diagnose(got_out, _MERGE_MISTAKES, *parts, split, S_k - split)
         return hint or wrong("the merged output differs from attention over all keys: "
@@ -671,76 +753,3 @@ def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
             return problem
     return correct("two partial results merge exactly through their logsumexps: Flash-Decoding splits the KV cache "
                    "across many programs this way and merges at the end.")
-
-
-def reference_kv_cache_size(num_layers: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    """Bytes of KV cache per token: ``2 * layers * H_kv * D_k * bytes`` (``num_heads`` plays no part)."""
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
-
-
-# (layers, query heads, kv heads, head dim, bytes): an MQA case whose factors all differ (so each
-# mistake has its own signature), then a Llama-2-70B-like GQA case.
-_KV_CASES = [(6, 12, 1, 40, 4), (80, 64, 8, 128, 2)]
-
-
-def _kv_vector(f: Callable[..., Any]) -> tuple[float, ...]:
-    return tuple(float(f(*case)) for case in _KV_CASES)
-
-
-#: The known mistakes of :func:`check_kv_cache_size`: ``compute(layers, H, H_kv, D_k, bytes)``. The
-#: checker compares the answers on both cases together, so no two mistakes look alike.
-KV_MISTAKES: tuple[Mistake, ...] = (
-    Mistake("K only", lambda L, H, H_kv, d, b: L * H_kv * d * b,
-            "you get half the answer: you counted K but not V (the cache holds both)."),
-    Mistake("query heads", lambda L, H, H_kv, d, b: 2 * L * H * d * b,
-            "you used the query heads H instead of the key/value heads H_kv: only the KV heads are cached."),
-    Mistake("query heads, K only", lambda L, H, H_kv, d, b: L * H * d * b,
-            "you used the query heads H instead of the key/value heads H_kv, and counted K but not V."),
-    Mistake("one layer", lambda L, H, H_kv, d, b: 2 * H_kv * d * b,
-            "every layer keeps its own cache; multiply by the number of layers."),
-    Mistake("bits", lambda L, H, H_kv, d, b: 2 * L * H_kv * d * b * 8,
-            "that is bits, not bytes (you multiplied by 8 bits per byte)."),
-    Mistake("numbers", lambda L, H, H_kv, d, b: 2 * L * H_kv * d,
-            "you counted numbers, not bytes; multiply by dtype_bytes."),
-    Mistake("KiB", lambda L, H, H_kv, d, b: 2 * L * H_kv * d * b / 1024,
-            "that is KiB (you divided by 1024): the function returns bytes."),
-)
-
-
-def _solution_kv(num_layers: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
-
-
-@exercise(solution=_solution_kv,
-          tables=(MistakeTable(tuple(Mistake(m.name, lambda m=m: _kv_vector(m.compute), m.hint) for m in KV_MISTAKES),
-                               lambda: [()], lambda: _kv_vector(reference_kv_cache_size)),),
-          not_generic={"float16": "the answer is a count"})
-def check_kv_cache_size(fn: Callable[..., Any]) -> Feedback:
-    """Check ``fn(num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes) -> bytes per token``.
-
-    Any real-scalar form is accepted (``int``, NumPy integers, a 0-d tensor). The answers on both
-    cases together identify a known mistake of :data:`KV_MISTAKES`; no message shows the answer.
-    """
-    answers = []
-    for case in _KV_CASES:
-        got, fb = run_reader_code(fn, *case)
-        if fb is not None:
-            return fb
-        value = as_number(got)
-        if value is None:
-            return wrong(f"return a number of bytes (an int), got {describe(got)}.")
-        if not math.isfinite(value):
-            return wrong(f"your answer is {value}: return a finite number of bytes.")
-        answers.append(value)
-    expected = _kv_vector(reference_kv_cache_size)
-    if all(math.isclose(a, e, rel_tol=1e-9) for a, e in zip(answers, expected)):
-        return correct("2 (K and V) x layers x KV heads x head dim x bytes: for the 70B-style model that is 320 KiB per token.")
-    for m in KV_MISTAKES:
-        if all(math.isclose(a, e, rel_tol=1e-9) for a, e in zip(answers, _kv_vector(m.compute))):
-            layers, H, H_kv, d_k, nbytes = next(c for c, a, e in zip(_KV_CASES, answers, expected) if not math.isclose(a, e, rel_tol=1e-9))
-            return wrong(f"for layers={layers}, H={H}, H_kv={H_kv}, D_k={d_k}, {nbytes} bytes per number: {m.hint}")
-    bad = next(i for i, (a, e) in enumerate(zip(answers, expected)) if not math.isclose(a, e, rel_tol=1e-9))
-    layers, H, H_kv, d_k, nbytes = _KV_CASES[bad]
-    return wrong(f"for layers={layers}, H={H}, H_kv={H_kv}, D_k={d_k}, {nbytes} bytes per number you returned "
-                 f"{answers[bad]:,.6g} bytes per token, which is not it. Count K and V, in every layer, for each "
-                 "key/value head, head_dim numbers of dtype_bytes each.")

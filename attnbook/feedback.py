@@ -11,6 +11,8 @@ The contract (enforced for every checker by ``tests/test_checker_contract.py``):
   traceback, and the generic message never reveals the expected answer;
 * the reader's function is called through :func:`run_reader_code`: ``raise NotImplementedError``
   is the stub ("Your turn"), ``return``-ing ``None`` gets "did you forget `return`?";
+* a right answer returned in float16 or bfloat16 is named as such (:func:`low_precision`), not
+  mistaken for a known wrong one: a checker asks before it diagnoses;
 * a number is read with :func:`as_number` / :func:`check_number`: a Python, NumPy or 0-d tensor
   real scalar, compared with a tolerance that matches the precision the exercise asks for;
 * a checker's known mistakes live in :class:`Mistake` tables, registered with their test cases
@@ -37,12 +39,17 @@ from torch import Tensor
 
 __all__ = [
     "Feedback", "Mistake", "MistakeTable", "Exercise", "EXERCISES", "NOT_EXERCISES", "exercise",
-    "run_reader_code", "compare_tensors", "close", "diagnose", "as_cpu_float64", "as_number", "check_number",
+    "run_reader_code", "compare_tensors", "close", "diagnose", "low_precision", "HALF_TOL", "as_cpu_float64", "as_number", "check_number",
     "as_tensor", "describe", "RETURNED_NONE", "ATOL", "RTOL",
 ]
 
 #: The tolerance every checker uses to call a float answer equal to the reference.
 ATOL = RTOL = 1e-5
+
+#: How close a float16/bfloat16 answer must be to an answer computed in full precision to count as
+#: that answer rounded: float16 keeps 11 significant bits, bfloat16 8, and a few operations in
+#: either add up to about 1e-2.
+HALF_TOL = 1e-2
 
 
 @dataclass(frozen=True)
@@ -232,15 +239,42 @@ class Mistake:
 
 
 def diagnose(got: Any, mistakes: Sequence[Mistake], *args: Any, **kwargs: Any) -> Feedback | None:
-    """The hint of the first mistake whose result equals ``got`` (``None`` if none matches)."""
+    """The hint of the first mistake whose result equals ``got`` (``None`` if none matches).
+
+    A float16 or bfloat16 ``got`` is compared to half precision (``HALF_TOL``), so a known mistake
+    computed in half precision still earns its hint.
+    """
+    tol = HALF_TOL if isinstance(got, Tensor) and got.dtype in (torch.float16, torch.bfloat16) else ATOL
     for m in mistakes:
         try:
             expected = m.compute(*args, **kwargs)
         except Exception:  # a mistake that cannot be computed for these inputs does not match
             continue
-        if close(got, expected):
+        if close(got, expected, atol=tol, rtol=tol):
             return wrong(m.hint)
     return None
+
+
+def low_precision(got: Any, expected: Tensor, *, name: str = "the result") -> Feedback | None:
+    """The hint for a right answer in half precision: ``got`` is float16 or bfloat16 and equals
+    ``expected`` to that precision (``HALF_TOL``); ``None`` otherwise.
+
+    Checkers call it before their table of mistakes, so a reader who computed the right thing
+    in the wrong dtype is told so, not given the hint of an unrelated mistake.
+
+    >>> ref = torch.tensor([0.1234567, 2.5], dtype=torch.float64)
+    >>> low_precision(ref.half(), ref).message
+    'the result is torch.float16, which keeps only about 3 significant digits: compute it and return it in the dtype of the inputs (torch.float64).'
+    >>> low_precision(ref.float(), ref) is None
+    True
+    """
+    if not (isinstance(got, Tensor) and got.dtype in (torch.float16, torch.bfloat16)):
+        return None
+    if not close(got, expected, atol=HALF_TOL, rtol=HALF_TOL):
+        return None
+    digits = 3 if got.dtype == torch.float16 else 2
+    return wrong(f"{name} is {got.dtype}, which keeps only about {digits} significant digits: compute it and "
+                 f"return it in the dtype of the inputs ({expected.dtype}).")
 
 
 def compare_tensors(got: Any, expected: Tensor, *, name: str = "result", atol: float = ATOL, rtol: float = RTOL) -> Feedback | None:

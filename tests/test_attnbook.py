@@ -402,6 +402,7 @@ def _grade(question: dict, text: str) -> tuple[bool, str]:
     ("05_multi_head_attention", 2, "1,050,624", True),
     ("04_masks", 3, "21", True), ("04_masks", 3, "21.4", False),
     ("08_cost_and_flash_attention", 8, "0.8808", True), ("08_cost_and_flash_attention", 8, "0.5", False),
+    ("08_cost_and_flash_attention", 8, "0.881", True), ("08_cost_and_flash_attention", 8, "0.88", True),
     ("09_kv_cache_decoding", 2, "1", True), ("09_kv_cache_decoding", 5, "512", True),
 ])
 def test_flagged_numeric_quiz_items_grade_as_a_reader_expects(quiz: str, number: int, typed: str, right: bool) -> None:
