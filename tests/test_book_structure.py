@@ -167,3 +167,39 @@ def test_notebook_metadata_is_synced(path: Path) -> None:
 
     nb = nbformat.read(ROOT / path, as_version=4)
     assert not sync_notebooks.sync(nb), f"{path}: run tools/sync_notebooks.py"
+
+
+CODE_FROM = re.compile(r'^<!-- code from (\S+), from "([^"]+)" to "([^"]+)" -->\n```python\n(.*?)^```$', re.M | re.S)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=str)
+def test_code_shown_from_the_library_equals_its_source(path: Path) -> None:
+    """A fenced block marked ``<!-- code from FILE, from "A" to "B" -->`` holds exactly those lines of FILE,
+    and no page uses ``literalinclude``, which Colab shows as raw text and JupyterLab does not resolve."""
+    nb = nbformat.read(ROOT / path, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        assert "literalinclude" not in cell.source, f"{path} cell {i}: show the code in a marked fenced block instead"
+        assert cell.source.count("<!-- code from ") == len(CODE_FROM.findall(cell.source)), \
+            f"{path} cell {i}: a code-from marker is not directly followed by a ```python block"
+        for file, start, end, body in CODE_FROM.findall(cell.source):
+            lines = (ROOT / path).parent.joinpath(file).read_text().splitlines()
+            first = next(k for k, line in enumerate(lines) if start in line)
+            last = next(k for k in range(first, len(lines)) if end in lines[k])
+            assert body == "\n".join(lines[first:last + 1]) + "\n", \
+                f"{path} cell {i}: the code from {file} differs from the source; run tools/sync_notebooks.py"
+
+
+def test_sync_notebooks_rewrites_a_stale_code_block(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    import sync_notebooks
+
+    (tmp_path / "lib.py").write_text("def f(x):\n    y = x + 1\n    return y\n\nz = 3\n")
+    marker = '<!-- code from lib.py, from "y = x" to "return" -->\n```python\n'
+    cell = f"Text before.\n\n{marker}    y = x + 2  # stale\n```\n\nText after."
+    synced = sync_notebooks.sync_code_from(cell, tmp_path)
+    assert synced == f"Text before.\n\n{marker}    y = x + 1\n    return y\n```\n\nText after."
+    assert sync_notebooks.sync_code_from(synced, tmp_path) == synced  # idempotent
+    with pytest.raises(ValueError, match="no line containing"):
+        sync_notebooks.sync_code_from(cell.replace("y = x", "w = x", 1), tmp_path)

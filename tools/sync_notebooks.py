@@ -34,6 +34,23 @@ The rules:
 2. **A cell that only feeds a static slider shows its figure, not its plumbing.** A code cell
    that calls ``static_slider(`` and defines no function or class (its settings, title and alt
    text) is tagged ``hide-input``: the website folds its code behind "Show code cell source".
+
+3. **Code shown from the library stays equal to it.** A markdown cell may show lines of a source
+   file as a fenced Python block, marked by an HTML comment on the line just above the fence::
+
+       <!-- code from ../attnlib/flash.py, from "START TEXT" to "END TEXT" -->
+       ```python
+       ...
+       ```
+
+   The path is relative to the notebook. The block is rewritten with the file's lines from the
+   first line that contains ``START TEXT`` through the first line at or after it that contains
+   ``END TEXT`` (the ``:start-at:`` and ``:end-at:`` of Sphinx's ``literalinclude``), exactly as
+   they are, indentation included. Unlike a ``literalinclude`` directive, which Colab shows as
+   raw text and jupyterlab-myst does not resolve, a fenced block shows the code everywhere; the
+   comment is invisible on the website (MyST passes it through as an HTML comment), in JupyterLab
+   and in Colab. A marker whose file, start or end text is not found is an error, so a change to the
+   library that moves or renames the lines stops the sync instead of leaving stale code.
 """
 
 from __future__ import annotations
@@ -55,6 +72,8 @@ END = re.compile(r"^(:{3,})\{solution-end\}", re.M)
 EXERCISE = re.compile(r"^:{3,}\{exercise(?:-start)?\}[ \t]*(.*)$", re.M)
 TITLE = "# @title "
 COMMENT = "% Solution: "
+CODE_FROM = re.compile(r'^<!-- code from (?P<path>\S+), from "(?P<start>[^"]+)" to "(?P<end>[^"]+)" -->[ \t]*\n'
+                       r'(?P<fence>```python[ \t]*\n)(?P<body>.*?)^```[ \t]*$', re.M | re.S)
 
 
 def _fence_end(text: str, start: int, colons: int) -> int:
@@ -147,6 +166,26 @@ def only_feeds_a_static_slider(source: str) -> bool:
     return bool(calls) and not defines
 
 
+def source_lines(path: Path, start: str, end: str) -> str:
+    """The lines of ``path`` from the first containing ``start`` through the next containing ``end``."""
+    lines = path.read_text().splitlines()
+    try:
+        first = next(i for i, line in enumerate(lines) if start in line)
+        last = next(i for i in range(first, len(lines)) if end in lines[i])
+    except StopIteration:
+        raise ValueError(f"{path}: no line containing {start!r} followed by one containing {end!r}") from None
+    return "\n".join(lines[first:last + 1])
+
+
+def sync_code_from(source: str, folder: Path) -> str:
+    """``source`` (a markdown cell) with every marked fenced block replaced by the lines it names."""
+    def fill(match: re.Match[str]) -> str:
+        code = source_lines((folder / match["path"]).resolve(), match["start"], match["end"])
+        head = match.group()[:match.start("body") - match.start()]
+        return f"{head}{code}\n```"
+    return CODE_FROM.sub(fill, source)
+
+
 def _set(mapping: Any, key: str, value: Any) -> bool:
     if mapping.get(key) == value:
         return False
@@ -158,9 +197,14 @@ def _drop(mapping: Any, key: str) -> bool:
     return mapping.pop(key, None) is not None
 
 
-def sync(nb: Any) -> bool:
-    """Apply the rules to ``nb`` in place; True when anything changed."""
+def sync(nb: Any, folder: Path = ROOT / "book") -> bool:
+    """Apply the rules to ``nb`` (a notebook in ``folder``) in place; True when anything changed."""
     changed = _split_markdown(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and "<!-- code from " in cell.source:
+            new = sync_code_from(cell.source, folder)
+            changed |= new != cell.source
+            cell.source = new
     roles, titles = solution_roles(nb), exercise_titles(nb)
     for cell, role, title in zip(nb.cells, roles, titles):
         meta = cell.metadata
@@ -214,7 +258,7 @@ def sync(nb: Any) -> bool:
 
 def sync_file(path: Path, *, write: bool = True) -> bool:
     nb = nbformat.read(path, as_version=4)
-    changed = sync(nb)
+    changed = sync(nb, path.resolve().parent)
     if changed and write:
         nbformat.validate(nb)
         nbformat.write(nb, path)
