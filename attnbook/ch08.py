@@ -464,6 +464,34 @@ def check_online_softmax_update(fn: Callable[..., Any]) -> Feedback:
     return correct("two tiles folded online give exactly softmax(s) @ v: this is the heart of FlashAttention.")
 
 
+def _online_shape(name: str, got: Tensor, exp: Tensor, s_blk: int) -> Feedback:
+    """The hint for ``got`` (one of m_new, l_new, acc_new) whose shape is not ``exp``'s."""
+    shape, want = tuple(got.shape), tuple(exp.shape)
+    if len(want) == 2 and shape == want[::-1]:
+        return wrong(f"{name} is transposed: shape {shape}, expected {want} (one row per query): acc * rescale + p @ v "
+                     "with p [S_q, S_blk] and v [S_blk, D_v].")
+    if name != "acc_new" and shape == (want[0], s_blk):
+        return wrong(f"{name} has one column per key of the tile, shape {shape}, expected {want}: reduce over the "
+                     "tile's keys, the last axis, keeping it: s.amax(dim=-1, keepdim=True), p.sum(dim=-1, keepdim=True).")
+    if got.dim() < exp.dim() and got.numel() == exp.numel():
+        return wrong(f"{name} has shape {shape}, expected {want}: keep the reduced axis with keepdim=True.")
+    return wrong(f"{name} has shape {shape}, expected {want}.")
+
+
+_ONLINE_BROADCAST = (
+    " The shapes did not line up. m and l are columns [S_q, 1] and s is [S_q, S_blk]: reduce a tile over its "
+    "keys, the last axis, and keep that axis so the result stays a column: s.amax(dim=-1, keepdim=True) and "
+    "p.sum(dim=-1, keepdim=True) (amax over dim 0, or without keepdim, gives a shape that cannot broadcast)."
+)
+
+
+def _online_call(fn: Callable[..., Any], *args: Tensor) -> tuple[Any, Feedback | None]:
+    result, fb = run_reader_code(fn, *args)
+    if fb is not None and "must match the size" in fb.message:
+        return None, wrong(fb.message.rstrip(".") + "." + _ONLINE_BROADCAST)
+    return result, fb
+
+
 def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     s, v, expected = _case(8, case)
     split = ONLINE_CASES[case][2]
@@ -472,7 +500,7 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     l0 = torch.zeros(S_q, 1, dtype=s.dtype)
     acc0 = torch.zeros(S_q, D_v, dtype=s.dtype)
 
-    result, fb = run_reader_code(fn, m0.clone(), l0.clone(), acc0.clone(), s[:, :split].clone(), v[:split].clone())
+    result, fb = _online_call(fn, m0.clone(), l0.clone(), acc0.clone(), s[:, :split].clone(), v[:split].clone())
     if fb is not None:
         return fb
     problem = _triple(result)
@@ -481,7 +509,7 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     ref1 = reference_online_update(m0, l0, acc0, s[:, :split], v[:split])
     for name, got, exp in zip(("m_new", "l_new", "acc_new"), result, ref1):
         if tuple(got.shape) != tuple(exp.shape):
-            return wrong(f"{name} has shape {tuple(got.shape)}, expected {tuple(exp.shape)} (keep dims with keepdim=True).")
+            return _online_shape(name, got, exp, split)
         half = low_precision(got, exp, name=name)
         if half is not None:
             return half
@@ -501,7 +529,7 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     if not (close(l1, ref1[1]) and close(acc1, ref1[2])):
         return wrong("after the first tile, l_new should be sum(exp(s - m_new)) per row and acc_new = exp(s - m_new) @ v.")
 
-    result2, fb = run_reader_code(fn, m1.detach().clone(), l1.detach().clone(), acc1.detach().clone(), s[:, split:].clone(), v[split:].clone())
+    result2, fb = _online_call(fn, m1.detach().clone(), l1.detach().clone(), acc1.detach().clone(), s[:, split:].clone(), v[split:].clone())
     if fb is not None:
         return fb
     problem = _triple(result2)
@@ -585,13 +613,16 @@ def _tile_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     if fb is not None and "must match the size" in fb.message:
         return wrong(f"lse has one number per query row, shape [{bq}], and the tile is [{bq}, {bk}]: "
                      "write lse[:, None] so it lines up with the rows, not the columns.")
+    if fb is not None and "is invalid for input of size" in fb.message:
+        return wrong(f"{fb.message.rstrip('.')}. The checker also passes a [5, 7] tile whose lse is [5]: write the shapes "
+                     "without fixed sizes, e.g. lse[:, None] or lse.unsqueeze(-1).")
     if fb is not None:
         return fb
     if not isinstance(got, Tensor):
         return wrong(f"return the tile's weights as one torch.Tensor [{bq}, {bk}], got {describe(got)}.")
     if close(got, weights[rows, cols]):
         return None
-    half = low_precision(got, weights[rows, cols], name="your weights")
+    half = low_precision(got, weights[rows, cols], name="your weights tensor")
     if half is not None:
         return half
     if tuple(got.shape) != (bq, bk):

@@ -509,3 +509,69 @@ def test_quiz_merge_weight_names_the_other_chunk_and_refuses_a_coarse_guess() ->
     assert not ok and "two significant digits" in feedback, feedback
     ok, feedback = _grade(question, "0.1192")
     assert not ok and "O_b" in feedback, feedback
+
+
+def test_quiz_merge_weight_as_a_percentage_gets_its_own_hint() -> None:
+    from test_attnbook import _grade
+
+    question = dict(_numeric_questions())[8]
+    for typed in ("88", "88.08"):
+        ok, feedback = _grade(question, typed)
+        assert not ok and "percentage" in feedback and "fraction of 1" in feedback, (typed, feedback)
+    ok, feedback = _grade(question, "12")
+    assert not ok and "O_b" in feedback and "percentage" in feedback, feedback
+
+
+# --- the online-update checker names the axis and the shape --------------------------------------
+
+
+def _online_with(m_new_of, sum_of=lambda p: p.sum(dim=-1, keepdim=True), transpose_acc=False):
+    def update(m, l, acc, s, v):
+        m_new = m_new_of(m, s)
+        p = torch.exp(s - m_new)
+        alpha = torch.exp(m - m_new)
+        acc_new = acc * alpha + p @ v
+        return m_new, l * alpha + sum_of(p), acc_new.T if transpose_acc else acc_new
+    return update
+
+
+def _right_max(m, s):
+    return torch.maximum(m, s.amax(dim=-1, keepdim=True))
+
+
+def test_online_update_sum_over_the_wrong_axis_is_named() -> None:
+    fb = check_online_softmax_update(_online_with(_right_max, sum_of=lambda p: p.sum(dim=0, keepdim=True)))
+    assert fb.status == "wrong" and "l_new has one column per key" in fb.message and "dim=-1" in fb.message, fb.message
+    assert "keep dims" not in fb.message
+
+
+def test_online_update_transposed_acc_is_named() -> None:
+    fb = check_online_softmax_update(_online_with(_right_max, transpose_acc=True))
+    assert fb.status == "wrong" and "acc_new is transposed" in fb.message and "keepdim" not in fb.message, fb.message
+
+
+@pytest.mark.parametrize("m_new_of", [lambda m, s: torch.maximum(m, s.amax(0, keepdim=True)),
+                                      lambda m, s: torch.maximum(m, s.amax(-1))], ids=["amax over dim 0", "no keepdim"])
+def test_online_update_broadcast_errors_name_the_axis_and_keepdim(m_new_of) -> None:
+    fb = check_online_softmax_update(_online_with(m_new_of))
+    assert fb.status == "wrong" and fb.message.startswith("your code raised RuntimeError"), fb.message
+    assert "the last axis" in fb.message and "keepdim=True" in fb.message, fb.message
+
+
+def test_online_update_missing_keepdim_on_the_sum_is_named() -> None:
+    fb = check_online_softmax_update(lambda m, l, acc, s, v: (lambda r: (r[0], r[1].squeeze(-1), r[2]))(
+        reference_online_update(m, l, acc, s, v)))
+    assert fb.status == "wrong" and "keepdim=True" in fb.message and "l_new" in fb.message, fb.message
+
+
+# --- the tile-weights checker: its second case, and its wording -----------------------------------
+
+
+def test_tile_weights_hard_coded_sizes_are_explained() -> None:
+    fb = check_tile_weights(lambda s, lse: torch.exp(s - lse.reshape(3, 1)))
+    assert fb.status == "wrong" and "[5, 7] tile" in fb.message and "lse[:, None]" in fb.message, fb.message
+
+
+def test_tile_weights_half_precision_hint_reads_as_english() -> None:
+    fb = check_tile_weights(lambda s, lse: torch.exp(s - lse[:, None]).half())
+    assert fb.status == "wrong" and fb.message.startswith("your weights tensor is torch.float16"), fb.message
