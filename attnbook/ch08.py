@@ -332,7 +332,12 @@ def lazy_online_softmax(s: Tensor, v: Tensor, block: int, threshold: float = 8.0
 TRITON_INTERPRETER_RUN: tuple[str, ...] = (
     "grid of program instances: (4, 2) | output (1, 2, 50, 32) torch.float32",
     "equal to SDPA within 1e-05: True",
+    "float32, (S_q, S_k, D_k) = (20, 45, 8, causal), (33, 33, 128), (17, 40, 40): equal to SDPA within 1e-05: True",
 )
+
+
+#: Further shapes :func:`triton_demo_lines` checks in float32: ``(S_q, S_k, D_k, causal)``.
+TRITON_DEMO_SHAPES: tuple[tuple[int, int, int, bool], ...] = ((20, 45, 8, True), (33, 33, 128, False), (17, 40, 40, False))
 
 
 class full_float32_matmuls:
@@ -369,7 +374,9 @@ def triton_demo_lines(device: torch.device | str) -> list[str]:
     instances, in each dtype of :func:`triton_demo_runs` (float32 on the CPU, in Triton's
     interpreter, ``TRITON_INTERPRET=1``; float16 and float32 on CUDA). Each result is compared with
     ``F.scaled_dot_product_attention`` in float32, computed with TF32 off
-    (:class:`full_float32_matmuls`). Raises ``AssertionError`` if they differ.
+    (:class:`full_float32_matmuls`). Then, in float32, the shapes of :data:`TRITON_DEMO_SHAPES`: partial
+    blocks, ``S_q != S_k`` with the bottom-right causal mask, and head widths 8, 40 and 128. Raises
+    ``AssertionError`` if any result differs.
     """
     import torch.nn.functional as F
     from attnlib.triton_flash import triton_flash_attention
@@ -391,6 +398,17 @@ def triton_demo_lines(device: torch.device | str) -> list[str]:
             lines.append(f"equal to SDPA within {tol:g}: {same}")
         else:
             lines.append(f"{str(dtype).removeprefix('torch.')}: equal to SDPA (float32, TF32 off) within {tol:g}: {same}")
+    from attnlib import causal_mask
+
+    shapes = []
+    for S_q, S_k, D_k, causal in TRITON_DEMO_SHAPES:  # partial blocks, S_q != S_k (bottom-right), narrow and wide heads
+        q, k, v = (torch.randn(1, 2, n, D_k, generator=gen).to(device) for n in (S_q, S_k, S_k))
+        with full_float32_matmuls():
+            ref = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(S_q, S_k=S_k, device=device) if causal else None)
+        out = triton_flash_attention(q, k, v, causal=causal, block_q=16, block_k=16)
+        assert torch.allclose(out, ref, atol=1e-5), f"triton_flash_attention differs from SDPA for {(S_q, S_k, D_k, causal)}"
+        shapes.append(f"({S_q}, {S_k}, {D_k}{', causal' if causal else ''})")
+    lines.append(f"float32, (S_q, S_k, D_k) = {', '.join(shapes)}: equal to SDPA within 1e-05: True")
     return lines
 
 
