@@ -12,9 +12,9 @@ Needs Triton (``pip install triton``, imported on first use: installing it after
 needs no restart) and a CUDA GPU; on a CPU, Triton's interpreter runs the same kernel on CPU
 tensors when ``TRITON_INTERPRET=1`` is set before ``triton`` is first imported.
 
-Precision: float32 products use ``tl.dot(..., input_precision="ieee")``. Triton's default on
-NVIDIA GPUs of compute capability 8.0 and newer is TF32 (10-bit mantissas, errors near 1e-3 against
-SDPA); IEEE float32 matches SDPA to about 1e-6, at a fraction of the tensor cores' speed.
+Precision: float32 products use ``tl.dot(..., input_precision="ieee")`` (Triton's default on NVIDIA GPUs
+of compute capability 8.0+ is TF32, 10-bit mantissas, errors near 1e-3 against SDPA; IEEE float32 matches
+SDPA to about 1e-6, at a fraction of the tensor cores' speed). Half types pass ``None``: each backend's default.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class _TritonFlashAttention(_FlashAttention):
                       BLOCK_Q=block_q, BLOCK_K=block_k,
                       BLOCK_DK=max(16, triton.next_power_of_2(D_k)),
                       BLOCK_DV=max(16, triton.next_power_of_2(D_v)),
-                      PRECISION="ieee" if q.dtype == torch.float32 else "tf32")  # tf32: the default, unused for half
+                      PRECISION="ieee" if q.dtype == torch.float32 else None)  # half: None, each backend's default
         return out, lse
 
     @staticmethod
