@@ -496,6 +496,12 @@ def _online_shape(name: str, got: Tensor, exp: Tensor, s_blk: int) -> Feedback:
     return wrong(f"{name} has shape {shape}, expected {want}.")
 
 
+_NORMALISED_ACC = (
+    "l_new is right, but acc_new is divided by l_new, as FlashAttention-1 did at every step. Here acc stays "
+    "unnormalised, the running sum of exp(score - m) * v: acc_new = acc * exp(m_old - m_new) + exp(s - m_new) @ v, "
+    "and the division by l happens once, after the last tile (out = acc / l)."
+)
+
 _ONLINE_BROADCAST = (
     " The shapes did not line up. m and l are columns [S_q, 1] and s is [S_q, S_blk]: reduce a tile over its "
     "keys, the last axis, and keep that axis so the result stays a column: s.amax(dim=-1, keepdim=True) and "
@@ -544,8 +550,12 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     m1, l1, acc1 = result
     if not close(m1, ref1[0]):
         return wrong("m_new should be the larger of the old running max and this tile's row max: torch.maximum(m, s.amax(-1, keepdim=True)).")
-    if not (close(l1, ref1[1]) and close(acc1, ref1[2])):
-        return wrong("after the first tile, l_new should be sum(exp(s - m_new)) per row and acc_new = exp(s - m_new) @ v.")
+    if close(l1, ref1[1]) and not close(acc1, ref1[2]) and close(acc1, ref1[2] / ref1[1]):
+        return wrong(_NORMALISED_ACC)
+    if not close(l1, ref1[1]):
+        return wrong("after the first tile, l_new should be sum(exp(s - m_new)) per row.")
+    if not close(acc1, ref1[2]):
+        return wrong("l_new is right, but acc_new is not: after the first tile acc_new should be exp(s - m_new) @ v.")
 
     result2, fb = _online_call(fn, m1.detach().clone(), l1.detach().clone(), acc1.detach().clone(), s[:, split:].clone(), v[split:].clone())
     if fb is not None:
@@ -643,6 +653,11 @@ def _tile_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     half = low_precision(got, weights[rows, cols], name="your weights tensor")
     if half is not None:
         return half
+    if tuple(got.shape) == (bk, bq):
+        what = ("your weights are transposed: the values are right, but the shape is" if close(got.mT, weights[rows, cols])
+                else "your weights are the transpose of the tile's shape:")
+        return wrong(f"{what} {tuple(got.shape)}, keys down and query rows across. The tile is [{bq}, {bk}], "
+                     "one row per query like s_tile: do not transpose s_tile or the result.")
     if tuple(got.shape) != (bq, bk):
         return wrong(f"the tile's weights are [{bq}, {bk}] ({bq} query rows, {bk} keys), got shape {tuple(got.shape)}; "
                      f"lse is [{bq}]: broadcast it over the keys with lse[:, None].")

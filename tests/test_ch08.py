@@ -575,3 +575,59 @@ def test_tile_weights_hard_coded_sizes_are_explained() -> None:
 def test_tile_weights_half_precision_hint_reads_as_english() -> None:
     fb = check_tile_weights(lambda s, lse: torch.exp(s - lse[:, None]).half())
     assert fb.status == "wrong" and fb.message.startswith("your weights tensor is torch.float16"), fb.message
+
+
+def test_tile_weights_transposed_result_is_named_as_such() -> None:
+    for transposed in (lambda s, lse: torch.exp(s.T - lse), lambda s, lse: torch.softmax(s, dim=-1).T):
+        fb = check_tile_weights(transposed)
+        assert fb.status == "wrong" and "transpose" in fb.message and "lse[:, None]" not in fb.message, fb.message
+    fb = check_tile_weights(lambda s, lse: torch.exp(s - lse[:, None]).T)
+    assert "the values are right" in fb.message, fb.message
+
+
+# --- the online-softmax checker: FlashAttention-1's normalised accumulator ------------------------
+
+
+def _normalised_each_step(m, l, acc, s, v):  # type: ignore[no-untyped-def]
+    m_new, l_new, acc_new = reference_online_update(m, l, acc, s, v)
+    return m_new, l_new, acc_new / l_new
+
+
+def _flash_v1_output(m, l, acc, s, v):  # type: ignore[no-untyped-def]  acc holds the normalised output
+    m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+    p, alpha = torch.exp(s - m_new), torch.exp(m - m_new)
+    l_new = l * alpha + p.sum(dim=-1, keepdim=True)
+    return m_new, l_new, (acc * l * alpha + p @ v) / l_new
+
+
+@pytest.mark.parametrize("fn", [_normalised_each_step, _flash_v1_output], ids=["acc / l_new", "FlashAttention-1"])
+def test_online_update_normalised_acc_is_told_that_acc_stays_unnormalised(fn) -> None:
+    fb = check_online_softmax_update(fn)
+    assert fb.status == "wrong" and "l_new is right" in fb.message and "unnormalised" in fb.message, fb.message
+    assert "l_new should be" not in fb.message
+
+
+def test_online_update_wrong_l_or_acc_on_the_first_tile_names_the_one_that_is_wrong() -> None:
+    def wrong_l(m, l, acc, s, v):  # type: ignore[no-untyped-def]
+        m_new, l_new, acc_new = reference_online_update(m, l, acc, s, v)
+        return m_new, l_new + 1, acc_new
+
+    def wrong_acc(m, l, acc, s, v):  # type: ignore[no-untyped-def]
+        m_new, l_new, acc_new = reference_online_update(m, l, acc, s, v)
+        return m_new, l_new, acc_new + 1
+
+    assert "l_new should be" in check_online_softmax_update(wrong_l).message
+    fb = check_online_softmax_update(wrong_acc)
+    assert "l_new is right, but acc_new is not" in fb.message and "unnormalised" not in fb.message, fb.message
+
+
+def test_merge_exercise_names_both_overflow_cases_of_the_checker() -> None:
+    import json
+    from pathlib import Path
+
+    from attnbook.ch08 import MERGE_CASES
+
+    cells = json.loads((Path(__file__).resolve().parents[1] / "book" / "08_cost_and_flash_attention.ipynb").read_text())["cells"]
+    text = next("".join(c["source"]) for c in cells if ":label: ex-08-merge" in "".join(c["source"]))
+    for *_, shift, dtype in MERGE_CASES[1:]:
+        assert f"near {shift:.0f} in {str(dtype).removeprefix('torch.')}" in text, (shift, dtype)
