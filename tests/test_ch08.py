@@ -472,9 +472,38 @@ def test_full_float32_matmuls_turns_tf32_off_and_restores_it() -> None:
 def test_triton_demo_checks_float32_on_cuda_and_only_float32_elsewhere() -> None:
     from attnbook.ch08 import triton_demo_runs
 
-    assert triton_demo_runs("cuda") == [(torch.float16, 2e-3), (torch.float32, 1e-5)]
-    assert triton_demo_runs("cpu") == [(torch.float32, 1e-5)]
-    assert triton_demo_runs(torch.device("cpu")) == [(torch.float32, 1e-5)]
+    assert triton_demo_runs("cuda") == [(torch.float16, 2e-3, 2e-3), (torch.float32, 1e-5, 1e-5)]
+    assert triton_demo_runs("cpu") == [(torch.float32, 1e-5, 1e-5)]
+    assert triton_demo_runs(torch.device("cpu")) == [(torch.float32, 1e-5, 1e-5)]
+
+
+def _float16_kernel_model(q, k, v, mask):  # type: ignore[no-untyped-def]
+    """What the Triton kernel computes in float16, up to float32 rounding: inputs rounded to float16,
+    scores in float32, the weights p rounded to float16 before p @ v, the output rounded to float16."""
+    q, k, v = (t.half().float() for t in (q, k, v))
+    s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, float("-inf"))  # [B, H, S_q, S_k]
+    p = torch.exp(s - s.amax(dim=-1, keepdim=True))  # [B, H, S_q, S_k], each row's largest weight is 1
+    return ((p.half().float() @ v) / p.sum(dim=-1, keepdim=True)).half().float()  # [B, H, S_q, D_v]
+
+
+def test_triton_demo_float16_tolerance_covers_the_roundings_and_still_fails_a_wrong_mask() -> None:
+    """The demo's float16 check, on its own shape ([1, 2, 50, 32], causal) over many seeds: a model of
+    the kernel's three float16 roundings (inputs, p, output) passes it, though the output's rounding
+    alone reaches about 1e-3; an answer whose mask lets each query see one key too many fails it."""
+    import torch.nn.functional as F
+
+    from attnbook.ch08 import triton_demo_runs
+    from attnlib import causal_mask
+
+    (dtype, atol, rtol), _ = triton_demo_runs("cuda")
+    assert dtype == torch.float16
+    mask, one_too_many = causal_mask(50), causal_mask(50, S_k=51)[:, :50]  # query i sees keys j <= i, j <= i + 1
+    for seed in range(100):
+        gen = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(1, 2, 50, 32, generator=gen) for _ in range(3))
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [1, 2, 50, 32]
+        assert torch.allclose(_float16_kernel_model(q, k, v, mask), ref, atol=atol, rtol=rtol), seed
+        assert not torch.allclose(_float16_kernel_model(q, k, v, one_too_many), ref, atol=atol, rtol=rtol), seed
 
 
 # --- the quiz: every reasonable rounding of a right answer is right --------------------------------
