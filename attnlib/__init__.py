@@ -3,7 +3,7 @@
 Shape legend (batch first; every shape comment in attnlib uses these letters):
 
 =========  ===============================================================================
-``B``      batch: independent sequences processed together
+``B``      batch: independent sequences processed together; ``BH`` = B * H pairs in one axis (:mod:`attnlib.flash`)
 ``S``      sequence length; ``S_q`` query positions and ``S_k`` key/value positions when they differ
 ``D``      model width ``d_model``, the length of each token vector
 ``H``      query heads; ``H_kv`` key/value heads (grouped-query attention), ``H % H_kv == 0``

@@ -32,7 +32,7 @@ from . import _checks
 
 __all__ = ["flash_attention", "BLOCK_Q", "BLOCK_K"]
 
-#: Default tile edges, timed by ``make bench`` (2-core CPU, S = 4096): a float32 tile [4, 256, 256] is 1 MiB, in cache.
+#: Default tile edges: a starting point, chosen by timing S = 4096 on two CPU cores. The result never depends on them.
 BLOCK_Q, BLOCK_K = 256, 256
 
 
@@ -50,39 +50,39 @@ def _mask_future(s: Tensor, rows: slice, cols: slice, causal: bool, offset: int)
     if causal and cols.stop - 1 > rows.start + offset:
         i = torch.arange(rows.start + offset, rows.stop + offset, device=s.device)[:, None]  # [r, 1]
         j = torch.arange(cols.start, cols.stop, device=s.device)[None, :]  # [1, c]
-        s.masked_fill_(j > i, float("-inf"))  # [N, r, c]
+        s.masked_fill_(j > i, float("-inf"))  # [BH, r, c]
 
 
 class _FlashAttention(torch.autograd.Function):
-    """Inputs ``[N, S, D]``; float16/bfloat16 run in float32 and ``out`` stays float32 (unrounded for backward)."""
+    """Inputs ``[BH, S, D]``; float16/bfloat16 run in float32 and ``out`` stays float32 (unrounded for backward)."""
 
     @staticmethod
     def forward(q, k, v, causal, scale, block_q, block_k):  # type: ignore[no-untyped-def]
         work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-        qs = q.to(work) * scale  # [N, S_q, D_k], upcast first, then scaled once
-        kt, vw = k.to(work).transpose(1, 2), v.to(work)  # [N, D_k, S_k], [N, S_k, D_v]
-        N, S_q, S_k, offset = q.shape[0], q.shape[1], k.shape[1], k.shape[1] - q.shape[1]
-        out, lse = qs.new_empty(N, S_q, v.shape[-1]), qs.new_empty(N, S_q)  # [N, S_q, D_v], [N, S_q]
-        tile = qs.new_empty(N, block_q, block_k)  # every full tile is computed in this one buffer
-        key_blocks = [(cols, kt[:, :, cols], vw[:, cols]) for cols in _blocks(S_k, block_k)]  # [N, D_k, c], [N, c, D_v]
+        qs = q.to(work) * scale  # [BH, S_q, D_k], upcast first, then scaled once
+        kt, vw = k.to(work).transpose(1, 2), v.to(work)  # [BH, D_k, S_k], [BH, S_k, D_v]
+        BH, S_q, S_k, offset = q.shape[0], q.shape[1], k.shape[1], k.shape[1] - q.shape[1]
+        out, lse = qs.new_empty(BH, S_q, v.shape[-1]), qs.new_empty(BH, S_q)  # [BH, S_q, D_v], [BH, S_q]
+        tile = qs.new_empty(BH, block_q, block_k)  # every full tile is computed in this one buffer
+        key_blocks = [(cols, kt[:, :, cols], vw[:, cols]) for cols in _blocks(S_k, block_k)]  # [BH, D_k, c], [BH, c, D_v]
         for rows in _blocks(S_q, block_q):  # FlashAttention-2: one query block at a time ...
-            q_blk, r = qs[:, rows], rows.stop - rows.start  # [N, r, D_k]
-            m, l = qs.new_full((N, r, 1), float("-inf")), qs.new_zeros(N, r, 1)  # [N, r, 1] running max and sum
-            acc = qs.new_zeros(N, r, v.shape[-1])  # [N, r, D_v] running sum of exp(score - m) * v
+            q_blk, r = qs[:, rows], rows.stop - rows.start  # [BH, r, D_k]
+            m, l = qs.new_full((BH, r, 1), float("-inf")), qs.new_zeros(BH, r, 1)  # [BH, r, 1] running max and sum
+            acc = qs.new_zeros(BH, r, v.shape[-1])  # [BH, r, D_v] running sum of exp(score - m) * v
             for cols, k_blk, v_blk in key_blocks:  # ... walks over the key blocks it sees
                 if not _sees(rows, cols, causal, offset):
                     break
                 fits = tile.shape[1:] == (r, cols.stop - cols.start)
-                s = torch.bmm(q_blk, k_blk, out=tile if fits else None)  # [N, r, c] scaled scores
+                s = torch.bmm(q_blk, k_blk, out=tile if fits else None)  # [BH, r, c] scaled scores
                 _mask_future(s, rows, cols, causal, offset)
-                m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # [N, r, 1]
-                p = s.sub_(m_new).exp_()  # [N, r, c] exp(score - m_new), in place in the tile
-                alpha = torch.exp(m - m_new)  # [N, r, 1] rescales what was summed relative to m
-                l = l * alpha + p.sum(dim=-1, keepdim=True)  # [N, r, 1]
-                torch.baddbmm(acc.mul_(alpha), p, v_blk, out=acc)  # [N, r, D_v]: acc = acc * alpha + p @ v_blk
+                m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # [BH, r, 1]
+                p = s.sub_(m_new).exp_()  # [BH, r, c] exp(score - m_new), in place in the tile
+                alpha = torch.exp(m - m_new)  # [BH, r, 1] rescales what was summed relative to m
+                l = l * alpha + p.sum(dim=-1, keepdim=True)  # [BH, r, 1]
+                torch.baddbmm(acc.mul_(alpha), p, v_blk, out=acc)  # [BH, r, D_v]: acc = acc * alpha + p @ v_blk
                 m = m_new  # every row sees key 0 in its first tile, so m is finite from then on
             out[:, rows] = acc / l.clamp_min(1.0)  # l >= 1 (the max term is exp(0)); l = 0 only when S_k = 0
-            lse[:, rows] = (m + torch.log(l)).squeeze(-1)  # [N, r]
+            lse[:, rows] = (m + torch.log(l)).squeeze(-1)  # [BH, r]
         return out, lse
 
     @staticmethod
@@ -96,20 +96,20 @@ class _FlashAttention(torch.autograd.Function):
         (q, k, v, out, lse), (causal, scale, block_q, block_k) = ctx.saved_tensors, ctx.args
         qs, kw, vw, d_out = q.to(lse.dtype) * scale, k.to(lse.dtype), v.to(lse.dtype), d_out.to(lse.dtype)
         # ds = p * (dp - delta) for every tile; the rowsum of p * dp equals rowsum(d_out * out)
-        delta = (d_out * out).sum(dim=-1) - d_lse  # [N, S_q]; d lse / d score = p
+        delta = (d_out * out).sum(dim=-1) - d_lse  # [BH, S_q]; d lse / d score = p
         dq, dk, dv, kt, offset = torch.zeros_like(qs), torch.zeros_like(kw), torch.zeros_like(vw), kw.mT, k.shape[1] - q.shape[1]
         for cols in _blocks(k.shape[1], block_k):  # one key block at a time ...
             for rows in _blocks(q.shape[1], block_q):  # ... walks over the query blocks that see it
                 if not _sees(rows, cols, causal, offset):
                     continue
-                s = torch.bmm(qs[:, rows], kt[:, :, cols])  # [N, r, c] scaled scores, recomputed
+                s = torch.bmm(qs[:, rows], kt[:, :, cols])  # [BH, r, c] scaled scores, recomputed
                 _mask_future(s, rows, cols, causal, offset)
-                p = s.sub_(lse[:, rows, None]).exp_()  # [N, r, c] the tile's weights, exactly
-                dv[:, cols] += p.transpose(1, 2) @ d_out[:, rows]  # [N, c, D_v]
-                dp = d_out[:, rows] @ vw[:, cols].transpose(1, 2)  # [N, r, c]
-                ds = p * (dp - delta[:, rows, None])  # [N, r, c] gradient of the scores
-                dk[:, cols] += ds.transpose(1, 2) @ qs[:, rows]  # [N, c, D_k], complete after the walk
-                dq[:, rows] += ds @ kw[:, cols]  # [N, r, D_k], accumulated over the key blocks
+                p = s.sub_(lse[:, rows, None]).exp_()  # [BH, r, c] the tile's weights, exactly
+                dv[:, cols] += p.transpose(1, 2) @ d_out[:, rows]  # [BH, c, D_v]
+                dp = d_out[:, rows] @ vw[:, cols].transpose(1, 2)  # [BH, r, c]
+                ds = p * (dp - delta[:, rows, None])  # [BH, r, c] gradient of the scores
+                dk[:, cols] += ds.transpose(1, 2) @ qs[:, rows]  # [BH, c, D_k], complete after the walk
+                dq[:, rows] += ds @ kw[:, cols]  # [BH, r, D_k], accumulated over the key blocks
         return (dq * scale).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
@@ -162,7 +162,7 @@ def flash_attention(
     (torch.Size([2, 4, 100, 8]), torch.Size([2, 4, 100]))
     """
     block_q, block_k = _checks.positive_int("block_q", block_q), _checks.positive_int("block_k", block_k)
-    lead, (q3, k3, v3), causal, scale = _flatten(q, k, v, causal, scale)  # [N, S, D] each
+    lead, (q3, k3, v3), causal, scale = _flatten(q, k, v, causal, scale)  # [BH, S, D] each
     with torch.autocast(q.device.type, enabled=False):  # the inputs' dtype rules; half runs in float32 anyway
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             out, lse = _FlashAttention.apply(q3, k3, v3, causal, scale, block_q, block_k)
@@ -174,7 +174,7 @@ def flash_attention(
 
 
 def _per_core(fn: Callable[..., tuple[Tensor, ...]], *tensors: Tensor) -> tuple[Tensor, ...]:
-    """``fn`` on one slice of the batch-heads N per CPU thread, each single-threaded: a multi-threaded
+    """``fn`` on one slice of the batch-heads BH per CPU thread, each single-threaded: a multi-threaded
     operation waits for its slowest thread, slow on a machine that other programs share."""
     threads, n = torch.get_num_threads(), min(torch.get_num_threads(), tensors[0].shape[0])
     small = tensors[0].shape[1] * tensors[1].shape[1] < 2**16  # not worth the threads; nor while tracing
@@ -189,7 +189,7 @@ def _per_core(fn: Callable[..., tuple[Tensor, ...]], *tensors: Tensor) -> tuple[
 
 
 def _flatten(q: Tensor, k: Tensor, v: Tensor, causal: object, scale: object) -> tuple[list[int], list[Tensor], bool, float]:
-    """Validate, then view every leading dim (B, H, ...) as one batch axis N: ``[N, S, D]``."""
+    """Validate, then view every leading dim (B, H, ...) as one batch axis BH: ``[BH, S, D]``."""
     _checks.qkv(q, k, v)
     causal = _checks.flag("causal", causal, "; flash attention takes no mask tensor, only causal=True/False")
     if not all(isinstance(n, int) for n in (*q.shape, *k.shape, *v.shape)):

@@ -33,15 +33,15 @@ triton = tl = _kernel = None  # imported on the first call (attnlib never needs 
 __all__ = ["triton_flash_attention"]
 
 
-def _forward_kernel(Q, K, V, Out, Lse,  # pointers to [N, S_q, D_k], [N, S_k, D_k], [N, S_k, D_v], [N, S_q, D_v], [N, S_q]
+def _forward_kernel(Q, K, V, Out, Lse,  # [BH, S_q, D_k], [BH, S_k, D_k], [BH, S_k, D_v], [BH, S_q, D_v], [BH, S_q]
                     S_q, S_k, D_k, D_v, scale,
                     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
-    n = tl.program_id(1).to(tl.int64)  # which (batch, head)
+    bh = tl.program_id(1).to(tl.int64)  # which (batch, head) pair, of BH
     rows = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # [BLOCK_Q] this program's queries
     dk = tl.arange(0, BLOCK_DK)  # [BLOCK_DK] feature index (a power of two >= D_k; the rest masked)
     dv = tl.arange(0, BLOCK_DV)  # [BLOCK_DV]
-    q = tl.load(Q + n * S_q * D_k + rows[:, None] * D_k + dk[None, :],
+    q = tl.load(Q + bh * S_q * D_k + rows[:, None] * D_k + dk[None, :],
                 mask=(rows[:, None] < S_q) & (dk[None, :] < D_k), other=0.0)  # [BLOCK_Q, BLOCK_DK] stays in SRAM
     m = tl.full([BLOCK_Q], float("-inf"), tl.float32)  # running max per query row
     l = tl.zeros([BLOCK_Q], tl.float32)  # running sum of exp(score - m)
@@ -52,7 +52,7 @@ def _forward_kernel(Q, K, V, Out, Lse,  # pointers to [N, S_q, D_k], [N, S_k, D_
         k_end = tl.minimum(S_k, (tl.program_id(0) + 1) * BLOCK_Q + offset)
     for k0 in range(0, k_end, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K] this step's keys
-        kt = tl.load(K + n * S_k * D_k + cols[None, :] * D_k + dk[:, None],
+        kt = tl.load(K + bh * S_k * D_k + cols[None, :] * D_k + dk[:, None],
                      mask=(cols[None, :] < S_k) & (dk[:, None] < D_k), other=0.0)  # [BLOCK_DK, BLOCK_K] k^T
         s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_Q, BLOCK_K] scores, accumulated and scaled in float32
         visible = cols[None, :] < S_k  # [1, BLOCK_K] padding past the last key is hidden
@@ -63,14 +63,14 @@ def _forward_kernel(Q, K, V, Out, Lse,  # pointers to [N, S_q, D_k], [N, S_k, D_
         p = tl.exp(s - m_new[:, None])  # [BLOCK_Q, BLOCK_K]
         alpha = tl.exp(m - m_new)  # [BLOCK_Q] rescales what was summed relative to m
         l = l * alpha + tl.sum(p, 1)
-        v = tl.load(V + n * S_k * D_v + cols[:, None] * D_v + dv[None, :],
+        v = tl.load(V + bh * S_k * D_v + cols[:, None] * D_v + dv[None, :],
                     mask=(cols[:, None] < S_k) & (dv[None, :] < D_v), other=0.0)  # [BLOCK_K, BLOCK_DV]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [BLOCK_Q, BLOCK_DV]
         m = m_new
     out = acc / l[:, None]  # [BLOCK_Q, BLOCK_DV], the only write of the output
-    tl.store(Out + n * S_q * D_v + rows[:, None] * D_v + dv[None, :], out.to(Out.dtype.element_ty),
+    tl.store(Out + bh * S_q * D_v + rows[:, None] * D_v + dv[None, :], out.to(Out.dtype.element_ty),
              mask=(rows[:, None] < S_q) & (dv[None, :] < D_v))
-    tl.store(Lse + n * S_q + rows, m + tl.log(l), mask=rows < S_q)  # [BLOCK_Q] for the backward pass
+    tl.store(Lse + bh * S_q + rows, m + tl.log(l), mask=rows < S_q)  # [BLOCK_Q] for the backward pass
 
 
 def _import_triton() -> None:
@@ -90,11 +90,11 @@ class _TritonFlashAttention(_FlashAttention):
 
     @staticmethod
     def forward(q, k, v, causal, scale, block_q, block_k):  # type: ignore[no-untyped-def]
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # [N, S, D], rows packed
-        (N, S_q, D_k), S_k, D_v = q.shape, k.shape[1], v.shape[2]
-        out = torch.empty(N, S_q, D_v, dtype=torch.float32, device=q.device)  # [N, S_q, D_v], rounded by the caller
-        lse = torch.empty(N, S_q, dtype=torch.float32, device=q.device)  # [N, S_q]
-        grid = (triton.cdiv(S_q, block_q), N)  # one program instance per (query block, batch-head)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # [BH, S, D], rows packed
+        (BH, S_q, D_k), S_k, D_v = q.shape, k.shape[1], v.shape[2]
+        out = torch.empty(BH, S_q, D_v, dtype=torch.float32, device=q.device)  # [BH, S_q, D_v], rounded by the caller
+        lse = torch.empty(BH, S_q, dtype=torch.float32, device=q.device)  # [BH, S_q]
+        grid = (triton.cdiv(S_q, block_q), BH)  # one program instance per (query block, batch-head)
         _kernel[grid](q, k, v, out, lse, S_q, S_k, D_k, D_v, scale, CAUSAL=causal,
                       BLOCK_Q=block_q, BLOCK_K=block_k,
                       BLOCK_DK=max(16, triton.next_power_of_2(D_k)),
@@ -133,7 +133,7 @@ def triton_flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Fa
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if not _checks.is_int(b) or b < 16 or b & (b - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {b!r}")
-    lead, (q3, k3, v3), causal, scale = _flatten(q, k, v, causal, scale)  # [N, S, D] each
+    lead, (q3, k3, v3), causal, scale = _flatten(q, k, v, causal, scale)  # [BH, S, D] each
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"triton_flash_attention takes float16, bfloat16 or float32, got {q.dtype}")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
