@@ -237,7 +237,7 @@ def tile_frame(block: int, S: int = 1024, d: int = 64) -> Frame:
     fused, standard = fused_forward_io(S, d, block, causal=True), standard_attention_io(S, d)
     caption = (f"{int((kind > 0).sum())} of {n * n} tiles computed ({int((kind == 2).sum())} on the diagonal). "
                f"HBM traffic per head in FlashAttention-2's order: {fused / 1e6:.2f} M numbers, against "
-               f"{standard / 1e6:.2f} M for standard attention ({standard / fused:.1f}x less); FLOPs of the "
+               f"{standard / 1e6:.2f} M for standard attention without its mask pass ({standard / fused:.1f}x less); FLOPs of the "
                f"computed tiles per byte moved, in float16: about {tile_flops / (2 * fused):.0f}.")
     panel = Panel(kind.numpy(), labels, labels, f"query block (rows) x key block (columns), block = {block}: {TILE_LEGEND}",
                   vmin=0, vmax=2, masked=(kind == 0).numpy())
