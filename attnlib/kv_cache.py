@@ -41,7 +41,8 @@ class KVCache:
         length: positions seen so far (with a window, more than ``S_cached``).
         nbytes: bytes of the cached positions, what :func:`attnlib.kv_cache_bytes` counts.
         reserved_bytes: bytes the cache's buffers reserve: at most twice ``nbytes`` plus the
-            positions of the last call (room to grow), with a window at most ``2 * window`` positions.
+            positions of the last call (room to grow), after ``truncate`` at most twice ``nbytes``,
+            with a window at most ``2 * window`` positions.
 
     >>> cache = KVCache()
     >>> k = torch.randn(2, 4, 5, 8)  # [B, H_kv, S, D_k]
@@ -118,8 +119,7 @@ class KVCache:
         if window is not None:
             self._start = max(self._start, self._end - window)  # the rolling buffer drops the oldest
             if self._buffers[0].shape[-2] > 2 * window:  # a long prompt grew it: keep only the window
-                self._buffers = [b[:, :, self._start : self._end].clone() for b in self._buffers]
-                self._start, self._end = 0, self._end - self._start
+                self._compact()
         return views
 
     def truncate(self, length: int) -> None:
@@ -144,6 +144,16 @@ class KVCache:
                              f"rolling back to {length} the next query would need position {needed}, already dropped")
         self._end -= self.length - int(length)
         self.length = int(length)
+        if self.reserved_bytes > 2 * self.nbytes:  # a long rollback: give the room back
+            self._compact()
+
+    def _compact(self) -> None:  # buffers that hold just the kept positions
+        self._buffers = [b[:, :, self._start : self._end].clone() for b in self._buffers]
+        self._start, self._end = 0, self._end - self._start
+
+    def __getstate__(self) -> dict:
+        """Pickle and deep-copy without the owner (a weak reference to a live layer): the copy is claimed afresh."""
+        return {**self.__dict__, "_owner": None}
 
     def _fits(self, n: int) -> bool:
         """Whether ``n`` positions can be written in place: own buffers with room, usable in this mode."""

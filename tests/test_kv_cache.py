@@ -202,3 +202,31 @@ def test_truncate_rolls_back_to_a_length() -> None:
     for bad in (-1, 1, 2.0, True, "1", None):
         with pytest.raises(ValueError, match=r"truncate length must be an int in 0\.\.0"):
             cache.truncate(bad)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_reserved_bytes_shrink_with_a_long_truncate(grad: bool) -> None:
+    """After ``truncate`` the cache reserves at most twice what it holds (it kept 64 positions' room before)."""
+    cache = KVCache()
+    with torch.set_grad_enabled(grad):
+        for _ in range(33):
+            cache.update(torch.zeros(1, 2, 1, 4, requires_grad=grad), torch.zeros(1, 2, 1, 4))
+        assert cache.reserved_bytes >= 33 * 64
+        cache.truncate(5)
+        assert cache.nbytes == 5 * 64 and cache.reserved_bytes <= 2 * cache.nbytes
+        keys, _ = cache.update(torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4))  # still grows and reads right
+    assert keys.shape == (1, 2, 6, 4) and keys[0, 0, :, 0].tolist() == [0.0] * 5 + [1.0]
+
+
+def test_a_cache_pickles_and_its_copy_is_free_to_be_claimed() -> None:
+    import pickle
+
+    layer, other = MultiHeadSelfAttention(16, 4), MultiHeadSelfAttention(16, 4)
+    cache = KVCache()
+    with torch.no_grad():
+        layer(torch.randn(1, 3, 16), causal=True, cache=cache)
+        copy = pickle.loads(pickle.dumps(cache))
+        assert torch.equal(copy.keys, cache.keys) and copy.length == 3
+        other(torch.randn(1, 1, 16), causal=True, cache=copy)  # the owner (a live layer) is not pickled
+        with pytest.raises(ValueError, match="another layer"):
+            other(torch.randn(1, 1, 16), causal=True, cache=cache)  # the original keeps its owner
