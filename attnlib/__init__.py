@@ -33,6 +33,7 @@ from .kv_cache import KVCache
 from .latent import MultiHeadLatentAttention
 from .masks import causal_mask, combine_masks, from_additive_mask, from_key_padding_mask, padding_mask
 from .multihead import AttentionOutput, MultiHeadSelfAttention
+from .paged import BlockPool, PagedKVCache, paged_attention, paged_attention_in_place
 
 __version__ = "0.1.0"
 
@@ -47,7 +48,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "AttentionOutput", "AttentionResult", "KVCache", "MultiHeadLatentAttention", "MultiHeadSelfAttention", "causal_mask",
+    "AttentionOutput", "AttentionResult", "BlockPool", "KVCache", "MultiHeadLatentAttention", "MultiHeadSelfAttention", "causal_mask",
     "combine_masks", "flash_attention", "from_additive_mask", "from_key_padding_mask", "get_device", "kv_cache_bytes",
-    "merge_heads", "padding_mask", "repeat_kv", "scaled_dot_product_attention", "softmax", "split_heads",
+    "merge_heads", "padding_mask", "PagedKVCache", "paged_attention", "paged_attention_in_place", "repeat_kv", "scaled_dot_product_attention", "softmax", "split_heads",
 ]  # fmt: skip

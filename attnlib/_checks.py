@@ -229,3 +229,52 @@ def cache_entries(new: tuple[Tensor, ...], cached: list[Tensor]) -> None:
 def instance(name: str, value: object, cls: type, what: str) -> None:
     if not isinstance(value, cls):
         raise ValueError(f"{name} must be {what}, got {type(value).__name__}")
+
+
+def block_in_use(block: object, ref_count: list[int], action: str) -> int:
+    """A block index of a pool that some sequence holds (a free block cannot be shared or released)."""
+    if not is_int(block) or not 0 <= block < len(ref_count):
+        raise ValueError(f"block must be an int in 0..{len(ref_count) - 1} (the pool's blocks), got {block!r}")
+    if ref_count[block] <= 0:
+        raise ValueError(f"cannot {action} block {block}: it is free (never allocated, or released by every holder)")
+    return int(block)
+
+
+def kv_pair(k: object, v: object) -> None:
+    """One sequence's keys and values ``[H_kv, S, D_k]``: same shape, dtype and device."""
+    for name, t in (("k", k), ("v", v)):
+        float_tensor(name, tensor_with_dims(name, t, 3, "[H_kv, S, D_k]"))
+    if (shape(k), k.dtype, k.device) != (shape(v), v.dtype, v.device):
+        raise ValueError(f"k and v must share shape [H_kv, S, D_k], dtype and device, got k {shape(k)} {k.dtype} "
+                         f"{k.device} and v {shape(v)} {v.dtype} {v.device}")
+
+
+def paged_entries(k: object, v: object, store: Tensor) -> None:
+    """New keys and values ``[H_kv, S_new, D_k]`` for a block pool ``store [H_kv, N, b, D_k]``: no broadcasting."""
+    kv_pair(k, v)
+    expected = f"[H_kv, S_new, D_k] = [{store.shape[0]}, S_new, {store.shape[-1]}]"
+    if (k.shape[0], k.shape[2]) != (store.shape[0], store.shape[-1]):
+        raise ValueError(f"k and v have shape {shape(k)} but the pool holds {expected}")
+    if (k.dtype, k.device) != (store.dtype, store.device):
+        raise ValueError(f"k and v are {k.dtype} on {k.device} but the pool holds {store.dtype} on {store.device}")
+
+
+def single_sequence(k: object, v: object) -> None:
+    """``[1, H_kv, S_new, D_k]``: a paged cache holds one sequence."""
+    for name, t in (("k", k), ("v", v)):
+        if tensor_with_dims(name, t, 4, "[1, H_kv, S_new, D_k]").shape[0] != 1:
+            raise ValueError(f"{name} has batch B = {t.shape[0]} (shape {shape(t)}) but a paged cache holds one sequence: "
+                             "use one PagedKVCache per sequence")
+
+
+def gqa_query(q: object, keys: Tensor, S: int, *, one_query: bool = False) -> None:
+    """Queries ``[H, S_new, D_k]``, the last ``S_new`` of ``S`` positions, over keys ``[H_kv, ..., D_k]``."""
+    H_kv, D_k = keys.shape[0], keys.shape[-1]
+    layout = f"[H, {'1' if one_query else 'S_new'}, D_k] with H a multiple of H_kv = {H_kv} and D_k = {D_k}"
+    tensor_with_dims("q", q, 3, layout)
+    if q.shape[0] % H_kv or q.shape[2] != D_k or (one_query and q.shape[1] != 1):
+        raise ValueError(f"q shape {shape(q)} does not fit: expected {layout}")
+    if (q.dtype, q.device) != (keys.dtype, keys.device):
+        raise ValueError(f"q is {q.dtype} on {q.device} but the keys are {keys.dtype} on {keys.device}")
+    if not 1 <= q.shape[1] <= S:
+        raise ValueError(f"q has S_new = {q.shape[1]} queries for the last of the {S} cached positions; expected 1..{S}")
