@@ -403,8 +403,9 @@ def exercise(solution: Any, *, kind: str = "function", tables: Sequence[MistakeT
                 raise TypeError(f"{check.__qualname__} returned {type(result).__name__}, not Feedback")
             return result
 
-        module = check.__module__.rsplit(".", 1)[-1]
-        name = f"{module}.{check.__name__}"
+        parts = check.__module__.split(".")  # attnbook.chNN, or attnbook.chNN.checkers in a chapter package
+        chapter = next((p for p in parts if p.startswith("ch") and p[2:].isdigit()), parts[-1])
+        name = f"{chapter}.{check.__name__}"
         guarded.__wrapped_checker__ = check  # type: ignore[attr-defined]
         EXERCISES[name] = Exercise(name, guarded, solution, kind, tuple(tables), dict(not_generic or {}), tuple(needs))
         return guarded

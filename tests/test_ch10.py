@@ -3,6 +3,8 @@ own cached decoding token by token, the serving experiments hold, the checkers n
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -249,3 +251,141 @@ def test_kivi_roundtrip_groups_keys_per_channel_and_keeps_the_residual() -> None
     assert torch.allclose(v_hat, torch.round(v / s).clamp(-127, 127) * s)
     # int8 codes, one 16-bit scale per channel and group, the 16-bit residual; values: codes and per-token scales
     assert nbytes == 2 * 3 * 32 * 8 + 2 * 3 * 2 * 8 * 2 + 2 * 3 * 5 * 8 * 2 + 2 * 3 * 37 * 8 + 2 * 3 * 37 * 2
+
+
+# ---------------------------------------------------------------- hazards found by independent tests
+
+
+def _tiny_llama(**config: object) -> object:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kw = dict(vocab_size=11, hidden_size=8, intermediate_size=8, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, max_position_embeddings=64)
+    return LlamaForCausalLM(LlamaConfig(**{**kw, **config}))
+
+
+@pytest.mark.parametrize("config, match", [
+    (dict(attention_bias=True), "config.attention_bias = True"),
+    (dict(mlp_bias=True), "config.mlp_bias = True"),
+    (dict(hidden_act="gelu"), "config.hidden_act = 'gelu'"),
+    (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}), "rope_type 'llama3'"),
+])
+def test_llama_decode_step_refuses_a_config_it_does_not_implement(config: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ch10.llama_weights(_tiny_llama(**config))
+    with pytest.raises(ValueError, match=match):
+        ch10.attnlib_cached_logits(_tiny_llama(**config), torch.tensor([[1, 2, 3]]), 2)
+
+
+def test_llama_decode_step_requires_one_cache_per_layer() -> None:
+    w = ch10.llama_weights(_tiny_llama())
+    ids = torch.tensor([[1, 2, 3]])
+    shared = KVCache()
+    with pytest.raises(ValueError, match=r"caches\[1\] is the same object"):
+        ch10.llama_decode_step(w, ids, [shared, shared])
+    assert shared.length == 0
+    with pytest.raises(ValueError, match="a list of 2 caches, one per layer"):
+        ch10.llama_decode_step(w, ids, [KVCache()])
+    with pytest.raises(ValueError, match=r"ids must be one sequence \[1, S_new\]"):
+        ch10.llama_decode_step(w, torch.tensor([[1], [2]]), [KVCache(), KVCache()])
+    with pytest.raises(ValueError, match="model must be a Hugging Face LlamaForCausalLM"):
+        ch10.llama_weights(torch.nn.Linear(2, 2))
+
+
+def test_static_batching_charges_no_empty_step_after_a_one_token_batch() -> None:
+    cost = ch10.StepCost(10.0, 1.0)
+    two = [ch10.Request(0.0, 10, 1), ch10.Request(0.0, 10, 1)]
+    r = ch10.simulate("static", two, max_batch=1, cost=cost)
+    assert r["ttft_mean"] == (20 + 40) / 2  # the second batch's prefill starts as soon as the first ends
+    assert math.isnan(r["tpot_mean"]) and math.isnan(r["gap_max"])  # nobody has a second token
+
+
+def test_simulate_refuses_what_cannot_finish() -> None:
+    one = [ch10.Request(0.0, 10, 3)]
+    with pytest.raises(ValueError, match="output must be a positive int, got 0"):
+        ch10.Request(0.0, 10, 0)
+    with pytest.raises(ValueError, match="prompt must be a positive int, got -3"):
+        ch10.Request(0.0, -3, 2)
+    with pytest.raises(ValueError, match="chunk must be a positive int, got 0"):
+        ch10.simulate("continuous", one, chunk=0)
+    with pytest.raises(ValueError, match="max_batch must be a positive int, got 0"):
+        ch10.simulate("static", one, max_batch=0)
+    with pytest.raises(ValueError, match="policy must be one of 'static', 'continuous'"):
+        ch10.simulate("greedy", one)
+    with pytest.raises(ValueError, match="requests must be a non-empty sequence"):
+        ch10.simulate("static", [])
+    with pytest.raises(ValueError, match="fixed_ms must be > 0"):
+        ch10.StepCost(0.0, 1.0)
+
+
+def test_poisson_arrivals_returns_n_requests_or_refuses() -> None:
+    assert len(ch10.poisson_arrivals(5, 2.0, [(3, 2)] * 5, seed=0)) == 5
+    with pytest.raises(ValueError, match=r"mix holds 3 \(prompt, output\) pairs but n = 5"):
+        ch10.poisson_arrivals(5, 2.0, [(3, 2)] * 3, seed=0)
+    with pytest.raises(ValueError, match="rate_per_s must be > 0"):
+        ch10.poisson_arrivals(1, 0.0, [(3, 2)], seed=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_quantisation_computes_in_float32_whatever_the_cache_dtype(dtype: torch.dtype) -> None:
+    x = (torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
+    for scheme in ("int8-token", "int8-channel", "fp8"):
+        codes, scale = ch10.quantize(x, scheme)
+        codes32, scale32 = ch10.quantize(x.float(), scheme)
+        assert scale.dtype == torch.float32 and torch.equal(scale, scale32)
+        assert torch.equal(codes.view(torch.int8), codes32.view(torch.int8))  # every code, not most of them
+    zeros = torch.zeros(1, 2, 4, 8, dtype=torch.float16)  # a zero position: 0 / scale, never 0 / 0
+    for scheme in ("int8-token", "int8-channel", "fp8"):
+        assert torch.equal(ch10.dequantize(*ch10.quantize(zeros, scheme)), zeros.float())
+    k_hat, v_hat, _ = ch10.kivi_roundtrip(x[..., :40, :], x[..., :40, :], group=16)
+    assert k_hat.dtype == v_hat.dtype == torch.float32 and torch.isfinite(k_hat).all()
+
+
+def test_float8_subnormals_round_to_zero_as_the_docstring_says() -> None:
+    x = torch.tensor([[448.0, 1.0, 2.0**-6, 2.0**-11]], dtype=torch.float64)  # one position, scale 448 / 448 = 1
+    back = ch10.dequantize(*ch10.quantize(x, "fp8"))[0]
+    assert back[0] == 448.0 and back[2] == x[0, 2]  # the top and the smallest normal are exact
+    assert back[3] == 0.0  # below 2^-10 of the scale: rounds to 0
+    assert "subnormal" in ch10.quantize.__doc__ and "round to 0" in ch10.quantize.__doc__
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: ch10.kivi_roundtrip(torch.ones(1, 4, 2), torch.ones(1, 4, 2), group=0), "group must be a positive int, got 0"),
+    (lambda: ch10.quantize(torch.ones(2, 2), "int4"), "scheme must be one of"),
+    (lambda: ch10.dequantize(torch.ones(2, 2), torch.ones(1)), "codes must be int8 or float8_e4m3fn"),
+    (lambda: ch10.reserved_positions("paged", -3), "length must be an int >= 0, got -3"),
+    (lambda: ch10.reserved_positions("paged", 5, block_size=0), "block_size must be a positive int, got 0"),
+    (lambda: ch10.reserved_positions("paged", 3000), "length must be in 0..max_len = 2048"),
+    (lambda: ch10.memory_waste([(10, -2)]), r"mix\[0\] must be \(prompt, output\) ints >= 1"),
+    (lambda: ch10.memory_waste([(10, 2)], block_size=-16), "block_size must be a positive int, got -16"),
+    (lambda: ch10.block_hashes([1, 2, 3], 0), "block_size must be a positive int, got 0"),
+    (lambda: ch10.PrefixCache(0), "block_size must be a positive int, got 0"),
+    (lambda: ch10.cow_demo(block_size=0), "block_size must be a positive int, got 0"),
+    (lambda: ch10.simulate_paging(-1, 8), "steps must be an int >= 0, got -1"),
+    (lambda: ch10.paging_frame(3, block_size=0), "block_size must be a positive int, got 0"),
+    (lambda: ch10.request_mix(-5), "n must be an int >= 0, got -5"),
+    (lambda: ch10.reference_blocks_needed(10, -1, 4, 0), "new_tokens must be an int >= 0, got -1"),
+    (lambda: ch10.rope(torch.ones(1, 1, 3, 5), torch.arange(3), 10000.0), "D_k even"),
+    (lambda: ch10.sink_attention(torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4), sink_logit=torch.ones(3)),
+     r"sink_logit must be \[H\] = \[2\]"),
+    (lambda: ch10.SinkLM(10, d_model=12, num_heads=4), "must be even for rotary positions"),
+])
+def test_nonsensical_arguments_are_refused_with_their_name(call: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_streaming_and_speculation_refuse_windows_and_k_that_cannot_be_right() -> None:
+    model = ch10.SinkLM(10, d_model=8, num_heads=2, layers=1)
+    ids = torch.arange(6)
+    with pytest.raises(ValueError, match="window = 4 must be larger than sinks = 4"):
+        ch10.stream_loss(model, ids, window=4, sinks=4)
+    with pytest.raises(ValueError, match="sinks = 2 needs a window"):
+        ch10.stream_loss(model, ids, window=None, sinks=2)
+    assert ch10.stream_loss(model, ids, window=3, sinks=1).shape == (5,)
+    target, draft = toy_lm.TinyLM(10, d_model=8, num_heads=2, max_len=16), toy_lm.TinyLM(10, d_model=8, num_heads=2, max_len=16)
+    with pytest.raises(ValueError, match="k must be a positive int, got 0"):
+        ch10.speculative_generate(target, draft, torch.tensor([1, 2, 3]), 4, k=0)
+    with pytest.raises(ValueError, match="exceeds the models' max_len = 16"):
+        ch10.speculative_generate(target, draft, torch.tensor([1, 2, 3]), 14)

@@ -1,7 +1,7 @@
 """The contract every exercise checker goes through (``attnbook.feedback``), tested over every exercise.
 
 The exercises are discovered from the chapter modules: every function named ``check_*`` in
-``attnbook/chNN.py`` must be registered with :func:`attnbook.feedback.exercise` (or listed in
+``attnbook/chNN.py`` (or in any module of a chapter package ``attnbook/chNN/``) must be registered with :func:`attnbook.feedback.exercise` (or listed in
 ``NOT_EXERCISES`` with the reason), so a new exercise is covered by these tests as soon as it exists:
 
 * its right submission passes, and so do its generic right variants (float64, a list for a tuple,
@@ -34,6 +34,18 @@ for _name in CHAPTERS:
     importlib.import_module(f"attnbook.{_name}")
 
 
+def _chapter_modules() -> list[tuple[str, Any]]:
+    """``(chapter, module)`` for every chapter module, and for a chapter package (``attnbook/chNN/``) every
+    module inside it, so a checker defined in ``attnbook/ch10/checkers.py`` is found as ``ch10.check_*``."""
+    found = []
+    for chapter in CHAPTERS:
+        module = importlib.import_module(f"attnbook.{chapter}")
+        found.append((chapter, module))
+        for info in pkgutil.walk_packages(getattr(module, "__path__", []), f"{module.__name__}."):
+            found.append((chapter, importlib.import_module(info.name)))
+    return found
+
+
 def _available(ex: Exercise) -> bool:
     for package in ex.needs:
         try:
@@ -54,8 +66,7 @@ def _exercise_params() -> list[Any]:
 def test_every_checker_of_every_chapter_is_registered() -> None:
     assert len(CHAPTERS) >= 9
     unregistered = []
-    for chapter in CHAPTERS:
-        module = importlib.import_module(f"attnbook.{chapter}")
+    for chapter, module in _chapter_modules():
         for name, fn in vars(module).items():
             if name.startswith("check_") and callable(fn) and getattr(fn, "__module__", None) == module.__name__:
                 key = f"{chapter}.{name}"
