@@ -5,11 +5,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NOTEBOOKS = $(shell $(BIN)/python tests/toc.py)
 
-.PHONY: setup book explorer test test-site test-colab test-lab lab bench bench-explorer clean help
+.PHONY: setup book explorer test test-cpus test-site test-colab test-lab lab bench bench-explorer clean help
 
 help:
 	@echo "make book       build the website into _build/html (needs npm for the attention explorer)"
 	@echo "make test       unit tests + every notebook re-executed and compared (nbval)"
+	@echo "make test-cpus  the notebooks again as a CPU without AVX-512 and as one thread run them"
 	@echo "make test-site  build the website, then open every page in headless Chromium, offline"
 	@echo "make test-colab every chapter run top to bottom as in Colab's CPU runtime (its recorded packages)"
 	@echo "make test-lab   every chapter in JupyterLab in headless Chromium: Run All, sliders, quiz, folded solutions"
@@ -43,9 +44,20 @@ explorer: setup $(NODE_STAMP)
 book: setup explorer
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
+NBVAL = --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900
+
+# nbval compares printed decimals to one unit in their last digit (tests/nbval_numbers.py, loaded by
+# conftest.py), so that the stored outputs hold on other CPUs; everything else exactly.
 test: setup
-	$(BIN)/python -m pytest tests $(NOTEBOOKS) --nbval --nbval-current-env \
-		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900 -q
+	$(BIN)/python -m pytest tests $(NOTEBOOKS) $(NBVAL) -q
+
+# The notebooks again as two other kinds of machine run them (the unit tests do not depend on it):
+# a CPU without AVX-512 (PyTorch, MKL and oneDNN each restricted to AVX2), then one thread (reductions
+# split differently). CONTRIBUTING.md, "Outputs on any CPU", says what is and is not covered.
+AVX2 = ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
+test-cpus: setup
+	$(AVX2) $(BIN)/python -m pytest $(NOTEBOOKS) $(NBVAL) -q
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest $(NOTEBOOKS) $(NBVAL) -q
 
 # Browser tests of the built site (site_tests/, not part of `make test`): every page of _toc.yml
 # in headless Chromium with the network cut off, checked with axe-core (accessibility, light and
