@@ -24,7 +24,7 @@ from attnlib.multihead import MultiHeadSelfAttention
 
 __all__ = [
     "DATA_DIR", "CharVocab", "TinyLM", "load_text", "sample_batch", "train_next_token",
-    "evaluate_loss", "generate",
+    "evaluate_loss", "generate", "TRAINED", "TRAINED_CHECKPOINT", "train_shipped", "load_trained",
 ]
 
 #: Where the texts that ship with the book live.
@@ -266,3 +266,53 @@ def generate(model: TinyLM, prompt: Tensor, new_tokens: int, *, causal: bool) ->
         logits = model(window, causal=causal)[0, -1]  # [V], the prediction at the last position
         ids = torch.cat([ids, logits.argmax()[None]])  # [S + 1]
     return ids
+
+
+# ==== trained models that ship with the book =======================================================
+#
+# A training run is reproducible on one machine, not across machines: PyTorch's CPU kernels and MKL
+# choose their code by instruction set (AVX-512, AVX2, Arm), so the last bits of a gradient differ
+# from one CPU to another and 200 optimiser steps grow them into visibly different weights. Where a
+# chapter quotes numbers measured *on* a trained model (chapter 10's quantised caches and
+# speculative decoding), it loads the model trained once and shipped here, so that every reader's
+# page shows the numbers its prose describes. ``tools/train_tiny_lm.py`` retrains them with
+# :func:`train_shipped`; ``tests/test_toy_lm.py`` checks that the recipe still reproduces them.
+
+#: The shipped :class:`TinyLM` models and their recipes (the text is :func:`load_text`'s).
+TRAINED: dict[str, dict[str, int]] = {
+    "target": dict(d_model=64, num_heads=4, max_len=64, init_seed=0, steps=200, seq_len=64),
+    "draft": dict(d_model=32, num_heads=2, max_len=64, init_seed=1, steps=200, seq_len=64),
+}
+
+#: The file in :data:`DATA_DIR` that holds them (float32 state dicts and training losses).
+TRAINED_CHECKPOINT = "tiny_lm.pt"
+
+
+def _untrained(name: str, vocab_size: int) -> TinyLM:
+    if name not in TRAINED:
+        raise ValueError(f"no trained model named {name!r}; available: {sorted(TRAINED)}")
+    spec = TRAINED[name]
+    torch.manual_seed(spec["init_seed"])
+    return TinyLM(vocab_size, d_model=spec["d_model"], num_heads=spec["num_heads"], max_len=spec["max_len"])
+
+
+def train_shipped(name: str) -> tuple[TinyLM, list[float]]:
+    """Train the model :data:`TRAINED` names from scratch, as it was trained for the checkpoint.
+
+    Returns:
+        The model (in eval mode) and its training losses, one per step.
+    """
+    text = load_text()
+    vocab = CharVocab(text)
+    model = _untrained(name, len(vocab))
+    spec = TRAINED[name]
+    losses = train_next_token(model, vocab.encode(text), causal=True, steps=spec["steps"], seq_len=spec["seq_len"])
+    return model.eval(), losses
+
+
+def load_trained(name: str) -> tuple[TinyLM, list[float]]:
+    """The shipped model :data:`TRAINED` names (in eval mode) and the losses of the run that made it."""
+    model = _untrained(name, len(CharVocab(load_text())))
+    blob = torch.load(DATA_DIR / TRAINED_CHECKPOINT, weights_only=True)
+    model.load_state_dict(blob[name])
+    return model.eval(), blob["losses"][name]

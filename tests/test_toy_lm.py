@@ -95,3 +95,28 @@ def test_greedy_generation_is_the_same_with_and_without_the_cache() -> None:
     assert torch.equal(samples[0], samples[1])
     with pytest.raises(ValueError, match=r"S0 \+ max_new_tokens <= max_len = 96"):
         model.generate(prompt, 89)
+
+
+@pytest.mark.parametrize("name", sorted(toy_lm.TRAINED))
+def test_the_shipped_checkpoints_are_what_their_recipe_trains(name: str) -> None:
+    """Retraining on this CPU starts from the same weights and ends at the shipped model's loss.
+
+    Bit-for-bit equality holds only on the CPU that trained the checkpoint (the reason it ships),
+    so the end of training is compared by its loss, with a margin far below what a different
+    recipe (steps, width, seed, learning rate) moves it.
+    """
+    shipped, shipped_losses = toy_lm.load_trained(name)
+    retrained, losses = toy_lm.train_shipped(name)
+    assert len(losses) == len(shipped_losses) == toy_lm.TRAINED[name]["steps"]
+    assert losses[0] == pytest.approx(shipped_losses[0], abs=1e-4)  # the same initial weights and first batch
+    final, shipped_final = sum(losses[-20:]) / 20, sum(shipped_losses[-20:]) / 20
+    assert final == pytest.approx(shipped_final, abs=0.03)
+    assert not shipped.training
+    data = toy_lm.CharVocab(toy_lm.load_text()).encode(toy_lm.load_text())
+    assert toy_lm.evaluate_loss(shipped, data, causal=True) == pytest.approx(
+        toy_lm.evaluate_loss(retrained, data, causal=True), abs=0.05)
+
+
+def test_load_trained_names_what_it_has() -> None:
+    with pytest.raises(ValueError, match=r"no trained model named 'large'; available: \['draft', 'target'\]"):
+        toy_lm.load_trained("large")
