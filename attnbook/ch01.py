@@ -14,7 +14,6 @@ same tables.
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Callable
 
 import torch
@@ -24,6 +23,7 @@ from .feedback import (
     Feedback,
     Mistake,
     MistakeTable,
+    as_index,
     close,
     compare_tensors,
     correct,
@@ -247,7 +247,7 @@ def _as_shape(value: Any) -> tuple[int, ...] | None:
     try:
         if isinstance(value, (str, bytes, dict)) or isinstance(value, Tensor) and value.dim() != 1:
             return None
-        return tuple(operator.index(n) for n in value)
+        return tuple(as_index(n) for n in value)
     except (TypeError, ValueError):
         return None
 

@@ -217,11 +217,14 @@ def _diagnose(result: object, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tenso
 
 
 def _check(fn: Callable[..., object], make_args: Callable[[dict[str, Tensor]], tuple[Tensor, ...]],
-           call: Callable[[Callable[..., object], tuple[Tensor, ...]], object]) -> Feedback | None:
-    """Run the reader's code on every case of :data:`CASES`; if the first raises, once more on the square probe."""
+           select: Callable[[tuple[Tensor, ...]], tuple[Tensor, ...]]) -> Feedback | None:
+    """Run the reader's code on every case of :data:`CASES`; if the first raises, once more on the square probe.
+
+    ``select`` picks the reader's arguments from the case's tensors; the reader gets copies, passed
+    directly, so run_reader_code sees them (and refuses code that changes them in place)."""
     for case in range(len(CASES)):
         args = make_args(qkv_inputs(case=case))
-        result, feedback = run_reader_code(lambda: call(fn, tuple(a.clone() for a in args)))
+        result, feedback = run_reader_code(fn, *select(tuple(a.clone() for a in args)))
         if feedback is None:
             problem = _diagnose(result, *args)
             if problem is not None:
@@ -229,7 +232,7 @@ def _check(fn: Callable[..., object], make_args: Callable[[dict[str, Tensor]], t
             continue
         if case == 0 and feedback.message.startswith("your code raised"):  # maybe a mix-up that only runs when S_q == S_k
             square = make_args(qkv_inputs(S_K))
-            result2, feedback2 = run_reader_code(lambda: call(fn, tuple(a.clone() for a in square)))
+            result2, feedback2 = run_reader_code(fn, *select(tuple(a.clone() for a in square)))
             if feedback2 is None:
                 hint = _diagnose(result2, *square)
                 if hint is not None:
@@ -273,7 +276,7 @@ def _tables(self_attention: bool) -> tuple[MistakeTable, ...]:
 def check_self_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> Feedback:
     """Check ``fn(x [S, D], w_q [D, D_k], w_k [D, D_k], w_v [D, D_v]) -> (output [S, D_v], weights [S, S])``."""
     feedback = _check(fn, lambda t: (t["x"], t["x"], t["w_q"], t["w_k"], t["w_v"]),
-                      lambda f, a: f(a[0], *a[2:]))
+                      lambda a: (a[0], *a[2:]))
     if feedback is not None:
         return feedback
     t = qkv_inputs()
@@ -287,7 +290,7 @@ def check_self_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Te
 @exercise(solution=_solution_cross, tables=_tables(False))
 def check_cross_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> Feedback:
     """Check ``fn(x_q [S_q, D], x_kv [S_k, D], w_q, w_k, w_v) -> (output [S_q, D_v], weights [S_q, S_k])``."""
-    feedback = _check(fn, lambda t: (t["x_q"], t["x"], t["w_q"], t["w_k"], t["w_v"]), lambda f, a: f(*a))
+    feedback = _check(fn, lambda t: (t["x_q"], t["x"], t["w_q"], t["w_k"], t["w_v"]), lambda a: a)
     if feedback is not None:
         return feedback
     t = qkv_inputs()

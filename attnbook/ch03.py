@@ -254,6 +254,7 @@ def _entropy_one(fn: Callable[[Tensor], Tensor], w: Tensor, has_zero: Tensor) ->
         with _without_entr():
             return fn(weights)
 
+    guarded.__wrapped__ = fn  # type: ignore[attr-defined]  # the reader's function, for feedback's generic second look
     got, fb = run_reader_code(guarded, w.clone())  # a refused call comes back as "your code raised _Forbidden"
     if fb is not None and "_Forbidden" in fb.message:
         return wrong(

@@ -307,30 +307,30 @@ FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
     ),
     "masked_fill -1e4": (
         Mistake("unmasked", lambda: torch.softmax(FULLY_MASKED_SCORES, dim=-1),
-                "masked_fill *replaces* the scores: all four become exactly -1e4, equal, so each key gets 1/4."),
+                "masked_fill *replaces* the scores: all four become exactly -1e4. What does softmax give four equal scores?"),
         Mistake("zeros", lambda: torch.zeros(4),
                 "softmax always returns a row that sums to 1. All four scores are replaced by the same number, "
-                "-1e4, so each key gets 1/4."),
+                "-1e4: how does softmax share the row among four equal scores?"),
         Mistake("NaN", lambda: torch.full((4,), -1.0),
-                "-1e4 is finite, so no -inf - (-inf) happens. Four equal scores give four equal weights: 1/4."),
+                "-1e4 is finite, so no -inf - (-inf) happens: all four scores are the same finite number. Softmax them."),
         Mistake("one-hot", lambda: torch.tensor([1.0, 0.0, 0.0, 0.0]),
-                "masked_fill *replaces* every score by -1e4, so nothing is left of the largest one: four equal scores "
-                "give four equal weights, 1/4 each."),
+                "masked_fill *replaces* every score by -1e4, so nothing is left of the largest one: the four scores "
+                "are now equal. What does softmax make of that?"),
     ),
     "add finfo.min": (
         Mistake("unmasked", lambda: torch.softmax(FULLY_MASKED_SCORES, dim=-1),
                 "torch.finfo(torch.float32).min is about -3.4e38. Adding 2 to it gives the same float32 number "
-                "(the gap between neighbouring floats there is about 2e31), so all four scores become equal and "
-                "the weights are 1/4 each: the differences are lost to rounding."),
+                "(the gap between neighbouring floats there is about 2e31), so all four scores become equal: the "
+                "differences are lost to rounding. Softmax the four equal scores."),
         Mistake("zeros", lambda: torch.zeros(4),
-                "softmax always returns a row that sums to 1. Rounding makes all four sums equal to finfo.min, "
-                "so each key gets 1/4."),
+                "softmax always returns a row that sums to 1. Rounding makes all four sums equal to finfo.min: "
+                "how does softmax share the row among four equal scores?"),
         Mistake("NaN", lambda: torch.full((4,), -1.0),
                 "finfo.min is finite, so the row max is finite and nothing is NaN: all four scores round to the "
-                "same number, and each key gets 1/4."),
+                "same number. Softmax them."),
         Mistake("one-hot", lambda: torch.tensor([1.0, 0.0, 0.0, 0.0]),
                 "near finfo.min neighbouring float32 numbers are about 2e31 apart, so 2 + finfo.min and -1 + finfo.min "
-                "round to the same number: the largest score is lost, and each key gets 1/4."),
+                "round to the same number: the largest score is lost. What does softmax give four equal scores?"),
     ),
 }
 

@@ -20,7 +20,6 @@ Shapes: ``B`` batch, ``S`` positions, ``H`` heads, ``D_k`` per-head width, ``D =
 
 from __future__ import annotations
 
-import operator
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
@@ -34,6 +33,7 @@ from .feedback import (
     Feedback,
     Mistake,
     MistakeTable,
+    as_index,
     close,
     correct,
     describe,
@@ -238,7 +238,7 @@ def _as_ints(answer: object) -> tuple[int, ...] | None:
     try:
         if any(isinstance(a, bool) for a in answer):
             return None
-        return tuple(operator.index(a) for a in answer)
+        return tuple(as_index(a) for a in answer)
     except Exception:  # not an integer
         return None
 

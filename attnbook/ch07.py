@@ -13,7 +13,6 @@ The right answers are computed from the model itself (:mod:`attnlib.pretrained`)
 from __future__ import annotations
 
 import functools
-import operator
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
@@ -28,6 +27,7 @@ from .feedback import (
     Feedback,
     Mistake,
     MistakeTable,
+    as_index,
     as_number,
     close,
     compare_tensors,
@@ -290,7 +290,7 @@ def _as_pair(result: Any) -> tuple[int, int] | None:
         if isinstance(result, np.ndarray) and result.size == 2 and result.dtype.kind in "iu":
             result = result.reshape(-1).tolist()
         if isinstance(result, (tuple, list)) and len(result) == 2 and not any(isinstance(r, bool) for r in result):
-            return operator.index(result[0]), operator.index(result[1])
+            return as_index(result[0]), as_index(result[1])
     except Exception:  # not integers
         return None
     return None

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -33,6 +34,8 @@ from .feedback import (
     Feedback,
     Mistake,
     MistakeTable,
+    call_reader,
+    check_number_cases,
     as_number,
     close,
     correct,
@@ -565,26 +568,17 @@ WINDOW_LENGTHS: tuple[int, ...] = (100, 2047, 2048, 2049, 10_000)
 def check_window_cache_bytes(fn: Callable[[int], Any]) -> Feedback:
     """Check ``fn(seq_len) -> bytes`` for the model described in the exercise, at the lengths of
     :data:`WINDOW_LENGTHS`; any real-scalar form is accepted."""
-    got = []
-    for S in WINDOW_LENGTHS:
-        value, fb = run_reader_code(fn, S)
-        if fb is not None:
-            return fb
-        number = as_number(value)
-        if number is None:
-            return wrong(f"return a number of bytes, got {describe(value)} for seq_len = {S}.")
-        if not np.isfinite(number):
-            return wrong(f"for seq_len = {S} you return {number}: return a finite number of bytes.")
-        got.append(number)
     expected = list(_window_vector(reference_window_cache_bytes))
-    if got == expected:
-        return correct(f"{expected[-1]:,.0f} bytes = {expected[-1] / 2**20:.0f} MiB per sequence, whatever the length beyond 2048.")
-    for m in WINDOW_MISTAKES:
-        if np.allclose(got, _window_vector(m.compute), rtol=1e-9, atol=0):
-            return wrong(m.hint)
-    bad = next(S for S, g, e in zip(WINDOW_LENGTHS, got, expected) if g != e)
-    return wrong(f"for seq_len = {bad} you return {got[WINDOW_LENGTHS.index(bad)]:,.6g} bytes; count 2 x layers x KV heads x "
-                 "head dim x cached positions x bytes per number.")
+
+    def generic(got: list[float]) -> str:
+        bad = next(i for i, (g, e) in enumerate(zip(got, expected)) if g != e)
+        return (f"for seq_len = {WINDOW_LENGTHS[bad]} you return {got[bad]:,.6g} bytes; count 2 x layers x KV heads x "
+                "head dim x cached positions x bytes per number.")
+
+    return check_number_cases(
+        fn, tuple((S,) for S in WINDOW_LENGTHS), reference_window_cache_bytes, WINDOW_MISTAKES, what="a number of bytes",
+        same=lambda a, b: math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0), generic=generic,
+        done=f"{expected[-1]:,.0f} bytes = {expected[-1] / 2**20:.0f} MiB per sequence, whatever the length beyond 2048.")
 
 
 # ---- figure: cache against context ----------------------------------------------------------------
@@ -683,37 +677,20 @@ INTENSITY_MISTAKES = (
     Mistake("activations counted", _intensity(activations=True),
             "you counted the activations too (the input, query, attention output and output of every token): leave "
             "them out here; read only the weights and the caches."),
+    Mistake("bytes per FLOP", lambda *c: 1 / reference_decode_intensity(*c),
+            "your ratio is upside down: that is bytes per FLOP. The intensity is FLOPs divided by bytes."),
+    Mistake("rounded to a whole number", lambda *c: float(math.ceil(reference_decode_intensity(*c))),
+            "the intensity is a ratio and stays fractional: do not round it (math.ceil, round or //)."),
 )
 
 
 def _number(value: Any) -> tuple[float | None, Feedback | None]:
-    if isinstance(value, Tensor):
-        if value.numel() != 1:
-            return None, wrong(f"return one number, got a tensor of shape {tuple(value.shape)}.")
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        return None, wrong(f"return a number, got {type(value).__name__}.")
-    return float(value), None
-
-
-def _check_numbers(fn: Callable[..., Any], cases: tuple, reference: Callable[..., float], mistakes: tuple,
-                   done: str, generic: str) -> Feedback:
-    got = []
-    for case in cases:
-        value, fb = run_reader_code(fn, *case)
-        if fb is not None:
-            return fb
-        value, fb = _number(value)
-        if fb is not None:
-            return fb
-        got.append(value)
-    rel = lambda a, b: abs(a - b) <= 1e-6 * max(1.0, abs(b))
-    if all(rel(g, reference(*c)) for g, c in zip(got, cases)):
-        return correct(done)
-    for m in mistakes:
-        if all(rel(g, m.compute(*c)) for g, c in zip(got, cases)):
-            return wrong(m.hint)
-    return wrong(generic)
+    x = as_number(value)
+    if x is None:
+        return None, wrong(f"return a number, got {describe(value)}.")
+    if not math.isfinite(x):
+        return None, wrong(f"you return {x}: return a finite number.")
+    return x, None
 
 
 def _vector(f: Callable[..., Any], cases: tuple) -> tuple[Any, ...]:
@@ -734,13 +711,13 @@ def _solution_intensity(D: int, H: int, H_kv: int, S: int, batch: int) -> float:
           not_generic={"float16": "the answer is one number"})
 def check_decode_intensity(fn: Callable[..., Any]) -> Feedback:
     """Check ``fn(D, H, H_kv, S, batch) -> FLOPs per byte`` on two configurations that differ in every size."""
-    return _check_numbers(
+    return check_number_cases(
         fn, INTENSITY_CASES, reference_decode_intensity, INTENSITY_MISTAKES,
-        "the batch shares the weight reads but not the caches, so the intensity rises with B towards a ceiling "
-        "set by the cache, about H / H_kv FLOPs per byte.",
-        "FLOPs: B x layer_flops(D, H, H_kv, 1, S). Bytes: the weights (2 D^2 + 2 D H_kv D_k numbers) once, plus "
-        "B caches of 2 x H_kv x D_k x S numbers, 2 bytes each.",
-    )
+        done="the batch shares the weight reads but not the caches, so the intensity rises with B towards a ceiling "
+             "set by the cache, about H / H_kv FLOPs per byte.",
+        generic="FLOPs: B x layer_flops(D, H, H_kv, 1, S). Bytes: the weights (2 D^2 + 2 D H_kv D_k numbers) once, plus "
+                "B caches of 2 x H_kv x D_k x S numbers, 2 bytes each.",
+        what="FLOPs per byte")
 
 
 # ---- exercise 4: MLA counts -----------------------------------------------------------------------
@@ -761,6 +738,10 @@ MLA_MISTAKES = (
             "in 16-bit each number is 2 bytes."),
     Mistake("GQA heads without V", lambda l, L, r, d: (float((L + r) * l * 2), (L + r) / d),
             "a GQA key/value head caches a key AND a value, 2 x head_dim numbers per token and layer."),
+    Mistake("one layer", lambda l, L, r, d: (float((L + r) * 2), (L + r) / (2 * d)),
+            "that is one layer's cache: every layer keeps its own latent and rotary key, so multiply by the layers."),
+    Mistake("heads upside down", lambda l, L, r, d: (float((L + r) * l * 2), 2 * d / (L + r)),
+            "your ratio of heads is upside down: divide MLA's numbers per token and layer by a GQA head's 2 x head_dim."),
 )
 
 
@@ -835,6 +816,9 @@ MERGE_MISTAKES = (
             "weighting by the number of keys in each chunk ignores the scores: use exp(lse_i - lse)."),
     Mistake("unnormalised", lambda outs, lses: sum(torch.exp(l)[..., None] * o for o, l in zip(outs, lses)),
             "the weights exp(lse_i) must be divided by their sum: use exp(lse_i - logsumexp(lses))."),
+    Mistake("summed, not weighted", lambda outs, lses: sum(outs),
+            "you added the partial outputs with weight 1 each: weight chunk i by exp(lse_i - lse), a softmax over the "
+            "chunk axis (dim=0 of torch.stack(lses)), not over the last axis, which has one entry per chunk here."),
 )
 
 _MERGE_SIZES: dict[int, tuple[int, ...]] = {}
@@ -860,7 +844,7 @@ def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
     """Check ``fn(outs, lses) -> merged [B, H, 1, D_v]`` on two splits that differ in every size."""
     for B, H, D, sizes, shift, seed in MERGE_CASES:
         outs, lses = _merge_case(B, H, D, sizes, shift, seed)
-        got, fb = run_reader_code(fn, [o.clone() for o in outs], [l.clone() for l in lses])
+        got, fb = call_reader(fn, ([o.clone() for o in outs], [l.clone() for l in lses]), axes=("B", "H", "1", "D_v"))
         if fb is not None:
             return fb
         expected = reference_merge_partials(outs, lses)

@@ -25,10 +25,17 @@ The contract (enforced for every checker by ``tests/test_checker_contract.py``):
 
 from __future__ import annotations
 
+import contextvars
+import fractions
 import functools
 import html
+import inspect
+import linecache
 import math
 import numbers
+import operator
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
@@ -39,7 +46,7 @@ from torch import Tensor
 
 __all__ = [
     "Feedback", "Mistake", "MistakeTable", "Exercise", "EXERCISES", "NOT_EXERCISES", "exercise",
-    "run_reader_code", "compare_tensors", "close", "diagnose", "low_precision", "HALF_TOL", "as_cpu_float64", "as_number", "check_number",
+    "run_reader_code", "call_reader", "check_number_cases", "as_index", "in_place_message", "compare_tensors", "close", "diagnose", "low_precision", "HALF_TOL", "as_cpu_float64", "as_number", "check_number",
     "as_tensor", "describe", "RETURNED_NONE", "ATOL", "RTOL",
 ]
 
@@ -122,24 +129,134 @@ def _short(err: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _tensor_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[Any, Tensor]]:
+    """``(where, tensor)`` for every tensor passed to the reader, also inside a list or tuple argument."""
+    found: list[tuple[Any, Tensor]] = []
+    for where, a in [*enumerate(args), *kwargs.items()]:
+        if isinstance(a, Tensor):
+            found.append((where, a))
+        elif isinstance(a, (tuple, list)):
+            found.extend((where, x) for x in a if isinstance(x, Tensor))
+    return found
+
+
+def _arg_name(fn: Callable[..., Any], where: Any) -> str:
+    if isinstance(where, str):
+        return where
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return params[where].name
+    except Exception:  # a builtin or *args: say which argument by position
+        return f"argument {where + 1}"
+
+
+def _unchanged(before: Tensor, after: Tensor) -> bool:
+    if before.shape != after.shape or before.dtype != after.dtype:
+        return False
+    try:
+        return bool(torch.equal(before, after) or (before.is_floating_point() and torch.equal(before.nan_to_num(), after.nan_to_num())
+                                                   and torch.equal(before.isnan(), after.isnan())))
+    except Exception:  # a tensor that cannot be compared any more has been changed in some way
+        return False
+
+
+def in_place_message(name: str) -> str:
+    """The hint for code that changed the reader's input ``name`` in place."""
+    return (f"your function changed its input `{name}` in place (an in-place operation such as `{name} /= ...`, "
+            f"`{name}.div_(...)`, `{name}.exp_()` or `{name}.unsqueeze_(0)`), which silently corrupts the caller's tensor. "
+            f"Compute on a new tensor instead: `{name} = {name} / ...`, `torch.exp({name})`, `{name}.unsqueeze(0)`.")
+
+
+#: Where :func:`exercise`'s guard collects the reader's calls while a checker runs (``None``: not collecting).
+_CALLS: contextvars.ContextVar[list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any]] | None] = \
+    contextvars.ContextVar("attnbook_reader_calls", default=None)
+
+
+def _translate(err: BaseException, axes: Sequence[str] | None) -> str:
+    """A raw error from the reader's code, with the axis it names translated into the exercise's own name."""
+    text = _short(err)
+    if axes:
+        m = re.search(r"at non-singleton dimension (-?\d+)", text) or re.search(r"dimension (-?\d+)", text)
+        if m:
+            d = int(m.group(1))
+            if -len(axes) <= d < len(axes):
+                text += f" (dimension {d} is {axes[d]} in [{', '.join(axes)}])"
+    return text
+
+
 def run_reader_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Feedback | None]:
-    """Call the reader's function, turning the stub, a missing ``return`` and crashes into feedback.
+    """Call the reader's function, turning the stub, a missing ``return``, crashes and in-place
+    changes to its inputs into feedback.
+
+    The tensors passed in (also inside a list or tuple argument) are compared before and after the
+    call: code that changes them in place (``q /= ...``, ``div_``, ``exp_``, ``unsqueeze_``) is refused
+    by name, even when what it returns is right, because it corrupts the caller's tensors.
 
     Returns:
         ``(result, None)`` when the call returned something, or ``(None, feedback)`` when it
         raised ``NotImplementedError`` (status ``todo``: still the stub), returned ``None``
-        (status ``wrong``: :data:`RETURNED_NONE`) or raised another error (status ``wrong``, with
-        the error in the message).
+        (status ``wrong``: :data:`RETURNED_NONE`), changed an input in place, or raised another
+        error (status ``wrong``, with the error in the message).
     """
+    return call_reader(fn, args, kwargs)
+
+
+def call_reader(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None, *,
+                axes: Sequence[str] | None = None) -> tuple[Any, Feedback | None]:
+    """:func:`run_reader_code` with the arguments as a tuple, and ``axes`` naming the dimensions of the
+    exercise's main tensor (``("B", "H", "S_q", "S_k")``) so a size mismatch is reported in its names."""
+    args, kwargs = tuple(args), dict(kwargs or {})
+    inputs = _tensor_args(args, kwargs)
+    snapshot = [t.detach().clone() for _, t in inputs]
     try:
         result = fn(*args, **kwargs)
-    except NotImplementedError:
-        return None, todo()
+    except NotImplementedError as err:
+        if _raised_by_stub(err):
+            return None, todo()
+        return None, wrong(f"your code raised NotImplementedError ({_short(err) or 'no message'}) from a function it calls, "
+                           "not from its own `raise NotImplementedError`: something it calls is still a stub or is not supported.")
     except Exception as err:  # the reader's code may raise anything; report it instead of crashing
-        return None, wrong(f"your code raised {type(err).__name__}: {_short(err)}")
+        return None, wrong(f"your code raised {type(err).__name__}: {_translate(err, axes)}")
+    for (where, tensor), before in zip(inputs, snapshot):
+        if not _unchanged(before, tensor.detach()):
+            return None, wrong(in_place_message(_arg_name(fn, where)))
+    calls = _CALLS.get()
+    if calls is not None:
+        calls.append((fn, tuple(snapshot_args(args, inputs, snapshot)), kwargs, result))
     if result is None:
         return None, wrong(RETURNED_NONE)
     return result, None
+
+
+def snapshot_args(args: tuple[Any, ...], inputs: list[tuple[Any, Tensor]], snapshot: list[Tensor]) -> list[Any]:
+    """``args`` with each tensor replaced by its copy taken before the call (lists and tuples rebuilt)."""
+    copies = {id(t): c for (_, t), c in zip(inputs, snapshot)}
+    out = []
+    for a in args:
+        if isinstance(a, Tensor):
+            out.append(copies.get(id(a), a))
+        elif isinstance(a, (tuple, list)):
+            out.append(type(a)(copies.get(id(x), x) if isinstance(x, Tensor) else x for x in a))
+        else:
+            out.append(a)
+    return out
+
+
+def _raised_by_stub(err: BaseException) -> bool:
+    """True when ``NotImplementedError`` came from a ``raise NotImplementedError`` in the reader's own code
+    (the stub, or a helper of theirs still unwritten), not from PyTorch or another library it calls."""
+    tb, last = err.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    if last is None:
+        return not str(err)
+    filename = last.tb_frame.f_code.co_filename
+    if any(part in filename for part in ("site-packages", "dist-packages", f"{os.sep}torch{os.sep}", f"{os.sep}numpy{os.sep}")):
+        return False
+    line = linecache.getline(filename, last.tb_lineno, last.tb_frame.f_globals)
+    if line:
+        return "NotImplementedError" in line  # else PyTorch raised it in C++ from a call on this line
+    return not str(err)
 
 
 def as_number(value: Any) -> float | None:
@@ -192,6 +309,51 @@ def check_number(got: Any, expected: float, *, rel: float = 1e-9, abs_tol: float
     if math.isclose(x, expected, rel_tol=rel, abs_tol=abs_tol):
         return x, None
     return x, wrong(f"{x:,.6g} is not it.")
+
+
+def as_index(value: Any) -> int:
+    """``value`` as an int when it is a whole number in an integer form (``operator.index``), or a
+    ``fractions.Fraction`` with denominator 1; raises ``TypeError`` otherwise (2.0 and ``True`` are not indices)."""
+    if isinstance(value, fractions.Fraction) and value.denominator == 1:
+        return int(value)
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError("a bool is not an index")
+    return operator.index(value)
+
+
+def check_number_cases(fn: Callable[..., Any], cases: Sequence[tuple[Any, ...]], reference: Callable[..., float],
+                       mistakes: Sequence[Mistake], *, done: str, generic: str | Callable[[list[float]], str],
+                       what: str = "a number",
+                       same: Callable[[float, float], bool] | None = None) -> Feedback:
+    """The loop of a checker whose answer is one number per case (chapters 8-10 share it).
+
+    Calls ``fn(*case)`` for every case through :func:`run_reader_code`; reads the number with
+    :func:`as_number` (Python, NumPy, ``Fraction`` or 0-d tensor; anything else, a tuple included, is
+    named); refuses inf and NaN, naming the case; then compares the answers of all cases together with
+    ``reference`` and with each mistake in turn (``same``: relative 1e-6 by default). ``generic`` is
+    the message for an answer no mistake explains, or a function of the answers that writes it.
+    """
+    same = same or (lambda a, b: abs(a - b) <= 1e-6 * max(1.0, abs(b)))
+    got = []
+    for case in cases:
+        value, fb = run_reader_code(fn, *case)
+        if fb is not None:
+            return fb
+        x = as_number(value)
+        if x is None:
+            return wrong(f"return {what} (an int or a float), got {describe(value)} for the arguments {case}.")
+        if not math.isfinite(x):
+            return wrong(f"for the arguments {case} you return {x}: return a finite number.")
+        got.append(x)
+    if all(same(g, reference(*c)) for g, c in zip(got, cases)):
+        return correct(done)
+    for m in mistakes:
+        try:
+            if all(same(g, float(m.compute(*c))) for g, c in zip(got, cases)):
+                return wrong(m.hint)
+        except Exception:  # a mistake that cannot be computed on these cases does not match
+            continue
+    return wrong(generic(got) if callable(generic) else generic)
 
 
 def as_tensor(value: Any) -> Tensor | None:
@@ -369,6 +531,46 @@ NOT_EXERCISES: dict[str, str] = {
     "ch07.check_layer": "compares attnlib with the model layer by layer for the chapter's text; the reader writes nothing",
 }
 
+def _flat_tensors(value: Any) -> list[Tensor] | None:
+    """The tensors of a result (a tensor, or a tuple/list of tensors and numbers), else ``None``."""
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)) and all(isinstance(v, (Tensor, numbers.Number)) for v in value):
+        return [v for v in value if isinstance(v, Tensor)]
+    return None
+
+
+def _second_look(ex: "Exercise", submitted: tuple[Any, ...], calls: list[Any]) -> Feedback | None:
+    """What the generic contract adds to a checker's "wrong": a right answer in half precision is named
+    as such, and a tuple that holds the right answer is named as a tuple. It recomputes the right
+    answer with the exercise's solution on the inputs the reader's code received (copies taken
+    before the call), so it never contradicts the checker on a wrong answer."""
+    if ex.kind not in ("function", "functions") or not submitted:
+        return None
+    readers = list(submitted[0]) if ex.kind == "functions" and len(submitted) == 1 else list(submitted)
+    solutions = list(ex.solution) if ex.kind == "functions" else [ex.solution]
+    for fn, args, kwargs, got in calls:
+        fn = getattr(fn, "__wrapped__", fn)  # a checker's wrapper around the reader's function
+        if fn not in readers or readers.index(fn) >= len(solutions):
+            continue
+        try:
+            expected = solutions[readers.index(fn)](*args, **kwargs)
+        except Exception:  # the solution does not apply to this call (a helper call of the checker's own)
+            continue
+        exp = _flat_tensors(expected)
+        if isinstance(got, tuple) and not isinstance(expected, (tuple, list)) and any(_same(g, expected) for g in got):
+            what = f"a tensor of shape {tuple(expected.shape)}" if isinstance(expected, Tensor) else "one value"
+            return wrong(f"your function returned a tuple of {len(got)} items with the answer among them: return "
+                         f"only the answer, {what} (write `return x`, not `return x, y`).")
+        mine = _flat_tensors(got)
+        if exp and mine and len(exp) == len(mine) and any(g.dtype in (torch.float16, torch.bfloat16) for g in mine):
+            if all(close(g, e, atol=HALF_TOL, rtol=HALF_TOL) for g, e in zip(mine, exp)):
+                half = next(g for g in mine if g.dtype in (torch.float16, torch.bfloat16))
+                full = next((e for e in exp if e.is_floating_point()), exp[0])
+                return low_precision(half.to(full.dtype).to(half.dtype), full.to(full.dtype), name="your result") or None
+    return None
+
+
 _GUARD_MESSAGE = (
     "your answer could not be checked: handling it raised {kind} ({detail}). Return the type and shape the "
     "exercise asks for, on the CPU, as a torch.Tensor or a number."
@@ -393,14 +595,20 @@ def exercise(solution: Any, *, kind: str = "function", tables: Sequence[MistakeT
     def wrap(check: Callable[..., Feedback]) -> Callable[..., Feedback]:
         @functools.wraps(check)
         def guarded(*args: Any, **kwargs: Any) -> Feedback:
+            calls: list[Any] = []
+            token = _CALLS.set(calls)
             try:
                 result = check(*args, **kwargs)
             except NotImplementedError:
                 return todo()
             except Exception as err:  # the contract: no traceback reaches the reader
                 return wrong(_GUARD_MESSAGE.format(kind=type(err).__name__, detail=_short(err, 200)))
+            finally:
+                _CALLS.reset(token)
             if not isinstance(result, Feedback):  # pragma: no cover - a checker bug, caught by the tests
                 raise TypeError(f"{check.__qualname__} returned {type(result).__name__}, not Feedback")
+            if result.status == "wrong" and calls and name in EXERCISES and not re.search(r"float16|significant digits", result.message):
+                return _second_look(EXERCISES[name], args, calls) or result
             return result
 
         parts = check.__module__.split(".")  # attnbook.chNN, or attnbook.chNN.checkers in a chapter package

@@ -19,7 +19,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["QUIZ_DIR", "quiz_dir", "load_quiz", "quiz_html", "show_quiz", "validate_quiz", "parse_number", "choice_hint"]
+__all__ = ["QUIZ_DIR", "quiz_dir", "load_quiz", "quiz_html", "show_quiz", "validate_quiz", "parse_number", "split_unit", "read_answer",
+           "typeset", "visible_text", "choice_hint"]
 
 #: The quiz files ship inside this package: ``attnbook/quizzes/NN_slug.json``.
 QUIZ_DIR = Path(__file__).resolve().parent / "quizzes"
@@ -83,17 +84,21 @@ def _slug(text: str) -> str:
 # A typed answer is read as a number when it is a plain decimal ("1600", "-0.25", ".5", "1600.0"),
 # scientific notation ("1.6e3"), a fraction ("3/4"), a number with thousands separators in groups of
 # three ("1,600", "1,050,624", "1 600", also with a no-break or thin space), or a decimal comma
-# ("0,5", "3,14": a comma not followed by groups of exactly three digits). Anything else is not a
-# number. tests/test_attnbook.py runs both implementations on the same table of inputs.
+# ("0,5", "3,14", and "0,881": a comma not followed by groups of exactly three digits, or after a
+# leading 0, which no thousands group starts with). A factor typed with its "x" ("2x", "2 x", "2×")
+# is that number. Anything else is not a number; a number followed by a unit ("72 MiB", "88 %") is
+# split off by :func:`split_unit`, so the widget can read it when the question asks in that unit and
+# say so when it does not. tests/test_attnbook.py runs both implementations on the same table of inputs.
 
 _DECIMAL = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
-_GROUPED = re.compile(r"^[+-]?\d{1,3}([,\u00a0\u202f\u2009 ])\d{3}(?:\1\d{3})*(?:\.\d+)?$")
+_GROUPED = re.compile(r"^[+-]?(?!0)\d{1,3}([,\u00a0\u202f\u2009 ])\d{3}(?:\1\d{3})*(?:\.\d+)?$")
+_FACTOR = re.compile(r"\s*[x\u00d7]$", re.IGNORECASE)
 _DECIMAL_COMMA = re.compile(r"^[+-]?\d*,\d+$")
 
 
 def parse_number(text: object) -> float:
     """A typed quiz answer as a number (``nan`` when it is not one), by the rules above."""
-    s = str(text).strip()
+    s = _FACTOR.sub("", str(text).strip(), count=1)
     grouped = _GROUPED.match(s)
     if grouped:
         s = s.replace(grouped.group(1), "")
@@ -110,13 +115,104 @@ def parse_number(text: object) -> float:
     return float(s) if re.fullmatch(_DECIMAL, s) else float("nan")
 
 
+_UNIT = re.compile(r"^(.*?\d\.?)\s*([A-Za-z%\u00b5][A-Za-z%\u00b5/]*)$")
+
+
+def split_unit(text: object) -> tuple[float, str] | None:
+    """``(number, unit)`` for a number typed with a unit ("72 MiB", "88%", "1,600 bytes"), else ``None``."""
+    m = _UNIT.match(str(text).strip())
+    if not m:
+        return None
+    x = parse_number(m.group(1))
+    return (x, m.group(2)) if math.isfinite(x) else None
+
+
+def read_answer(question: dict[str, Any], text: object) -> tuple[float, str | None]:
+    """What the widget makes of a typed answer: ``(number, None)``, or ``(nan, message)`` that says why not.
+
+    A number with a unit is read when the question's text names that unit ("72 MiB" for a question
+    in MiB); with any other unit, the message names the unit and asks for the number alone.
+    """
+    x = parse_number(text)
+    if math.isfinite(x):
+        return x, None
+    unit = split_unit(text)
+    if unit is None:
+        return math.nan, "Type a number, then press Enter or Check."
+    if re.search(r"(?<![A-Za-z])" + re.escape(unit[1]) + r"(?![A-Za-z])", str(question.get("question", ""))):
+        return unit[0], None
+    return math.nan, f"Type the number alone, without \u201c{unit[1]}\u201d: the question says which unit it counts in."
+
+
 # The same function in the widget's JavaScript (Number() alone would read "0x10" and "" too).
-_NUM_JS = r"""function num(s){s=String(s).trim();var D=/^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$/;
- var g=/^[+-]?\d{1,3}([,\u00a0\u202f\u2009 ])\d{3}(?:\1\d{3})*(?:\.\d+)?$/.exec(s);
+_NUM_JS = r"""function num(s){s=String(s).trim().replace(/\s*[x\u00d7]$/i,"");var D=/^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$/;
+ var g=/^[+-]?(?!0)\d{1,3}([,\u00a0\u202f\u2009 ])\d{3}(?:\1\d{3})*(?:\.\d+)?$/.exec(s);
  if(g)s=s.split(g[1]).join("");else if(/^[+-]?\d*,\d+$/.test(s))s=s.replace(",",".");
  if(s.indexOf("/")>0){var p=s.split("/");if(p.length!==2||!D.test(p[0].trim())||!D.test(p[1].trim()))return NaN;
   return Number(p[0])/Number(p[1]);}
- return D.test(s)?Number(s):NaN;}"""
+ return D.test(s)?Number(s):NaN;}
+function readAns(q,s){var x=num(s);if(isFinite(x))return[x,null];
+ var m=/^(.*?\d\.?)\s*([A-Za-z%\u00b5][A-Za-z%\u00b5\/]*)$/.exec(String(s).trim()),u=m?num(m[1]):NaN;
+ if(!isFinite(u))return[NaN,"Type a number, then press Enter or Check."];
+ var esc=m[2].replace(/[.*+?^${}()|[\]\\\/]/g,"\\$&");
+ if(new RegExp("(?<![A-Za-z])"+esc+"(?![A-Za-z])").test(String(q.question||"")))return[u,null];
+ return[NaN,"Type the number alone, without \u201c"+m[2]+"\u201d: the question says which unit it counts in."];}"""
+
+
+# ---- maths in quiz text ------------------------------------------------------------------------
+#
+# Quiz files are written in plain text ("sqrt(D_k)", "q @ k^T", "S x S"). The widget shows them
+# typeset with Unicode and <sub>/<sup>, which every browser draws without a maths renderer (the
+# website, JupyterLab and Colab alike): "√D<sub>k</sub>", "q · kᵀ", "S × S". Code is left alone:
+# a dotted name with its arguments ("attnlib.causal_mask(2, S_k=6)", "x.view(B, S, H, D_k)") or a
+# keyword argument ("is_causal=True") is shown as <code>.
+
+_CODE = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w* @ )?(?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*(?:\((?:[^()]|\([^()]*\))*\))?"
+                   r"|(?<![\w.])[A-Za-z_]\w*=[\w.()\[\]]+")
+_SUP = str.maketrans("0123456789+-()", "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁽⁾")
+_MATH = [
+    (re.compile(r"(?<![\w.])sqrt\(([A-Za-z0-9]+(?:_[A-Za-z0-9]+)?)\)"), r"√\1"),
+    (re.compile(r"(?<![\w.])sqrt\("), "√("),
+    (re.compile(r"\^T\b"), "ᵀ"),
+    (re.compile(r"\^(\d+)"), lambda m: m.group(1).translate(_SUP)),
+    (re.compile(r"\^\(([^()]*)\)"), r"<sup>(\1)</sup>"),
+    (re.compile(r"\^([A-Za-z])\b"), r"<sup>\1</sup>"),
+    (re.compile(r"(?<![\w.])(lse|[A-Za-z])_([A-Za-z0-9]{1,3})\b(?![=(])"), r"\1<sub>\2</sub>"),
+    (re.compile(r"(?<=[\w)\]>]) @ (?=[\w(\[])"), " · "),
+    (re.compile(r"(?<=[\w)\]>]) \. (?=[\w(\[])"), " · "),
+    (re.compile(r"(?<=[\w)\]>]) \* (?=[\w(\[])"), " × "),
+    (re.compile(r"(?<=[0-9A-Z)\]>]) x (?=[0-9A-Z(\[])"), " × "),
+    (re.compile(r"(?<=\d)x(?=\s|$|[,.;)])"), "×"),
+    (re.compile(r" -&gt; "), " → "),
+    (re.compile(r" &gt;= "), " ≥ "),
+    (re.compile(r" &lt;= "), " ≤ "),
+    (re.compile(r"(?<=[\w)\]>]) - (?=[\w(\[])"), " − "),
+]
+
+
+def _typeset_math(text: str) -> str:
+    out = html.escape(text, quote=False)
+    for pattern, repl in _MATH:
+        out = pattern.sub(repl, out)
+    return out
+
+
+def typeset(text: str) -> str:
+    """Quiz text as safe HTML with its maths typeset in Unicode and <sub>/<sup> (see above)."""
+    parts, last = [], 0
+    for m in _CODE.finditer(text):
+        parts.append(_typeset_math(text[last:m.start()]))
+        code = m.group(0)
+        plain = all(len(piece) == 1 for piece in code.split("."))  # "e.g" is prose, not code
+        parts.append(html.escape(code, quote=False) if plain else f"<code>{html.escape(code, quote=False)}</code>")
+        last = m.end()
+    parts.append(_typeset_math(text[last:]))
+    return "".join(parts)
+
+
+def visible_text(text: str) -> str:
+    """What a reader sees of quiz text once typeset (tags removed, entities read)."""
+    return html.unescape(re.sub(r"<[^>]+>", "", typeset(text)))
 
 
 def choice_hint(kind: str) -> str:
@@ -147,21 +243,23 @@ _CSS = """
 # has not been run without its scripts, and the answers would look alive but do nothing).
 # Multiple choice: a click (or Enter/Space on the focused button)
 # grades that answer; arrow keys do nothing. Numeric: Enter in the field or the Check button
-# grades what was typed (a fraction a/b is accepted; with `precision`, both sides are rounded to
-# that many significant digits, as jupyterquiz does). Feedback goes to an aria-live region.
+# grades what was typed (a fraction a/b is accepted, and a unit the question names; with `precision`,
+# both sides are rounded to that many significant digits, as jupyterquiz does). Feedback goes to an
+# aria-live region; it is HTML written by :func:`typeset` (escaped, maths in Unicode and <sub>/<sup>).
 _JS = """(function(){
 var root=document.getElementById(%(uid)s);if(!root)return;
 var note=root.querySelector(".aq-note");if(note)note.remove();
 root.querySelectorAll("button,input").forEach(function(e){e.disabled=false;});
 var data=JSON.parse(root.querySelector("script[type='application/json']").textContent);
-function say(q,ok,text,extra){var fb=q.querySelector(".aq-fb");
+function say(q,ok,html,extra){var fb=q.querySelector(".aq-fb");
  fb.className="aq-fb "+(ok?"aq-right":"aq-wrong");fb.textContent="";
  var b=document.createElement("strong");b.textContent=ok?"Correct. ":"Not quite. ";
- fb.appendChild(b);fb.appendChild(document.createTextNode(text+(extra||"")));
+ var t=document.createElement("span");t.innerHTML=html;
+ fb.appendChild(b);fb.appendChild(t);fb.appendChild(document.createTextNode(extra||""));
  if(window.MathJax&&MathJax.typesetPromise)MathJax.typesetPromise([fb]).catch(function(){});}
 %(num)s
-function gradeNumeric(q,d){var x=num(q.querySelector("input").value);
- if(!isFinite(x)){say(q,false,"Type a number, then press Enter or Check.");return;}
+function gradeNumeric(q,d){var rd=readAns(d,q.querySelector("input").value),x=rd[0];
+ if(!isFinite(x)){say(q,false,rd[1]);return;}
  var p=d.precision,r=function(v){return p?Number(Number(v).toPrecision(p)):v;},fallback="Not this one. Try again.";
  x=r(x);for(var i=0;i<d.answers.length;i++){var a=d.answers[i];
   if(a.type==="default"){fallback=a.feedback;continue;}
@@ -194,25 +292,27 @@ def quiz_html(name: str, questions: list[dict[str, Any]]) -> str:
     reach, Enter, Space or a click to answer); a numeric answer is a labelled text field.
     """
     uid = f"attnbook-quiz-{_slug(name)}"
-    esc = html.escape
+    chapter = re.match(r"(\d+)_", name)
     parts, data = [], []
     for n, q in enumerate(questions, 1):
         qid = f"{uid}-q{n}"
-        head = f'<p class="aq-text" id="{qid}-text">Question {n} of {len(questions)}. {esc(q["question"])}</p>'
+        number = f"Question {int(chapter.group(1))}.{n}" if chapter else f"Question {n} of {len(questions)}"
+        head = f'<p class="aq-text" id="{qid}-text">{number}. {typeset(q["question"])}</p>'
         if q["type"] == "numeric":
             body = (f'<label for="{qid}-input">Your answer:</label> '
                     f'<input id="{qid}-input" type="text" inputmode="decimal" autocomplete="off" aria-describedby="{qid}-text" disabled> '
                     f'<button type="button" class="aq-check" disabled>Check</button>')
-            data.append({"type": "numeric", "precision": q.get("precision"), "answers": q["answers"]})
+            data.append({"type": "numeric", "precision": q.get("precision"), "question": q["question"],
+                         "answers": [{**a, "feedback": typeset(a["feedback"])} for a in q["answers"]]})
         else:
             order = list(range(len(q["answers"])))
             random.Random(f"{name}-{n}").shuffle(order)
             hint = choice_hint(q["type"])
-            buttons = "".join(f'<button type="button" aria-pressed="false" disabled data-a="{i}">{esc(q["answers"][i]["answer"])}</button>'
+            buttons = "".join(f'<button type="button" aria-pressed="false" disabled data-a="{i}">{typeset(q["answers"][i]["answer"])}</button>'
                               for i in order)
             shown = f'<p class="aq-how">{hint}</p>' if q["type"] == "many_choice" else ""
             body = f'{shown}<div class="aq-opts" role="group" aria-label="{hint}">{buttons}</div>'
-            data.append({"type": q["type"], "answers": [{"correct": bool(a.get("correct")), "feedback": a["feedback"]} for a in q["answers"]]})
+            data.append({"type": q["type"], "answers": [{"correct": bool(a.get("correct")), "feedback": typeset(a["feedback"])} for a in q["answers"]]})
         parts.append(f'<div class="aq-q" data-q="{n - 1}" role="group" aria-labelledby="{qid}-text">{head}{body}'
                      f'<div class="aq-fb" id="{qid}-fb" aria-live="polite"></div></div>')
     payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")

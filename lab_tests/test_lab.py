@@ -28,6 +28,7 @@ from typing import Any, Iterator
 
 import nbformat
 import pytest
+from attnbook.quiz import visible_text
 from labkit import OUTPUTS, ROOT, RUN_ALL, Lab, Notebook, open_notebook, record, toc_notebooks
 
 NOTEBOOKS: list[Path] = toc_notebooks()
@@ -305,6 +306,7 @@ def test_quiz_answers_from_the_keyboard(chapter: tuple[Any, Notebook]) -> None:
             answer = q["answers"][int(button.get_attribute("data-a"))]
             expected = ("Correct. " if answer.get("correct") else "Not quite. ") + answer["feedback"]
         norm = lambda t: " ".join(t.split())  # noqa: E731
+        expected = visible_text(expected)  # the widget shows feedback typeset (attnbook.quiz.typeset)
         assert norm(feedback.inner_text()).startswith(norm(expected)[:80]), f"{where}: feedback {feedback.inner_text()!r}"
         answered.add(q["type"])
     assert "numeric" in answered and len(answered) >= 2

@@ -13,6 +13,7 @@ import re
 from typing import Any, Iterator
 
 import pytest
+from attnbook.quiz import visible_text
 from sitekit import (
     CONFIG,
     PAGES,
@@ -184,6 +185,7 @@ def test_quiz_answers_show_feedback(visit: tuple[TocPage, Visit]) -> None:
             verdict, expected = bool(answer.get("correct")), answer["feedback"]
         shown = _norm(feedback.inner_text())
         prefix = "Correct." if verdict else "Not quite."
+        expected = visible_text(expected)  # the widget shows feedback typeset (attnbook.quiz.typeset)
         assert shown.startswith(f"{prefix} {_norm(expected)}"), f"{where}: feedback {shown!r}, expected {prefix} {expected!r}"
         assert feedback.is_visible()
     _no_new_errors(v, before, "answering the quiz")

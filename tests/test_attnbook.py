@@ -327,6 +327,9 @@ NUMBER_INPUTS: list[tuple[str, float | None]] = [
     ("-0.25", -0.25), (".5", 0.5), ("+3", 3), ("0,5", 0.5), ("3,14", 3.14), ("3/4", 0.75), ("1.6E+3", 1600),
     ("", None), ("abc", None), ("1,60", 1.6), ("1,6000", 1.6), ("1,600,60", None), ("1 60", None), ("0x10", None),
     ("1/0", None), ("1/2/3", None), ("1,600 bytes", None), ("1600,", None), ("Infinity", None), ("1e", None),
+    # a leading zero makes the comma decimal (no thousands group starts with 0); a factor keeps its "x"
+    ("0,881", 0.881), ("-0,5", -0.5), ("0,881,000", None), ("2x", 2), ("2 x", 2), ("1.5X", 1.5), ("2\u00d7", 2),
+    ("x", None), ("2xx", None), ("x2", None), ("72 MiB", None),
 ]
 
 

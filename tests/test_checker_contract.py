@@ -14,6 +14,7 @@ The exercises are discovered from the chapter modules: every function named ``ch
 
 from __future__ import annotations
 
+import fractions
 import importlib
 import inspect
 import math
@@ -184,6 +185,7 @@ RIGHT_VARIANTS: dict[str, Callable[[Any], Any]] = {
     "NumPy scalars": lambda r: _map(r, lambda t: t, _numpy_scalar),
     "0-d tensors": lambda r: _map(r, lambda t: t, lambda x: torch.tensor(x)),
     "a non-contiguous copy": lambda r: _map(r, lambda t: torch.stack([t.detach(), t.detach()], -1)[..., 0] if t.dim() else t, None),
+    "fractions.Fraction numbers": lambda r: _map(r, lambda t: t, lambda x: x if isinstance(x, (bool, np.bool_)) else fractions.Fraction(x)),
 }
 
 
@@ -244,6 +246,59 @@ def test_generic_wrong_variants_never_pass_and_never_raise(ex: Exercise, variant
     fb = _submit(ex, WRONG_VARIANTS[variant])  # an exception here fails the test: the contract forbids one
     assert isinstance(fb, Feedback) and not fb.passed, f"{variant} was accepted: {fb}"
     assert "Traceback" not in fb.message
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("ex", _exercise_params())
+def test_a_right_answer_in_half_precision_is_named(ex: Exercise, dtype: torch.dtype) -> None:
+    """The contract of feedback.low_precision: a right answer rounded to float16 or bfloat16 passes or is
+    named as low precision, never given the hint of an unrelated mistake."""
+    fb = _submit(ex, lambda r: _map(r, lambda t: _float_tensor(t, lambda u: u.detach().to(dtype)), None))
+    assert fb.passed or (str(dtype).split(".")[1] in fb.message and "significant digits" in fb.message), fb
+
+
+@pytest.mark.parametrize("ex", _exercise_params())
+def test_a_tuple_around_the_answer_is_named(ex: Exercise) -> None:
+    """A reader who returns ``(answer, something)`` where one answer is asked for is told about the tuple."""
+    fb = _submit(ex, lambda r: (_ for _ in ()).throw(_NotApplicable()) if isinstance(r, (tuple, list, dict)) else (r, r))
+    assert not fb.passed and "tuple" in fb.message, fb
+
+
+def _tensors_in(args: tuple[Any, ...]) -> list[Tensor]:
+    found = []
+    for a in args:
+        if isinstance(a, Tensor):
+            found.append(a)
+        elif isinstance(a, (tuple, list)):
+            found.extend(x for x in a if isinstance(x, Tensor))
+    return found
+
+
+@pytest.mark.parametrize("ex", _exercise_params())
+def test_inputs_modified_in_place_are_refused_and_named(ex: Exercise) -> None:
+    """Code that changes its input tensors in place (``q /= ...``, ``div_``, ``exp_``, ``unsqueeze_``)
+    corrupts the reader's tensors even when what it returns is right: the checker must refuse it and say so."""
+    if ex.kind == "value":
+        pytest.skip("the reader types a value, not a function")
+    touched = []
+
+    def in_place(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def changed(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            with torch.no_grad():
+                for t in _tensors_in(args):
+                    if t.is_floating_point() and t.numel() and not t.requires_grad:
+                        out = out.clone() if isinstance(out, Tensor) and out.data_ptr() == t.data_ptr() else out
+                        t.mul_(2).add_(1)
+                        touched.append(True)
+            return out
+        return changed
+
+    sub = tuple(in_place(f) for f in ex.solution) if ex.kind == "functions" else in_place(ex.solution)
+    fb = ex.submit(sub)
+    if not touched:
+        pytest.skip("the exercise passes no floating-point tensor to the reader's code")
+    assert not fb.passed and "in place" in fb.message, fb
 
 
 def _crashes(*args: Any, **kwargs: Any) -> Any:
@@ -433,3 +488,71 @@ def test_messages_never_reveal_a_numeric_answer() -> None:
             fb = ex.submit(wrong_answer)
             assert not fb.passed
             assert f"{right:,}" not in fb.message and str(right) not in fb.message, (name, fb)
+
+
+# ---------------------------------------------------------------- what the reader's code does, named
+
+
+def _numbers_in(value: Any) -> list[float]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _numbers_in(v)]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _numbers_in(v)]
+    if isinstance(value, Tensor):
+        return [float(x) for x in value.flatten().tolist()]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [float(value)]
+    return []
+
+
+def test_hints_never_give_the_answer_away() -> None:
+    """A hint for a wrong answer to a value exercise does not state a value of the right answer (as
+    chapter 4's fully masked rows did with "1/4")."""
+    for name, ex in EXERCISES.items():
+        if ex.kind != "value":
+            continue
+        forms = set()
+        for x in _numbers_in(ex.solution):
+            if x != int(x):
+                forms.add(f"{x:g}")
+                frac = fractions.Fraction(x).limit_denominator(64)
+                if float(frac) == x:
+                    forms.add(f"{frac.numerator}/{frac.denominator}")
+        for table in ex.tables:
+            for m in table.mistakes:
+                leaked = [f for f in forms if f in m.hint]
+                assert not leaked, f"{name}: the hint of {m.name!r} states {leaked}: {m.hint}"
+
+
+def test_a_not_implemented_error_from_deeper_code_is_not_your_turn() -> None:
+    def raises_not_implemented_from_a_library(x: Tensor) -> Tensor:
+        return torch.utils.data.Dataset()[0]  # PyTorch's own `raise NotImplementedError` in its Python code
+
+    fb = feedback.run_reader_code(raises_not_implemented_from_a_library, torch.ones(2))[1]
+    assert fb is not None and fb.status == "wrong" and "NotImplementedError" in fb.message, fb
+    assert feedback.run_reader_code(_stub, torch.ones(2))[1].status == "todo"  # type: ignore[union-attr]
+
+
+def test_raw_errors_are_told_in_the_exercise_names() -> None:
+    fb = feedback.call_reader(lambda s: s - s.amax(-1), (torch.ones(1, 2, 3, 4),), axes=("B", "H", "S_q", "S_k"))[1]
+    assert fb is not None and "dimension 3 is S_k in [B, H, S_q, S_k]" in fb.message, fb
+
+
+def test_check_number_cases_reads_every_number_form_and_names_the_rest() -> None:
+    cases = ((3, 4), (5, 2))
+    mistakes = (feedback.Mistake("upside down", lambda a, b: b / a, "upside down"),)
+    check = lambda f: feedback.check_number_cases(f, cases, lambda a, b: a / b, mistakes, done="ok", generic="no")  # noqa: E731
+    for right in (lambda a, b: a / b, lambda a, b: fractions.Fraction(a, b), lambda a, b: np.float64(a / b),
+                  lambda a, b: torch.tensor(a / b)):
+        assert check(right).passed
+    assert check(lambda a, b: b / a).message == "upside down"
+    assert "tuple" in check(lambda a, b: (a / b, 0)).message
+    assert "finite" in check(lambda a, b: float("nan")).message
+    assert check(lambda a, b: a * b).message == "no"
+
+
+def test_as_index_takes_whole_fractions_but_not_floats_or_bools() -> None:
+    assert feedback.as_index(fractions.Fraction(6, 2)) == 3 and feedback.as_index(np.int64(4)) == 4
+    for bad in (2.0, True, fractions.Fraction(1, 2), "3"):
+        with pytest.raises(TypeError):
+            feedback.as_index(bad)

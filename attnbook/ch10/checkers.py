@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from ..feedback import Feedback, Mistake, MistakeTable, close, correct, diagnose, exercise, run_reader_code, wrong
+from ..feedback import (Feedback, Mistake, MistakeTable, call_reader, check_number_cases, close, correct, diagnose, exercise,
+                        wrong)
 from ._common import float_tensor, positive_int
 
 # ---- exercise 1: blocks a request needs -----------------------------------------------------------
@@ -26,7 +26,7 @@ def reference_blocks_needed(prompt_len: int, new_tokens: int, block_size: int, s
 # (prompt, new tokens, block size, cached prefix tokens). Subtracting prefix tokens instead of prefix blocks
 # agrees with the floor-division mistake when the last block's fill is at most the prefix's remainder
 # (the first case) and with the answer when it is larger (the third): the cases together tell all three apart.
-BLOCKS_CASES = ((100, 30, 16, 40), (250, 38, 32, 200), (61, 17, 8, 19))
+BLOCKS_CASES = ((100, 30, 16, 40), (250, 38, 32, 200), (61, 17, 8, 19), (100, 38, 16, 44))  # the last tells round from prefix tokens
 BLOCKS_MISTAKES = (
     Mistake("floor division", lambda p, n, b, s: (p + n) // b - s // b,
             "a partly filled last block still has to be allocated: round the block count up, -(-(p + n) // b)."),
@@ -40,27 +40,15 @@ BLOCKS_MISTAKES = (
     Mistake("prefix tokens subtracted", lambda p, n, b, s: -(-(p + n - s) // b),
             "subtract full prefix blocks, not prefix tokens: the request's positions fill whole blocks from position 0, "
             "so count its blocks, -(-(prompt_len + new_tokens) // block_size), then subtract shared_prefix // block_size."),
+    Mistake("ceil as // b + 1", lambda p, n, b, s: (p + n) // b + 1 - s // b,
+            "`x // b + 1` rounds up only when b does not divide x: when the positions fill their blocks exactly it "
+            "counts one block too many. Round up with -(-x // b)."),
+    Mistake("round to nearest", lambda p, n, b, s: round((p + n) / b) - s // b,
+            "round() goes to the nearest block count, so a last block filled less than half is dropped: round up, -(-x // b)."),
+    Mistake("generated tokens only", lambda p, n, b, s: -(-n // b),
+            "the prompt's positions need blocks too, and the cached prefix is part of the prompt: count "
+            "prompt_len + new_tokens positions, then subtract the prefix's full blocks."),
 )
-
-
-def _check_ints(fn: Callable[..., Any], cases: tuple, reference: Callable[..., Any], mistakes: tuple, done: str,
-                generic: str) -> Feedback:
-    got = []
-    for case in cases:
-        value, fb = run_reader_code(fn, *case)
-        if fb is not None:
-            return fb
-        if isinstance(value, Tensor) and value.numel() == 1:
-            value = value.item()
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-            return wrong(f"return a number, got {type(value).__name__}.")
-        got.append(float(value))
-    if all(g == reference(*c) for g, c in zip(got, cases)):
-        return correct(done)
-    for m in mistakes:
-        if all(g == m.compute(*c) for g, c in zip(got, cases)):
-            return wrong(m.hint)
-    return wrong(generic)
 
 
 def _vector(f: Callable[..., Any], cases: tuple) -> tuple[Any, ...]:
@@ -78,9 +66,10 @@ def _solution_blocks(prompt_len: int, new_tokens: int, block_size: int, shared_p
           not_generic={"float16": "the answer is a count"})
 def check_blocks_needed(fn: Callable[..., Any]) -> Feedback:
     """Check ``fn(prompt_len, new_tokens, block_size, shared_prefix) -> new blocks`` on three cases."""
-    return _check_ints(fn, BLOCKS_CASES, reference_blocks_needed, BLOCKS_MISTAKES,
-                       "a request allocates its positions in whole blocks, less the full blocks a cached prefix already holds.",
-                       "count ceil((prompt_len + new_tokens) / block_size) blocks, then subtract the full blocks of the cached prefix.")
+    return check_number_cases(
+        fn, BLOCKS_CASES, reference_blocks_needed, BLOCKS_MISTAKES, what="a number of blocks", same=lambda a, b: a == b,
+        done="a request allocates its positions in whole blocks, less the full blocks a cached prefix already holds.",
+        generic="count ceil((prompt_len + new_tokens) / block_size) blocks, then subtract the full blocks of the cached prefix.")
 
 
 # ---- exercise 2: int8 per-token quantisation ------------------------------------------------------
@@ -112,6 +101,12 @@ INT8_MISTAKES = (
             "the symmetric int8 range is -127..127: divide the max by 127, or the largest value clips."),
     Mistake("not dequantised", lambda x: torch.round(x / (x.abs().amax(-1, keepdim=True) / 127)).clamp(-127, 127),
             "return the dequantised values, codes times scale, so they can be compared with x."),
+    Mistake("scale without abs", lambda x: torch.round(x / (x.amax(-1, keepdim=True) / 127)).clamp(-127, 127) * (x.amax(-1, keepdim=True) / 127),
+            "the scale comes from the largest |x|, not the largest x: a position whose biggest entry is negative "
+            "clips it (or flips the sign of the scale). Use x.abs().amax(dim=-1, keepdim=True)."),
+    Mistake("floor", lambda x: torch.floor(x / (x.abs().amax(-1, keepdim=True) / 127)).clamp(-127, 127) * (x.abs().amax(-1, keepdim=True) / 127),
+            "floor rounds down, towards -inf, so every value moves down by up to a whole step: round to the nearest "
+            "code with torch.round."),
 )
 
 
@@ -126,7 +121,7 @@ def check_int8_per_token(fn: Callable[[Tensor], Any]) -> Feedback:
     """Check ``fn(x) -> dequantised x`` (int8, one scale per position) on two caches of different sizes."""
     for case in INT8_CASES:
         x = _int8_case(*case)
-        got, fb = run_reader_code(fn, x.clone())
+        got, fb = call_reader(fn, (x.clone(),), axes=("B", "H_kv", "S", "D_k"))
         if fb is not None:
             return fb
         expected = reference_int8_per_token(x)
@@ -183,7 +178,7 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
     """Check ``fn(scores [1, H, S_q, S_k], sink [H]) -> weights`` on two cases, the second with scores near 800."""
     for case in SINK_CASES:
         scores, sink = _sink_case(*case)
-        got, fb = run_reader_code(fn, scores.clone(), sink.clone())
+        got, fb = call_reader(fn, (scores.clone(), sink.clone()), axes=("B", "H", "S_q", "S_k"))
         if fb is not None:
             return fb
         expected = reference_sink_softmax(scores, sink)
