@@ -15,9 +15,11 @@ import torch
 
 import attnlib
 from attnlib import (
+    BlockPool,
     KVCache,
     MultiHeadLatentAttention,
     MultiHeadSelfAttention,
+    PagedKVCache,
     causal_mask,
     combine_masks,
     from_additive_mask,
@@ -26,6 +28,8 @@ from attnlib import (
     kv_cache_bytes,
     merge_heads,
     padding_mask,
+    paged_attention,
+    paged_attention_in_place,
     repeat_kv,
     scaled_dot_product_attention,
     softmax,
@@ -39,6 +43,7 @@ Q = K = V = torch.randn(2, 8, 5, 4)  # [B, H, S, D_k]
 X = torch.randn(2, 5, 16)  # [B, S, D]
 AM = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])  # Hugging Face: 1 = real token
 LAYER = MultiHeadSelfAttention(16, 4)
+POOL = BlockPool(8, 4, 2, 4)  # 8 blocks of 4 positions, H_kv = 2, D_k = 4
 CONVERTERS = r"attnlib.padding_mask\(m\).*attnlib.from_key_padding_mask\(m\).*attnlib.from_additive_mask\(m\)"
 
 MISTAKES: list[tuple[str, Callable[[], object], str]] = [
@@ -121,6 +126,18 @@ MISTAKES: list[tuple[str, Callable[[], object], str]] = [
     ("keys and values of different lengths appended to a KVCache", lambda: KVCache().update(Q[:, :, :3], V),
      r"keys and values must share B, H_kv, S_new, dtype and device, got \['\(2, 8, 3, 4\) torch.float32 cpu', '\(2, 8, 5, 4\) torch.float32 cpu'\]"),
     ("a latent width of zero", lambda: MultiHeadLatentAttention(16, 4, latent_dim=0), r"latent_dim must be a positive int, got 0"),
+    # --- the paged cache (one sequence per cache, [H_kv, S, D_k] without a batch axis)
+    ("a block size of zero", lambda: BlockPool(8, 0, 2, 4), r"block_size must be a positive int, got 0"),
+    ("releasing a block that was never allocated", lambda: BlockPool(8, 4, 2, 4).release(3),
+     r"cannot release block 3: it is free \(never allocated, or released by every holder\)"),
+    ("one key/value head appended to a pool of two", lambda: PagedKVCache(POOL).append(torch.randn(1, 5, 4), torch.randn(1, 5, 4)),
+     r"k and v have shape \(1, 5, 4\) but the pool holds \[H_kv, S_new, D_k\] = \[2, S_new, 4\]"),
+    ("a batch of two sequences in one paged cache", lambda: PagedKVCache(POOL).update(torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)),
+     r"k has batch B = 2 \(shape \(2, 2, 5, 4\)\) but a paged cache holds one sequence: use one PagedKVCache per sequence"),
+    ("a [B, H, S, D_k] query into paged attention", lambda: paged_attention(torch.randn(1, 4, 1, 4), PagedKVCache(POOL)),
+     r"q must be \[H, S_new, D_k\] with H a multiple of H_kv = 2 and D_k = 4 \(3 dims\), got shape \(1, 4, 1, 4\)"),
+    ("two new positions into the in-place decode kernel", lambda: paged_attention_in_place(torch.randn(4, 2, 4), PagedKVCache(POOL)),
+     r"q shape \(4, 2, 4\) does not fit: expected \[H, 1, D_k\] with H a multiple of H_kv = 2 and D_k = 4"),
 ]
 
 
