@@ -8,11 +8,14 @@
 * :func:`triton_demo_lines`, :data:`TRITON_INTERPRETER_RUN`: the Triton example, live or as stored;
   :func:`triton_demo_runs` (the dtypes it checks) and :class:`full_float32_matmuls` (TF32 off).
 * :func:`lazy_online_softmax`: the online softmax that rescales only when the maximum grows a lot.
+* :func:`check_serial_cap`: the share of the matmul peak a kernel reaches when it runs its matmuls
+  and its exponentials in turn.
 * :func:`check_merge_partials`: Flash-Decoding's merge of two partial results through their logsumexps.
 
-The checker diagnoses the usual mistakes: partial results averaged or weighted by their key counts,
-``exp(lse)`` overflowing, and a right answer returned in float16 or bfloat16
-(:func:`attnbook.feedback.low_precision`).
+The checkers diagnose the usual mistakes: one matmul counted instead of two, the exponentials'
+share or a ratio of times returned instead of the matmuls' share; partial results averaged or
+weighted by their key counts, ``exp(lse)`` overflowing; and a right answer returned in float16 or
+bfloat16 (:func:`attnbook.feedback.low_precision`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from .feedback import (
     Feedback,
     Mistake,
     MistakeTable,
+    check_number,
     close,
     correct,
     describe,
@@ -50,6 +54,8 @@ __all__ = [
     "triton_demo_lines",
     "triton_demo_runs",
     "full_float32_matmuls",
+    "reference_serial_cap",
+    "check_serial_cap",
     "reference_merge_partials",
     "check_merge_partials",
 ]
@@ -409,3 +415,93 @@ def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
             return problem
     return correct("two partial results merge exactly through their logsumexps: Flash-Decoding splits the KV cache "
                    "across many programs this way and merges at the end.")
+
+
+# ---- exercise: the serial cap ----------------------------------------------------------------------
+
+def reference_serial_cap(d: int, matmul_flops: float, exps_per_s: float) -> float:
+    """The largest share of the matmul peak a forward kernel reaches when it runs matmuls and exponentials in turn.
+
+    Per query row and key, the forward pass does ``4 d`` matmul FLOPs (``Q K^T`` and ``P V``) and one
+    exponential, so ``t_matmul = 4 d / matmul_flops`` and ``t_exp = 1 / exps_per_s`` per score, and the
+    tensor cores are busy ``t_matmul / (t_matmul + t_exp)`` of the time.
+
+    >>> round(reference_serial_cap(64, GPUS["H100 SXM5 80GB"]["fp16_flops"], exp_per_s(GPUS["H100 SXM5 80GB"])), 2)
+    0.5
+    """
+    t_matmul, t_exp = 4 * d / matmul_flops, 1 / exps_per_s
+    return t_matmul / (t_matmul + t_exp)
+
+
+def _cap(flops_per_score: int = 4, share_of: str = "matmul") -> Callable[[int, float, float], float]:
+    def f(d: int, matmul_flops: float, exps_per_s: float) -> float:
+        t_matmul, t_exp = flops_per_score * d / matmul_flops, 1 / exps_per_s
+        if share_of == "ratio":
+            return t_matmul / t_exp
+        return (t_matmul if share_of == "matmul" else t_exp) / (t_matmul + t_exp)
+    return f
+
+
+#: The serial-cap checker's cases ``(d, matmul FLOP/s, exponentials per second)``: the A100 at d = 64,
+#: the H100 at d = 128 (datasheet-derived) and a made-up GPU at d = 96; every size differs.
+CAP_CASES: tuple[tuple[int, float, float], ...] = (
+    (64, GPUS["A100 SXM4 80GB"]["fp16_flops"], exp_per_s(GPUS["A100 SXM4 80GB"])),
+    (128, GPUS["H100 SXM5 80GB"]["fp16_flops"], exp_per_s(GPUS["H100 SXM5 80GB"])),
+    (96, 500e12, 1e12),
+)
+CAP_MISTAKES = (
+    Mistake("one matmul", _cap(flops_per_score=2),
+            "you counted one matmul, 2 d FLOPs per score: the forward pass runs two, Q K^T and P V, so 4 d FLOPs "
+            "per score."),
+    Mistake("share of the exponentials", _cap(share_of="exp"),
+            "that is the share of the time spent on exponentials; the cap is the other share, the time the tensor "
+            "cores are busy: t_matmul / (t_matmul + t_exp)."),
+    Mistake("ratio of the times", _cap(share_of="ratio"),
+            "you divided the matmul time by the exponential time; the kernel spends both in turn, so divide by "
+            "their sum: t_matmul / (t_matmul + t_exp)."),
+    Mistake("a percentage", lambda d, F, E: 100 * reference_serial_cap(d, F, E),
+            "return a fraction of 1 (0.5 for half the peak), not a percentage."),
+)
+
+
+def _cap_vector(f: Callable[..., Any]) -> tuple[Any, ...]:
+    return tuple(f(*case) for case in CAP_CASES)
+
+
+def _cap_same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(math.isclose(float(x), float(y), rel_tol=1e-6) for x, y in zip(a, b))
+
+
+def _solution_cap(d: int, matmul_flops: float, exps_per_s: float) -> float:
+    t_matmul = 4 * d / matmul_flops  # Q K^T and P V: 4 d FLOPs per score
+    t_exp = 1 / exps_per_s  # one exponential per score
+    return t_matmul / (t_matmul + t_exp)
+
+
+@exercise(solution=_solution_cap,
+          tables=(MistakeTable(tuple(Mistake(m.name, lambda m=m: _cap_vector(m.compute), m.hint) for m in CAP_MISTAKES),
+                               lambda: [()], lambda: _cap_vector(reference_serial_cap), same=_cap_same),),
+          not_generic={"float16": "the answer is one number"})
+def check_serial_cap(fn: Callable[[int, float, float], float]) -> Feedback:
+    """Check ``fn(d, matmul_flops, exps_per_s) -> fraction`` on the cases of :data:`CAP_CASES`.
+
+    The answers on all cases together identify a known mistake (:data:`CAP_MISTAKES`).
+    """
+    answers = []
+    for case in CAP_CASES:
+        got, fb = run_reader_code(fn, *case)
+        if fb is not None:
+            return fb
+        value, problem = check_number(got, reference_serial_cap(*case), rel=1e-6, what="a fraction of the peak")
+        if value is None or not math.isfinite(value):
+            return problem  # type: ignore[return-value]
+        answers.append(value)
+    if _cap_same(tuple(answers), _cap_vector(reference_serial_cap)):
+        return correct("a kernel that takes turns keeps the tensor cores busy only while no exponential runs: on an "
+                       "H100 at d = 128, two thirds of the peak at best. Overlapping the two (FlashAttention-3) lifts "
+                       "that cap.")
+    for m in CAP_MISTAKES:
+        if _cap_same(tuple(answers), _cap_vector(m.compute)):
+            return wrong(m.hint)
+    return wrong("per score the forward pass does 4 d matmul FLOPs and one exponential: t_matmul = 4 d / matmul_flops, "
+                 "t_exp = 1 / exps_per_s, and the cap is t_matmul / (t_matmul + t_exp).")

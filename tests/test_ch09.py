@@ -319,3 +319,27 @@ def test_merge_exercise_names_both_overflow_cases_of_the_checker() -> None:
     text = next("".join(c["source"]) for c in cells if ":label: ex-09-merge" in "".join(c["source"]))
     for *_, shift, dtype in MERGE_CASES[1:]:
         assert f"near {shift:.0f} in {str(dtype).removeprefix('torch.')}" in text, (shift, dtype)
+
+
+# --- the serial-cap exercise ----------------------------------------------------------------------
+
+
+def test_serial_cap_reference_matches_the_chapters_table() -> None:
+    from attnbook.ch09 import check_serial_cap, reference_serial_cap
+
+    h100 = GPUS["H100 SXM5 80GB"]
+    for d, cap in ((64, 0.5), (128, 2 / 3), (256, 0.8)):
+        assert math.isclose(reference_serial_cap(d, h100["fp16_flops"], exp_per_s(h100)), cap, rel_tol=1e-3)
+    assert check_serial_cap(reference_serial_cap).status == "correct"
+
+
+def test_serial_cap_mistakes_get_their_own_hint() -> None:
+    from attnbook.ch09 import CAP_MISTAKES, check_serial_cap
+
+    hints = set()
+    for m in CAP_MISTAKES:
+        fb = check_serial_cap(m.compute)
+        assert fb.status == "wrong" and fb.message.endswith(m.hint), (m.name, fb.message)
+        hints.add(fb.message)
+    assert len(hints) == len(CAP_MISTAKES)
+    assert "4 d" in check_serial_cap(lambda *a: 0.3).message
