@@ -1,4 +1,4 @@
-"""Chapter 9, *Generating text with a KV cache*: counts, measurements, the slider and checkers.
+"""Chapter 10, *Generating text with a KV cache*: counts, measurements, the slider and checkers.
 
 * exact counts per token for prefill and decode (:func:`layer_flops`, :func:`layer_bytes`), and
   for the two paths of multi-head latent attention (:func:`mla_decode_counts`);
@@ -323,7 +323,7 @@ DEEPSEEK_V2 = dict(layers=60, heads=128, head_dim=128, kv_lora_rank=512, rope_di
 
 # ---- the generation slider ------------------------------------------------------------------------
 
-GENERATION_TOKENS = ["The", "cat", "sat", "on", "the", "mat", "and", "the", "dog", "sat", "too", "."]
+GENERATION_TOKENS = ["The", "robot", "fixed", "the", "lamp", "and", "the", "lamp", "lit", "up", "again", "."]
 
 
 def _generation_weights(window: int | None) -> list[Tensor]:

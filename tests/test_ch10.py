@@ -1,4 +1,4 @@
-"""Chapter 9: the counts agree with FlopCounterMode, the checkers recognise every known mistake,
+"""Chapter 10: the counts agree with FlopCounterMode, the checkers recognise every known mistake,
 the slider's frames show what the cache holds."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnbook import ch09, toy_lm
+from attnbook import ch10, toy_lm
 from attnbook.feedback import close
 from attnlib import KVCache, MultiHeadLatentAttention, MultiHeadSelfAttention
 from attnlib.cost import count_flops
@@ -18,8 +18,8 @@ def test_layer_flops_match_the_counter(H_kv: int) -> None:
     torch.manual_seed(0)
     layer, x, cache = MultiHeadSelfAttention(32, 4, num_kv_heads=H_kv), torch.randn(1, 10, 32), KVCache()
     layer(x[:, :7], causal=True, cache=cache)
-    assert count_flops(lambda: layer(x[:, 7:], causal=True, cache=cache)) == ch09.layer_flops(32, 4, H_kv, 3, 10)
-    assert count_flops(lambda: layer(x, causal=True)) == ch09.layer_flops(32, 4, H_kv, 10, 10)
+    assert count_flops(lambda: layer(x[:, 7:], causal=True, cache=cache)) == ch10.layer_flops(32, 4, H_kv, 3, 10)
+    assert count_flops(lambda: layer(x, causal=True)) == ch10.layer_flops(32, 4, H_kv, 10, 10)
 
 
 @pytest.mark.parametrize("absorbed", [False, True])
@@ -28,26 +28,26 @@ def test_mla_counts_match_the_counter(absorbed: bool) -> None:
     mla, x, cache = MultiHeadLatentAttention(64, 4, latent_dim=24), torch.randn(1, 38, 64), KVCache()
     mla(x[:, :37], causal=True, cache=cache)
     n = count_flops(lambda: mla(x[:, 37:], causal=True, cache=cache, absorbed=absorbed))
-    assert n == ch09.mla_decode_counts(64, 4, 24, 38)["absorbed" if absorbed else "decompress"]["flops"]
+    assert n == ch10.mla_decode_counts(64, 4, 24, 38)["absorbed" if absorbed else "decompress"]["flops"]
 
 
 def test_decode_is_memory_bound_and_prefill_is_not() -> None:
     D, S = 4096, 4096  # a Llama 2 7B layer
-    decode = ch09.layer_flops(D, 32, 32, 1, S) / ch09.layer_bytes(D, 32, 32, 1, S)
-    prefill = ch09.layer_flops(D, 32, 32, S, S) / ch09.layer_bytes(D, 32, 32, S, S)
+    decode = ch10.layer_flops(D, 32, 32, 1, S) / ch10.layer_bytes(D, 32, 32, 1, S)
+    prefill = ch10.layer_flops(D, 32, 32, S, S) / ch10.layer_bytes(D, 32, 32, S, S)
     assert 0.9 < decode < 1.1 and prefill > 1000
 
 
 def test_toy_step_flops_and_copied_positions() -> None:
     model = toy_lm.TinyLM(20, d_model=16, num_heads=2, max_len=40)
-    f = ch09.toy_step_flops(model, 30)
-    assert f["no cache"] == ch09.layer_flops(16, 2, 2, 31, 31) + 31 * 2 * 16 * 20
-    assert f["cache"] == ch09.layer_flops(16, 2, 2, 1, 31) + 2 * 16 * 20
-    assert ch09.copied_positions(9) == {"torch.cat": 45, "KVCache": 9 + 1 + 2 + 4 + 8}  # each append + each doubling
+    f = ch10.toy_step_flops(model, 30)
+    assert f["no cache"] == ch10.layer_flops(16, 2, 2, 31, 31) + 31 * 2 * 16 * 20
+    assert f["cache"] == ch10.layer_flops(16, 2, 2, 1, 31) + 2 * 16 * 20
+    assert ch10.copied_positions(9) == {"torch.cat": 45, "KVCache": 9 + 1 + 2 + 4 + 8}  # each append + each doubling
 
 
 def test_cache_sizes_of_real_models() -> None:
-    llama2_7b, llama2_70b, llama3_8b, llama3_70b, mistral = ch09.MODELS
+    llama2_7b, llama2_70b, llama3_8b, llama3_70b, mistral = ch10.MODELS
     assert llama2_7b.cache_bytes(1) == 2**19  # 0.5 MiB per token
     assert llama3_8b.cache_bytes(1) == 2**17 and llama2_70b.cache_bytes(1) == 5 * 2**16
     assert mistral.cache_bytes(32_768) == mistral.cache_bytes(4096) == 2**29  # the window caps it
@@ -56,42 +56,42 @@ def test_cache_sizes_of_real_models() -> None:
 
 
 def test_append_and_attend_checker() -> None:
-    assert ch09.check_append_and_attend(ch09.reference_append_and_attend).passed
-    case = ch09._append_case()
-    assert close(ch09.reference_append_and_attend(*case)[0], ch09.full_causal_pass(case))
-    for m in ch09.APPEND_MISTAKES:  # every mistake gets its own hint
-        fb = ch09.check_append_and_attend(lambda *a, m=m: (m.compute(*a), *ch09._cat(*a)))
+    assert ch10.check_append_and_attend(ch10.reference_append_and_attend).passed
+    case = ch10._append_case()
+    assert close(ch10.reference_append_and_attend(*case)[0], ch10.full_causal_pass(case))
+    for m in ch10.APPEND_MISTAKES:  # every mistake gets its own hint
+        fb = ch10.check_append_and_attend(lambda *a, m=m: (m.compute(*a), *ch10._cat(*a)))
         assert fb.status == "wrong" and fb.message == m.hint, m.name
-    repeated = lambda *a: (lambda o, k, v: (o, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)))(*ch09.reference_append_and_attend(*a))
-    assert "repeated heads" in ch09.check_append_and_attend(repeated).message
+    repeated = lambda *a: (lambda o, k, v: (o, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)))(*ch10.reference_append_and_attend(*a))
+    assert "repeated heads" in ch10.check_append_and_attend(repeated).message
 
     def stub(*a):
         raise NotImplementedError
 
-    assert ch09.check_append_and_attend(stub).status == "todo"
+    assert ch10.check_append_and_attend(stub).status == "todo"
 
 
 def test_window_cache_checker() -> None:
-    assert ch09.check_window_cache_bytes(ch09.reference_window_cache_bytes).passed
-    for m in ch09.WINDOW_MISTAKES:
-        fb = ch09.check_window_cache_bytes(m.compute)
+    assert ch10.check_window_cache_bytes(ch10.reference_window_cache_bytes).passed
+    for m in ch10.WINDOW_MISTAKES:
+        fb = ch10.check_window_cache_bytes(m.compute)
         assert fb.status == "wrong" and fb.message == m.hint, m.name
-    assert "for seq_len = 100" in ch09.check_window_cache_bytes(lambda S: 1).message
+    assert "for seq_len = 100" in ch10.check_window_cache_bytes(lambda S: 1).message
 
 
 def test_generation_frames() -> None:
-    frame = ch09.generation_frame(12)
+    frame = ch10.generation_frame(12)
     full, windowed = frame.panels
     assert "Full cache: the cache held 11 positions before this step, afterwards positions 0-11." in frame.caption
     assert "Window W = 4: the cache held 4 positions before this step, afterwards positions 8-11 (positions 0-7 have left" in frame.caption
     for p in (full, windowed):
         assert abs(p.matrix.sum() - 1) < 1e-6
     assert windowed.masked[0, :8].all() and not windowed.masked[0, 8:].any() and not full.masked.any()
-    assert "have left" not in ch09.generation_frame(4).caption
+    assert "have left" not in ch10.generation_frame(4).caption
 
 
 def test_absorption_pays_for_few_queries_against_many_latents() -> None:
-    f = lambda S_new, S_k: ch09.mla_attention_flops(128, 512, 128, S_new, S_k)
+    f = lambda S_new, S_k: ch10.mla_attention_flops(128, 512, 128, S_new, S_k)
     assert f(1, 4096)["absorbed"] < f(1, 4096)["decompress"]
     assert f(4096, 4096)["absorbed"] > f(4096, 4096)["decompress"]  # a prefill
     S_k = 10**6  # far from the prompt's start the break-even is close to L D_k / (L - D_k) = 170.7
@@ -105,67 +105,67 @@ def test_review_items_of_chapter_9_checkers() -> None:
     def tiled(q, kc, vc, kn, vn):
         keys, values = torch.cat([kc, kn], 2), torch.cat([vc, vn], 2)
         G = q.shape[1] // keys.shape[1]
-        mask = ch09.causal_mask(q.shape[2], S_k=keys.shape[2])
+        mask = ch10.causal_mask(q.shape[2], S_k=keys.shape[2])
         return F.scaled_dot_product_attention(q, keys.repeat(1, G, 1, 1), values.repeat(1, G, 1, 1), attn_mask=mask), keys, values
 
-    assert "tiled" in ch09.check_append_and_attend(tiled).message
+    assert "tiled" in ch10.check_append_and_attend(tiled).message
 
     def no_repeat(q, kc, vc, kn, vn):
         keys, values = torch.cat([kc, kn], 2), torch.cat([vc, vn], 2)
         return F.scaled_dot_product_attention(q, keys, values), keys, values
 
-    fb = ch09.check_append_and_attend(no_repeat)
+    fb = ch10.check_append_and_attend(no_repeat)
     assert fb.status == "wrong" and "repeat_kv" in fb.message, fb
-    fb = ch09.check_window_cache_bytes(lambda S: ch09.reference_window_cache_bytes(S) // 2)
+    fb = ch10.check_window_cache_bytes(lambda S: ch10.reference_window_cache_bytes(S) // 2)
     assert "keys only" in fb.message and "numbers instead of bytes" in fb.message
-    fb = ch09.check_window_cache_bytes(lambda S: torch.tensor([1.0, 2.0]))
+    fb = ch10.check_window_cache_bytes(lambda S: torch.tensor([1.0, 2.0]))
     assert fb.status == "wrong" and "Traceback" not in fb.message
-    assert "MiB" in ch09.check_window_cache_bytes(lambda S: ch09.reference_window_cache_bytes(S) / 2**20).message
-    fb = ch09.check_window_cache_bytes(lambda S: None if S < 2048 else ch09.reference_window_cache_bytes(S))
+    assert "MiB" in ch10.check_window_cache_bytes(lambda S: ch10.reference_window_cache_bytes(S) / 2**20).message
+    fb = ch10.check_window_cache_bytes(lambda S: None if S < 2048 else ch10.reference_window_cache_bytes(S))
     assert "did you forget `return`" in fb.message
 
 
 def test_new_checkers_accept_the_reference_and_name_every_mistake() -> None:
-    for check, ref, mistakes in ((ch09.check_decode_intensity, ch09.reference_decode_intensity, ch09.INTENSITY_MISTAKES),):
+    for check, ref, mistakes in ((ch10.check_decode_intensity, ch10.reference_decode_intensity, ch10.INTENSITY_MISTAKES),):
         assert check(ref).passed
         for m in mistakes:
             fb = check(m.compute)
             assert fb.status == "wrong" and fb.message == m.hint, m.name
-    assert ch09.check_mla_cache(ch09.reference_mla_cache).passed
+    assert ch10.check_mla_cache(ch10.reference_mla_cache).passed
     # any length-2 sequence or array of real numbers is accepted
-    assert ch09.check_mla_cache(lambda *c: np.array(ch09.reference_mla_cache(*c))).passed
-    assert ch09.check_mla_cache(lambda *c: torch.tensor(ch09.reference_mla_cache(*c), dtype=torch.float64)).passed
-    assert ch09.check_mla_cache(lambda *c: list(ch09.reference_mla_cache(*c))).passed
-    assert ch09.check_mla_cache(lambda *c: np.zeros(3)).status == "wrong"
-    for m in ch09.MLA_MISTAKES:
-        fb = ch09.check_mla_cache(m.compute)
+    assert ch10.check_mla_cache(lambda *c: np.array(ch10.reference_mla_cache(*c))).passed
+    assert ch10.check_mla_cache(lambda *c: torch.tensor(ch10.reference_mla_cache(*c), dtype=torch.float64)).passed
+    assert ch10.check_mla_cache(lambda *c: list(ch10.reference_mla_cache(*c))).passed
+    assert ch10.check_mla_cache(lambda *c: np.zeros(3)).status == "wrong"
+    for m in ch10.MLA_MISTAKES:
+        fb = ch10.check_mla_cache(m.compute)
         assert fb.status == "wrong" and fb.message == m.hint, m.name
-    assert ch09.check_merge_partials(ch09.reference_merge_partials).passed
-    for m in ch09.MERGE_MISTAKES:
-        fb = ch09.check_merge_partials(m.compute)
+    assert ch10.check_merge_partials(ch10.reference_merge_partials).passed
+    for m in ch10.MERGE_MISTAKES:
+        fb = ch10.check_merge_partials(m.compute)
         assert fb.status == "wrong" and fb.message == m.hint, m.name
     naive = lambda outs, lses: sum(torch.exp(l)[..., None] * o for o, l in zip(outs, lses)) / sum(torch.exp(l) for l in lses)[..., None]
-    assert "overflows" in ch09.check_merge_partials(naive).message
-    assert ch09.check_decode_intensity(lambda *a: torch.ones(2)).status == "wrong"
+    assert "overflows" in ch10.check_merge_partials(naive).message
+    assert ch10.check_decode_intensity(lambda *a: torch.ones(2)).status == "wrong"
 
     def stub(*a):
         raise NotImplementedError
 
-    for check in (ch09.check_decode_intensity, ch09.check_mla_cache, ch09.check_merge_partials):
+    for check in (ch10.check_decode_intensity, ch10.check_mla_cache, ch10.check_merge_partials):
         assert check(stub).status == "todo"
 
 
 def test_decode_intensity_and_the_weight_read_batch() -> None:
     # weights only (no cache): the intensity of a decode step is about B FLOPs per byte
-    assert abs(ch09.decode_step_intensity(4096, 32, 8, 1, 295, 14336) - 295) < 3
+    assert abs(ch10.decode_step_intensity(4096, 32, 8, 1, 295, 14336) - 295) < 3
     # with a long GQA cache the intensity saturates below H / H_kv x (a little) whatever the batch
-    assert 4 < ch09.decode_step_intensity(4096, 32, 8, 131072, 10**6, 14336) < 5  # saturates near H / H_kv
-    assert ch09.mlp_flops_bytes(4096, 11008)["flops"] == 270_532_608
+    assert 4 < ch10.decode_step_intensity(4096, 32, 8, 131072, 10**6, 14336) < 5  # saturates near H / H_kv
+    assert ch10.mlp_flops_bytes(4096, 11008)["flops"] == 270_532_608
 
 
 @pytest.mark.parametrize("cases, reference, mistakes", [
-    (ch09.INTENSITY_CASES, ch09.reference_decode_intensity, ch09.INTENSITY_MISTAKES),
-    (ch09.MLA_CASES, ch09.reference_mla_cache, ch09.MLA_MISTAKES),
+    (ch10.INTENSITY_CASES, ch10.reference_decode_intensity, ch10.INTENSITY_MISTAKES),
+    (ch10.MLA_CASES, ch10.reference_mla_cache, ch10.MLA_MISTAKES),
 ], ids=["decode_intensity", "mla_cache"])
 def test_number_checker_mistakes_are_distinct(cases, reference, mistakes) -> None:
     # on the checker's cases no mistake equals the answer and no two mistakes give the same numbers,
