@@ -10,7 +10,7 @@ itself needs around it:
 * :mod:`attnbook.measure`: timers, peak memory, saved tensors, ATen op traces;
 * :mod:`attnbook.toy_lm`: the tiny character-level language model and its text;
 * :mod:`attnbook.examples`: the book's example sentences and toy token vectors;
-* :mod:`attnbook.ch01` ... :mod:`attnbook.ch09`: each chapter's checkers, experiments and figures.
+* :mod:`attnbook.ch01` ... :mod:`attnbook.ch11`: each chapter's checkers, experiments and figures.
 
 It needs IPython, ipywidgets and matplotlib (``pip install "attnlib[book]"``).
 """

@@ -1,858 +1,507 @@
-"""Chapter 9, *Generating text with a KV cache*: counts, measurements, the slider and checkers.
+"""Counts, figures and checkers for chapter 9, *FlashAttention on a GPU*.
 
-* exact counts per token for prefill and decode (:func:`layer_flops`, :func:`layer_bytes`), and
-  for the two paths of multi-head latent attention (:func:`mla_decode_counts`);
-* measurements: the cache's growth policy (:func:`append_times`) and the toy decoder's time per
-  generated token with and without the cache (:func:`time_per_token`);
-* published configurations of real models (:data:`MODELS`) and their cache sizes;
-* the generation slider's frame function (:func:`generation_frame`);
-* checkers: :func:`check_append_and_attend` and :func:`check_window_cache_bytes`, each with a
-  table of known mistakes (:class:`attnbook.feedback.Mistake`).
+* :data:`GPUS`: datasheet numbers of two GPUs (not measurements), with their sources.
+* :func:`standard_attention_io`, :func:`flash_v1_io`, :func:`fused_forward_io`: exact HBM traffic
+  (the first and the last are chapter 8's, re-exported here).
+* :func:`loop_order_figure`: the tile orders of FlashAttention-1 and -2, and what each keeps on chip.
+* :func:`exp_per_s`: exponentials per second of a GPU's special-function units (datasheet-derived).
+* :func:`triton_demo_lines`, :data:`TRITON_INTERPRETER_RUN`: the Triton example, live or as stored;
+  :func:`triton_demo_runs` (the dtypes it checks) and :class:`full_float32_matmuls` (TF32 off).
+* :func:`lazy_online_softmax`: the online softmax that rescales only when the maximum grows a lot.
+* :func:`check_serial_cap`: the share of the matmul peak a kernel reaches when it runs its matmuls
+  and its exponentials in turn.
+* :func:`check_merge_partials`: Flash-Decoding's merge of two partial results through their logsumexps.
+
+The checkers diagnose the usual mistakes: one matmul counted instead of two, the exponentials'
+share or a ratio of times returned instead of the matmuls' share; partial results averaged or
+weighted by their key counts, ``exp(lse)`` overflowing; and a right answer returned in float16 or
+bfloat16 (:func:`attnbook.feedback.low_precision`).
 """
 
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from attnlib import (
-    KVCache,
-    MultiHeadSelfAttention,
-    causal_mask,
-    kv_cache_bytes,
-    repeat_kv,
-)
-
+from .ch08 import fused_forward_io, standard_attention_io
 from .feedback import (
     Feedback,
     Mistake,
     MistakeTable,
-    call_reader,
-    check_number_cases,
-    as_number,
+    check_number,
     close,
     correct,
     describe,
     diagnose,
     exercise,
+    low_precision,
     run_reader_code,
     wrong,
 )
-from .measure import interleaved_median_ms
-from .slider import Frame, Panel
 
 __all__ = [
-    "layer_flops", "layer_bytes", "mlp_flops_bytes", "decode_step_intensity", "cache_vs_context_figure", "mla_decode_counts", "mla_attention_flops", "append_times", "copied_positions", "time_per_token",
-    "toy_step_flops", "full_causal_pass", "chunked_decoding_error",
-    "ModelConfig", "MODELS", "DEEPSEEK_V2", "generation_frame", "GENERATION_TOKENS",
-    "reference_append_and_attend", "APPEND_MISTAKES", "check_append_and_attend",
-    "reference_window_cache_bytes", "WINDOW_MISTAKES", "check_window_cache_bytes",
-    "reference_decode_intensity", "INTENSITY_MISTAKES", "check_decode_intensity",
-    "reference_mla_cache", "MLA_MISTAKES", "check_mla_cache",
-    "reference_merge_partials", "MERGE_MISTAKES", "check_merge_partials",
+    "GPUS",
+    "standard_attention_io",
+    "flash_v1_io",
+    "fused_forward_io",
+    "loop_order_figure",
+    "exp_per_s",
+    "lazy_online_softmax",
+    "TRITON_INTERPRETER_RUN",
+    "triton_demo_lines",
+    "triton_demo_runs",
+    "full_float32_matmuls",
+    "reference_serial_cap",
+    "check_serial_cap",
+    "reference_merge_partials",
+    "check_merge_partials",
 ]
 
 
-# ---- exact counts ---------------------------------------------------------------------------------
+#: Vendor datasheet figures (not measurements): HBM bandwidth in bytes/s, shared memory an SM can
+#: give one kernel (its L1/shared total in brackets), SM count, dense float16/bfloat16 tensor-core FLOP/s.
+GPUS: dict[str, dict[str, Any]] = {
+    "A100 SXM4 80GB": dict(
+        hbm_bytes_per_s=2039e9, smem_kib=164, l1_smem_kib=192, sms=108, fp16_flops=312e12, boost_hz=1.41e9,
+        source="NVIDIA A100 Tensor Core GPU datasheet (2,039 GB/s; FP16 and BF16 Tensor Core 312 TFLOPS, "
+               "624 with sparsity); NVIDIA Ampere GPU Architecture Tuning Guide (up to 164 KB shared memory "
+               "of a 192 KB L1/shared memory per SM; 108 SMs; boost clock 1,410 MHz)",
+    ),
+    "H100 SXM5 80GB": dict(
+        hbm_bytes_per_s=3.35e12, smem_kib=228, l1_smem_kib=256, sms=132, fp16_flops=989.4e12, boost_hz=1.83e9,
+        source="NVIDIA H100 Tensor Core GPU datasheet (3.35 TB/s; FP16 and BF16 Tensor Core 1,979 TFLOPS "
+               "with sparsity, i.e. 989.4 dense, the figure of the NVIDIA H100 architecture whitepaper); "
+               "NVIDIA Hopper Tuning Guide (up to 228 KB shared memory of a 256 KB L1/shared memory per SM; 132 SMs); "
+               "boost clock 1,830 MHz (the clock at which 132 SMs give 989.4 TFLOP/s)",
+    ),
+}
 
-def layer_flops(D: int, H: int, H_kv: int, S_new: int, S_k: int) -> int:
-    """Matmul FLOPs of one attention *sublayer* for ``S_new`` queries against ``S_k`` keys.
+#: Exponentials (``exp2``, the special-function units' ``MUFU.EX2``) per clock per SM on compute
+#: capability 8.0 and 9.0: the arithmetic-instruction throughput table of the CUDA C++ Programming Guide.
+SFU_OPS_PER_CLOCK_PER_SM = 16
 
-    Multiply-add = 2 FLOPs, as ``FlopCounterMode`` counts: projections ``2 S_new D (2 D + 2 H_kv D_k)``
-    and the two attention matmuls ``2 * 2 H S_new S_k D_k`` (masked entries included, as a
-    materialising kernel computes them; a flash kernel skips the fully masked tiles). The MLP of the
-    same transformer layer is not included: see :func:`mlp_flops_bytes`.
+
+def exp_per_s(gpu: dict[str, Any]) -> float:
+    """Exponentials per second of a GPU's special-function units: SMs x 16 per clock x boost clock.
+
+    A datasheet-derived bound, not a measurement.
+
+    >>> round(exp_per_s(GPUS["H100 SXM5 80GB"]) / 1e12, 2)
+    3.86
     """
-    d_k = D // H
-    return 2 * S_new * D * (2 * D + 2 * H_kv * d_k) + 4 * H * S_new * S_k * d_k
+    return gpu["sms"] * SFU_OPS_PER_CLOCK_PER_SM * gpu["boost_hz"]
 
 
-def layer_bytes(D: int, H: int, H_kv: int, S_new: int, S_k: int, dtype_bytes: int = 2, activations: bool = True) -> int:
-    """Bytes one attention sublayer must move for ``S_new`` new positions against ``S_k`` keys.
+def flash_v1_io(N: int, d: int, M: int | None = None, *, block_k: int | None = None) -> int:
+    """HBM numbers of FlashAttention's forward (Algorithm 1 of Dao et al., 2022), per (batch, head).
 
-    Every weight is read once per call (``2 D^2 + 2 D H_kv D_k`` numbers), the cached keys and values
-    of the ``S_k - S_new`` earlier positions are read, and the new positions' keys and values written.
-    With ``activations``, each new position also moves ``8 D`` numbers: its input read, its queries
-    written and read, its keys and values read back by the attention, its attention output written
-    and read, and the sublayer's output written. For a prefill that is the same order as the cache
-    write; for a decode step it is negligible.
+    The loop order of FlashAttention-1: key/value blocks outside, query blocks inside. Line 2
+    initialises ``O``, ``l`` and ``m`` in HBM (``Nd + 2N``). Key/value blocks of ``B_c`` rows are
+    loaded once (``2Nd`` in all); for each of the ``T_c = ceil(N / B_c)`` of them every query block
+    is loaded and the output and the statistics ``l, m`` are read and written back
+    (``3Nd + 4N`` per key block). Total ``3Nd + 2N + T_c (3Nd + 4N)``: Theta(N^2 d^2 / M).
+
+    Args:
+        N, d: sequence length and head width.
+        M: on-chip memory in numbers; the paper's key block is then ``B_c = ceil(M / 4d)``.
+        block_k: the key block ``B_c`` directly (to compare loop orders at equal block sizes).
     """
-    d_k = D // H
-    weights = 2 * D * D + 2 * D * H_kv * d_k
-    acts = 8 * S_new * D if activations else 0
-    return (weights + 2 * H_kv * d_k * S_k + acts) * dtype_bytes
-
-
-def mlp_flops_bytes(D: int, intermediate: int, S_new: int = 1, dtype_bytes: int = 2) -> dict[str, int]:
-    """FLOPs and weight bytes of a SwiGLU MLP (gate, up and down projections) for ``S_new`` positions.
-
-    Llama-style layers have one after every attention sublayer: ``3 D I`` weights, ``6 D I`` FLOPs per position.
-    """
-    return {"flops": 6 * D * intermediate * S_new, "weight_bytes": 3 * D * intermediate * dtype_bytes}
-
-
-def decode_step_intensity(D: int, H: int, H_kv: int, S: int, batch: int, intermediate: int = 0, dtype_bytes: int = 2) -> float:
-    """FLOPs per byte of one decode step of one transformer layer for ``batch`` sequences at context ``S``.
-
-    The weights (attention sublayer, plus a SwiGLU MLP of width ``intermediate`` when given) are read
-    once for the whole batch; every sequence reads its own cached keys and values. Activations are
-    left out (a few ``D``-vectors per sequence).
-    """
-    d_k = D // H
-    mlp = mlp_flops_bytes(D, intermediate, dtype_bytes=dtype_bytes) if intermediate else {"flops": 0, "weight_bytes": 0}
-    flops = batch * (layer_flops(D, H, H_kv, 1, S) + mlp["flops"])
-    weights = (2 * D * D + 2 * D * H_kv * d_k) * dtype_bytes + mlp["weight_bytes"]
-    cache = batch * 2 * H_kv * d_k * S * dtype_bytes
-    return flops / (weights + cache)
-
-
-def mla_decode_counts(D: int, H: int, L: int, S_k: int, dtype_bytes: int = 2, d_k: int | None = None) -> dict[str, dict[str, int]]:
-    """FLOPs and bytes of one decoded token (one query, ``S_k`` cached latents) on both MLA paths.
-
-    ``decompress`` rebuilds ``[H, S_k, D_k]`` keys and values from all cached latents every step;
-    ``absorbed`` maps the query into latent space and attends to the latents. Both read the weights
-    and the ``S_k L`` cached latents; the decompress path also writes and reads the rebuilt keys and
-    values. ``d_k`` defaults to ``D // H``, as in :class:`attnlib.MultiHeadLatentAttention`, whose
-    ``count_flops`` it matches.
-    """
-    d_k = D // H if d_k is None else d_k
-    common = 2 * D * H * d_k + 2 * D * L + 2 * H * d_k * D  # w_q, w_dkv, w_o for the new token
-    weights = (2 * D * H * d_k + D * L + 2 * L * H * d_k) * dtype_bytes  # w_q, w_o, w_dkv, w_uk, w_uv
-    latents = S_k * L * dtype_bytes
-    return {
-        "decompress": {
-            "flops": common + 2 * 2 * S_k * L * H * d_k + 4 * H * S_k * d_k,
-            "bytes": weights + latents + 2 * 2 * H * S_k * d_k * dtype_bytes,
-        },
-        "absorbed": {
-            "flops": common + 2 * H * d_k * L + 4 * H * S_k * L + 2 * H * L * d_k,
-            "bytes": weights + latents,
-        },
-    }
-
-
-def mla_attention_flops(H: int, L: int, d_k: int, S_new: int, S_k: int) -> dict[str, int]:
-    """FLOPs of MLA's attention part (the projections both paths share left out), ``S_new`` queries, ``S_k`` latents.
-
-    Decompressing rebuilds keys and values from every latent, ``4 S_k L H D_k``, then attends
-    ``D_k``-wide, ``4 H S_new S_k D_k``. Absorbing maps each query into and out of latent space,
-    ``4 S_new H D_k L``, then attends ``L``-wide, ``4 H S_new S_k L``. Absorption pays when
-    ``L D_k (S_k - S_new) > S_new S_k (L - D_k)``: never for a prefill (``S_new = S_k``), always for
-    decoding one token against two or more latents.
-    """
-    return {
-        "decompress": 4 * S_k * L * H * d_k + 4 * H * S_new * S_k * d_k,
-        "absorbed": 4 * S_new * H * d_k * L + 4 * H * S_new * S_k * L,
-    }
-
-
-# ---- chunked decoding against one causal pass ----------------------------------------------------
-
-def chunked_decoding_error(d_model: int, num_heads: int, num_kv_heads: int, *, seed: int,
-                           chunks: tuple[int, ...] = (4, 1, 1, 1, 3), dtype: torch.dtype = torch.float32) -> float:
-    """Largest difference, outputs and weights, between decoding ``chunks`` with a cache and one causal pass.
-
-    A seeded layer (batch of 2, the first sequence left-padded by 3) runs once over all positions and
-    once chunk by chunk with a :class:`attnlib.KVCache`; the generator is local, so the global seed
-    is left as it was.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        layer = MultiHeadSelfAttention(d_model, num_heads, num_kv_heads=num_kv_heads).to(dtype)
-    S = sum(chunks)
-    x = torch.randn(2, S, d_model, generator=gen, dtype=dtype)  # [B, S, D]
-    mask = torch.ones(2, S, dtype=torch.long)
-    mask[0, :3] = 0
-    error, pos, cache = 0.0, 0, KVCache()
-    with torch.no_grad():
-        full = layer(x, mask, causal=True)
-        for n in chunks:
-            out = layer(x[:, pos : pos + n], mask[:, : pos + n], causal=True, cache=cache)
-            error = max(error,
-                        (out.hidden_states - full.hidden_states[:, pos : pos + n]).abs().max().item(),
-                        (out.attention_weights - full.attention_weights[:, :, pos : pos + n, : pos + n]).abs().max().item())
-            pos += n
-    return error
-
-
-# ---- measurements ---------------------------------------------------------------------------------
-
-def append_times(n_tokens: int, H_kv: int = 8, D_k: int = 64, repeats: int = 3) -> dict[str, float]:
-    """Milliseconds to append ``n_tokens`` positions one at a time: ``torch.cat`` vs :class:`KVCache`.
-
-    Timed on one thread by the thread's CPU time. A measurement (print it with ``~``). Returns ``{"torch.cat": ms, "KVCache": ms}``.
-    """
-    new = torch.randn(1, H_kv, 1, D_k)  # [B, H_kv, 1, D_k]
-
-    def with_cat() -> None:
-        keys = values = new[:, :, :0]
-        for _ in range(n_tokens):
-            keys, values = torch.cat([keys, new], dim=2), torch.cat([values, new], dim=2)  # [B, H_kv, S + 1, D_k]
-
-    @torch.no_grad()  # decoding: with gradients enabled a KVCache keeps the autograd graph by concatenating
-    def with_cache() -> None:
-        cache = KVCache()
-        for _ in range(n_tokens):
-            cache.update(new, new)
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread, timed by its own CPU time: little disturbed by other programs
-    try:
-        return interleaved_median_ms({"torch.cat": with_cat, "KVCache": with_cache}, repeats=repeats, warmup=1,
-                                     clock=time.thread_time)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def copied_positions(n_tokens: int) -> dict[str, int]:
-    """Positions copied per tensor while appending ``n_tokens`` one at a time (exact counts)."""
-    doubling, capacity = 0, 1
-    for length in range(1, n_tokens):
-        if length == capacity:
-            doubling += length  # the kept positions move to a buffer twice as large
-            capacity *= 2
-    return {"torch.cat": n_tokens * (n_tokens + 1) // 2, "KVCache": n_tokens + doubling}
-
-
-@torch.no_grad()
-def time_per_token(model: Any, positions: list[int], *, repeats: int = 7, threads: int = 1) -> dict[str, list[float]]:
-    """Milliseconds to generate one token at each context length, with and without the cache.
-
-    Without the cache a step runs the model over all ``P + 1`` tokens; with it, one token against a
-    cache holding ``P`` positions (each timed step appends one, so the cache grows by ``repeats + 1``
-    during the measurement). Timed with ``torch`` on ``threads`` threads and the CPU time of this
-    thread, so load from other programs barely changes the result. A measurement: print with ``~``.
-    """
-    model.eval()
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    gen = torch.Generator().manual_seed(0)
-    vocab = model.head.out_features
-    out: dict[str, list[float]] = {"no cache": [], "cache": []}
-    try:
-        for P in positions:
-            ids = torch.randint(0, vocab, (1, P + 1), generator=gen)  # [1, P + 1]
-            cache = KVCache()
-            model(ids[:, :P], causal=True, cache=cache)  # prefill P positions
-            token = ids[:, P:]  # [1, 1]
-            times = interleaved_median_ms(
-                {"no cache": lambda: model(ids, causal=True), "cache": lambda: model(token, causal=True, cache=cache)},
-                repeats=repeats, warmup=1, clock=time.thread_time if threads == 1 else None,
-            )
-            for name in out:
-                out[name].append(times[name])
-    finally:
-        torch.set_num_threads(old_threads)
-    return out
-
-
-@torch.no_grad()
-def toy_step_flops(model: Any, P: int) -> dict[str, int]:
-    """Exact matmul FLOPs of generating the token at position ``P`` with the toy model (counted).
-
-    ``FlopCounterMode`` does not count PyTorch's fused CPU attention kernel, so the attention layer
-    is counted on its explicit path (``need_weights=True``, the same matmuls) plus the output head.
-    """
-    from attnlib.cost import count_flops
-
-    x = torch.randn(1, P + 1, model.attention.d_model)  # [1, P + 1, D]
-    cache = KVCache()
-    model.attention(x[:, :P], causal=True, cache=cache)  # prefill P positions
-    head = count_flops(model.head, x[:, :1])  # per position
-    return {
-        "no cache": count_flops(lambda: model.attention(x, causal=True)) + (P + 1) * head,
-        "cache": count_flops(lambda: model.attention(x[:, P:], causal=True, cache=cache)) + head,
-    }
-
-
-# ---- real configurations --------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """A published decoder configuration (from each model's config.json / paper).
-
-    ``context`` is the longest sequence the model was released for (``max_position_embeddings``);
-    ``intermediate`` the width of its SwiGLU MLP.
-    """
-
-    name: str
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    params: float  # total parameters
-    context: int
-    window: int | None = None
-    intermediate: int = 0
-
-    def cache_bytes(self, seq_len: int, batch: int = 1, dtype_bytes: int = 2) -> int:
-        kept = seq_len if self.window is None else min(seq_len, self.window)
-        return kv_cache_bytes(self.layers, self.kv_heads, self.head_dim, kept, batch, dtype_bytes)
-
-    def weight_bytes(self, dtype_bytes: int = 2) -> float:
-        return self.params * dtype_bytes
-
-    def crossover(self, batch: int = 1) -> int | None:
-        """The shortest context at which the cache (16-bit) outgrows the 16-bit weights, or None
-        when a window caps the cache below the weights. Compare with ``context``: beyond it the
-        model was not made to run."""
-        per_token = self.cache_bytes(1, batch)
-        S = int(self.weight_bytes() // per_token) + 1
-        if self.window is not None and S > self.window:
-            return None
-        return S
-
-
-MODELS = [
-    ModelConfig("Llama 2 7B (MHA)", 32, 32, 32, 128, 6.74e9, context=4096, intermediate=11008),
-    ModelConfig("Llama 2 70B (GQA, 8 KV heads)", 80, 64, 8, 128, 68.98e9, context=4096, intermediate=28672),
-    ModelConfig("Llama 3.1 8B (GQA, 8 KV heads)", 32, 32, 8, 128, 8.03e9, context=131072, intermediate=14336),
-    ModelConfig("Llama 3.1 70B (GQA, 8 KV heads)", 80, 64, 8, 128, 70.55e9, context=131072, intermediate=28672),
-    ModelConfig("Mistral 7B v0.1 (GQA + window 4096)", 32, 32, 8, 128, 7.24e9, context=32768, window=4096, intermediate=14336),
-]
-
-#: DeepSeek-V2 (236B parameters): 60 layers, 128 heads of 128 dims, kv_lora_rank 512 and a 64-dim
-#: decoupled RoPE key per token and layer, both cached.
-DEEPSEEK_V2 = dict(layers=60, heads=128, head_dim=128, kv_lora_rank=512, rope_dim=64, params=236e9)
-
-
-# ---- the generation slider ------------------------------------------------------------------------
-
-GENERATION_TOKENS = ["The", "cat", "sat", "on", "the", "mat", "and", "the", "dog", "sat", "too", "."]
-
-
-def _generation_weights(window: int | None) -> list[Tensor]:
-    """The newest query's head-averaged weights over the cache at every step (seeded layer)."""
-    from .examples import toy_hidden_states
-
-    torch.manual_seed(0)
-    layer = MultiHeadSelfAttention(16, 2, window=window)
-    x = toy_hidden_states(GENERATION_TOKENS, d_model=16, seed=0)  # [1, S, 16]
-    cache, rows = KVCache(), []
-    with torch.no_grad():
-        for t in range(x.shape[1]):
-            w = layer(x[:, t : t + 1], causal=True, cache=cache).attention_weights  # [1, H, 1, S_k]
-            rows.append(w[0].mean(0)[0])  # [S_k]
-    return rows
-
-
-_ROWS = {w: _generation_weights(w) for w in (None, 4)}  # the windows the slider shows
-
-
-def _generation_panel(step: int, window: int | None) -> tuple[Panel, str]:
-    S = len(GENERATION_TOKENS)
-    row = _ROWS[window][step - 1]  # [S_k]: cached keys before this step, then the new token's own key
-    weights = np.zeros(S)
-    weights[step - row.numel() : step] = row.numpy()
-    first = 0 if window is None else max(0, step - window)  # the oldest position it may see
-    hidden = np.array([i < first or i >= step for i in range(S)])[None]  # [1, S]
-    name = "full cache" if window is None else f"window W = {window}"
-    caption = (
-        f"{name[0].upper() + name[1:]}: the cache held {row.numel() - 1} positions before this step, afterwards positions {first}-{step - 1}"
-        + (f" (positions 0-{first - 1} have left the rolling buffer)." if first else ".")
-    )
-    title = f"{name}: weights of the newest query (hatched: not generated yet" + ("" if window is None else ", or outside the window") + ")"
-    return Panel(weights, [GENERATION_TOKENS[step - 1]], GENERATION_TOKENS, title=title, vmin=0.0, vmax=1.0, masked=hidden), caption
-
-
-def generation_frame(step: int, window: int = 4) -> Frame:
-    """Step ``step`` (1-based) of generation: the newest token's weights over what the cache holds,
-    once with a full cache and once with a sliding window of ``window`` (4 or None)."""
-    panels, captions = zip(*(_generation_panel(step, w) for w in (None, window)))
-    intro = f"The token at position {step - 1} ({GENERATION_TOKENS[step - 1]!r}) is the newest query; it attends to the cached keys and to itself."
-    return Frame(label=f"step {step}", panels=list(panels), caption=" ".join((intro, *captions)))
-
-
-# ---- exercise 1: append and attend ----------------------------------------------------------------
-
-def reference_append_and_attend(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Append the new keys/values to the cache, then let the new queries attend (bottom-right causal).
-
-    ``q [B, H, S_new, D_k]``; caches ``[B, H_kv, S_past, D_k]``; new ``[B, H_kv, S_new, D_k]``.
-    Returns ``(output [B, H, S_new, D_k], keys [B, H_kv, S_k, D_k], values [B, H_kv, S_k, D_k])``.
-    """
-    keys = torch.cat([k_cache, k_new], dim=2)  # [B, H_kv, S_k, D_k]
-    values = torch.cat([v_cache, v_new], dim=2)  # [B, H_kv, S_k, D_k]
-    H, S_new, S_k = q.shape[1], q.shape[2], keys.shape[2]
-    mask = causal_mask(S_new, S_k=S_k)  # [S_new, S_k], bottom-right
-    out = F.scaled_dot_product_attention(q, repeat_kv(keys, H), repeat_kv(values, H), attn_mask=mask)
-    return out, keys, values
-
-
-#: The append checker's cases ``(B, H, H_kv, S_past, S_new, D_k, dtype)``: GQA with two new tokens,
-#: then a case that differs in every size (MQA, a chunk of five new tokens) and in the dtype.
-APPEND_CASES: tuple[tuple[int, int, int, int, int, int, torch.dtype], ...] = (
-    (2, 4, 2, 5, 2, 8, torch.float64),
-    (3, 6, 1, 4, 5, 7, torch.float32),
-)
-
-
-def _append_case(case: int = 0) -> tuple[Tensor, ...]:
-    B, H, H_kv, S_past, S_new, D_k, dtype = APPEND_CASES[case]
-    gen = torch.Generator().manual_seed(9 + case)
-    q = torch.randn(B, H, S_new, D_k, generator=gen, dtype=torch.float64)
-    k_cache, v_cache = (torch.randn(B, H_kv, S_past, D_k, generator=gen, dtype=torch.float64) for _ in range(2))
-    k_new, v_new = (torch.randn(B, H_kv, S_new, D_k, generator=gen, dtype=torch.float64) for _ in range(2))
-    return tuple(t.to(dtype) for t in (q, k_cache, v_cache, k_new, v_new))
-
-
-def _attend(q: Tensor, keys: Tensor, values: Tensor, **kwargs: Any) -> Tensor:
-    H = q.shape[1]
-    return F.scaled_dot_product_attention(q, repeat_kv(keys, H), repeat_kv(values, H), **kwargs)
-
-
-def _cat(*case: Tensor) -> tuple[Tensor, Tensor]:
-    return torch.cat([case[1], case[3]], 2), torch.cat([case[2], case[4]], 2)
-
-
-#: Outputs of the usual wrong answers on the checker's case, each with its hint.
-APPEND_MISTAKES = (
-    Mistake("top-left alignment", lambda *c: _attend(c[0], *_cat(*c), is_causal=True),
-            "your mask is aligned top-left (is_causal=True, or tril without the offset): the first new query then sees "
-            "only the first cached key. The new queries are the LAST S_new positions: use causal_mask(S_new, S_k=S_k), "
-            "which shifts the diagonal by S_k - S_new."),
-    Mistake("no mask", lambda *c: _attend(c[0], *_cat(*c)),
-            "the first new query also sees the second new key, which lies in its future: with more than one new "
-            "token a causal mask is needed, aligned bottom-right (causal_mask(S_new, S_k=S_k))."),
-    Mistake("new keys not appended", lambda *c: _attend(c[0], c[1], c[2]),
-            "the new queries attend only to the old cache: append k_new and v_new first, so every token also sees itself."),
-    Mistake("new before old", lambda *c: _attend(c[0], torch.cat([c[3], c[1]], 2), torch.cat([c[4], c[2]], 2),
-                                                  attn_mask=causal_mask(c[0].shape[2], S_k=c[1].shape[2] + c[3].shape[2])),
-            "you put the new positions before the cached ones: concatenate [k_cache, k_new] along the position axis (dim 2)."),
-    Mistake("heads tiled with .repeat", lambda *c: _tiled_attend(c[0], *_cat(*c), attn_mask=_bottom_right(c)),
-            "your key/value heads are tiled (0, 1, 0, 1, ...), as .repeat(1, G, 1, 1) gives: grouped-query attention "
-            "gives consecutive query heads the same key/value head (0, 0, 1, 1), as attnlib.repeat_kv (or "
-            "repeat_interleave on dim 1) does."),
-    Mistake("own key hidden", lambda *c: _attend(c[0], *_cat(*c), attn_mask=_bottom_right(c, shift=-1)),
-            "your mask is off by one: each new query is hidden from its own key (and the first one from the newest "
-            "cached key too). causal_mask(S_new, S_k=S_k) lets query i see keys 0 .. S_k - S_new + i, itself included."),
-)
-
-
-def _bottom_right(case: tuple[Tensor, ...], shift: int = 0) -> Tensor:
-    S_new, S_k = case[0].shape[2], case[1].shape[2] + case[3].shape[2]
-    return torch.ones(S_new, S_k, dtype=torch.bool).tril(S_k - S_new + shift)  # [S_new, S_k]
-
-
-def _tiled_attend(q: Tensor, keys: Tensor, values: Tensor, **kwargs: Any) -> Tensor:
-    G = q.shape[1] // keys.shape[1]
-    if G == 1 or keys.shape[1] == 1:
-        raise ValueError("with one key/value head (or one group) tiling and grouping agree")
-    return F.scaled_dot_product_attention(q, keys.repeat(1, G, 1, 1), values.repeat(1, G, 1, 1), **kwargs)
-
-
-_NO_REPEAT = (
-    "the query heads and the key/value heads do not line up ({error}): with grouped-query attention there are "
-    "H = {H} query heads but H_kv = {H_kv} key/value heads. Store the H_kv heads in the cache, and repeat them "
-    "to H only for the attention itself: attnlib.repeat_kv(keys, H) (or enable_gqa=True in SDPA)."
-)
-
-
-def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | None:
-    H, H_kv = case[0].shape[1], case[1].shape[1]
-    result, fb = run_reader_code(fn, *(t.clone() for t in case))
-    if fb is not None and "must match the size of tensor" in fb.message and H != H_kv:
-        return wrong(_NO_REPEAT.format(error=fb.message.removeprefix("your code raised "), H=H, H_kv=H_kv))
-    if fb is not None:
-        return fb
-    if not isinstance(result, (tuple, list)) or len(result) != 3:
-        return wrong(f"return three tensors (output, keys, values), got {describe(result)}.")
-    out, keys, values = result
-    ref_out, ref_k, ref_v = reference_append_and_attend(*case)
-    for name, got, exp in (("keys", keys, ref_k), ("values", values, ref_v)):
-        if close(got, repeat_kv(exp, H)) and H != H_kv:
-            return wrong(f"your cached {name} have the H = {H} repeated heads: store the H_kv = {H_kv} key/value "
-                         f"heads and repeat them only for the attention itself; the repeated copy costs {H // H_kv}x the memory.")
-        if not close(got, exp):
-            shape = tuple(got.shape) if isinstance(got, Tensor) else describe(got)
-            return wrong(f"the returned {name} should be the cache with the new positions appended, shape {tuple(exp.shape)} "
-                         f"([B, H_kv, S_past + S_new, D_k]); got {shape}.")
-    if close(out, ref_out):
-        return None
-    hint = diagnose(out, APPEND_MISTAKES, *case)
-    if hint is not None:
-        return hint
-    if not isinstance(out, Tensor):
-        return wrong(f"output should be a torch.Tensor, got {describe(out)}.")
-    return wrong(f"output differs from the last rows of a causal pass over all positions (expected shape "
-                 f"{tuple(ref_out.shape)} = [B, H, S_new, D_k]).")
-
-
-def _solution_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    keys, values = torch.cat([k_cache, k_new], dim=2), torch.cat([v_cache, v_new], dim=2)  # [B, H_kv, S_k, D_k]
-    H, S_new, S_k = q.shape[1], q.shape[2], keys.shape[2]
-    out = F.scaled_dot_product_attention(q, repeat_kv(keys, H), repeat_kv(values, H), attn_mask=causal_mask(S_new, S_k=S_k))
-    return out, keys, values
-
-
-@exercise(solution=_solution_append,
-          tables=(MistakeTable(APPEND_MISTAKES, lambda: [_append_case(c) for c in range(len(APPEND_CASES))],
-                               lambda *c: reference_append_and_attend(*c)[0]),))
-def check_append_and_attend(fn: Callable[..., Any]) -> Feedback:
-    """Check ``fn(q, k_cache, v_cache, k_new, v_new) -> (output, keys, values)`` on the cases of
-    :data:`APPEND_CASES` (GQA with two new tokens; MQA with five, in float32)."""
-    for c in range(len(APPEND_CASES)):
-        problem = _append_one(fn, _append_case(c))
-        if problem is not None:
-            return problem
-    return correct("the new tokens get exactly the last rows of one causal pass over all positions (checked for GQA "
-                   "with two new tokens and MQA with five).")
-
-
-def full_causal_pass(case: tuple[Tensor, ...]) -> Tensor:
-    """The last ``S_new`` rows of one causal pass over all positions (what the cache must reproduce)."""
-    q_new, keys, values = case[0], *_cat(*case)
-    S_new = q_new.shape[2]
-    q_all = torch.cat([torch.zeros_like(keys[:, :1, :-S_new]).expand(-1, q_new.shape[1], -1, -1), q_new], 2)
-    return _attend(q_all, keys, values, is_causal=True)[:, :, -S_new:]  # S_q == S_k: top-left is bottom-right
-
-
-# ---- exercise 2: a windowed cache's size ----------------------------------------------------------
-
-_WINDOW_MODEL = dict(layers=24, heads=16, kv_heads=4, head_dim=96, window=2048, dtype_bytes=2)
-
-
-def reference_window_cache_bytes(seq_len: int) -> int:
-    """Bytes of the described model's cache for one sequence of ``seq_len`` tokens."""
-    m = _WINDOW_MODEL
-    kept = min(seq_len, m["window"])
-    return 2 * m["layers"] * m["kv_heads"] * m["head_dim"] * kept * m["dtype_bytes"]
-
-
-def _bytes(kept: Callable[[int], int], heads: str = "kv_heads", factor: int = 2) -> Callable[[int], int]:
-    m = _WINDOW_MODEL
-    return lambda S: factor * m["layers"] * m[heads] * m["head_dim"] * kept(S) * m["dtype_bytes"]
-
-
-_W = _WINDOW_MODEL["window"]
-WINDOW_MISTAKES = (
-    Mistake("window + 1", _bytes(lambda S: min(S, _W + 1)),
-            "off by one: a query sees the last `window` positions itself included, so the rolling buffer keeps "
-            "window = 2048 positions, not window + 1 (the paper's 'i - W to i' would be W + 1)."),
-    Mistake("window - 1", _bytes(lambda S: min(S, _W - 1)),
-            "off by one: the buffer keeps window = 2048 positions; the newest token is one of them."),
-    Mistake("no window", _bytes(lambda S: S),
-            "beyond 2048 tokens the cache stops growing: it keeps only the last window positions (min(seq_len, window))."),
-    Mistake("query heads", _bytes(lambda S: min(S, _W), heads="heads"),
-            "you cached the 16 query heads: only the 4 key/value heads are stored; grouped-query attention repeats them at compute time."),
-    # In this model a number takes 2 bytes, so "K only" and "numbers, not bytes" give the same answer:
-    # one entry names both.
-    Mistake("half: K only, or numbers", _bytes(lambda S: min(S, _W), factor=1),
-            "half the answer. Either you counted the keys only (the cache holds keys AND values), or you counted "
-            "numbers instead of bytes (each bfloat16 number takes 2 bytes)."),
-    Mistake("MiB", lambda S: reference_window_cache_bytes(S) / 2**20,
-            "those are MiB (you divided by 2**20): the function returns bytes."),
-)
-
-
-def _window_vector(f: Callable[[int], Any]) -> tuple[float, ...]:
-    return tuple(float(f(S)) for S in WINDOW_LENGTHS)
-
-
-#: The sequence lengths the window checker tries (short, around the window, far beyond it).
-WINDOW_LENGTHS: tuple[int, ...] = (100, 2047, 2048, 2049, 10_000)
-
-
-@exercise(solution=reference_window_cache_bytes,
-          tables=(MistakeTable(tuple(Mistake(m.name, lambda m=m: _window_vector(m.compute), m.hint) for m in WINDOW_MISTAKES),
-                               lambda: [()], lambda: _window_vector(reference_window_cache_bytes)),),
-          not_generic={"float16": "the answer is a count"})
-def check_window_cache_bytes(fn: Callable[[int], Any]) -> Feedback:
-    """Check ``fn(seq_len) -> bytes`` for the model described in the exercise, at the lengths of
-    :data:`WINDOW_LENGTHS`; any real-scalar form is accepted."""
-    expected = list(_window_vector(reference_window_cache_bytes))
-
-    def generic(got: list[float]) -> str:
-        bad = next(i for i, (g, e) in enumerate(zip(got, expected)) if g != e)
-        return (f"for seq_len = {WINDOW_LENGTHS[bad]} you return {got[bad]:,.6g} bytes; count 2 x layers x KV heads x "
-                "head dim x cached positions x bytes per number.")
-
-    return check_number_cases(
-        fn, tuple((S,) for S in WINDOW_LENGTHS), reference_window_cache_bytes, WINDOW_MISTAKES, what="a number of bytes",
-        same=lambda a, b: math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0), generic=generic,
-        done=f"{expected[-1]:,.0f} bytes = {expected[-1] / 2**20:.0f} MiB per sequence, whatever the length beyond 2048.")
-
-
-# ---- figure: cache against context ----------------------------------------------------------------
-
-OKABE_ITO = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")
-
-
-def cache_vs_context_figure(models: list[ModelConfig] | None = None) -> Any:
-    """Cache GiB of one sequence (16-bit) against context, each model up to its context, its weights dashed.
-
-    Models whose caches coincide (Llama 2 70B and Llama 3.1 70B up to 4k) are told apart by line style
-    and marker; the weight lines, several within a few GiB of each other, carry their labels on the right.
+    if (M is None) == (block_k is None):
+        raise ValueError(f"give exactly one of M and block_k, got M = {M!r}, block_k = {block_k!r}")
+    B_c = math.ceil(M / (4 * d)) if block_k is None else block_k
+    T_c = math.ceil(N / B_c)
+    return (N * d + 2 * N) + 2 * N * d + T_c * (3 * N * d + 4 * N)
+
+
+def loop_order_figure() -> Any:
+    """Two panels: the order in which FlashAttention-1 and FlashAttention-2 visit a 4 x 4 grid of tiles.
+
+    Each tile is numbered by the step that computes it; the orange tiles are the first four steps,
+    during which one block stays in on-chip SRAM, and the text under each grid says what stays
+    and what moves through HBM. Returns the matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
 
-    models = MODELS if models is None else models
-    styles = [("-", "o", 3.2), ("-", "s", 1.6), ("--", "^", 2.2), (":", "D", 2.6), ("-.", "v", 2.0), ("-", "P", 1.6)]
-    fig, ax = plt.subplots(figsize=(7.4, 4.4))
-    for m, colour, (ls, marker, lw) in zip(models, OKABE_ITO, styles):
-        lengths = np.unique(np.geomspace(256, m.context, 60).astype(int))
-        ax.plot(lengths, [m.cache_bytes(int(S)) / 2**30 for S in lengths], color=colour, lw=lw, ls=ls,
-                marker=marker, markevery=12, ms=5, label=m.name)
-        ax.plot([m.context], [m.cache_bytes(m.context) / 2**30], marker, color=colour, ms=8)
-        ax.axhline(m.weight_bytes() / 2**30, color=colour, lw=1, ls=(0, (6, 3)), alpha=0.9)
-    ax.set_xscale("log", base=2)
-    ticks = [256, 1024, 4096, 16384, 65536, 131072]
-    ax.set_xticks(ticks, ["256", "1k", "4k", "16k", "64k", "128k"])
-    ax.set_yscale("log")
-    ax.set_xlim(200, 131072 * 1.15)
-    # label the weight lines directly, at the right edge, spread apart so that close values stay legible
-    weights = sorted(((m.weight_bytes() / 2**30, m, c) for m, c in zip(models, OKABE_ITO)), key=lambda t: t[0])
-    lo, hi = ax.get_ylim()
-    span = np.log10(hi) - np.log10(lo)
-    placed: list[float] = []
-    for gib, m, colour in weights:
-        y = np.log10(gib)
-        if placed and y - placed[-1] < 0.055 * span:
-            y = placed[-1] + 0.055 * span
-        placed.append(y)
-        ax.annotate(f"{m.name.split(' (')[0]} weights, {gib:.1f} GiB", xy=(1.0, gib), xycoords=("axes fraction", "data"),
-                    xytext=(1.01, 10**y), textcoords=("axes fraction", "data"), fontsize=7, color=colour,
-                    va="center", ha="left", arrowprops=dict(arrowstyle="-", color=colour, lw=0.6))
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("context length (tokens, one sequence); each line ends at the model's context")
-    ax.set_ylabel("GiB (16-bit)")
-    ax.set_title("KV cache of one sequence (markers) against the weights (dashed)")
-    ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
-    ax.grid(alpha=0.3, which="both")
-    fig.subplots_adjust(left=0.1, right=0.72, top=0.92, bottom=0.12)  # room on the right for the weight labels
+    n = 4
+    fig, axes = plt.subplots(1, 2, figsize=(7.2, 4.9))
+    orders = (
+        ("FlashAttention-1: key blocks outside", lambda i, j: j * n + i, lambda i, j: j == 0,
+         "steps 1-4: K1, V1 stay in SRAM\nevery step: read Q_i, and read and\nwrite back O_i, l_i, m_i in HBM"),
+        ("FlashAttention-2: query blocks outside", lambda i, j: i * n + j, lambda i, j: i == 0,
+         "steps 1-4: Q1, its acc, l and m stay\nin SRAM; every step: read K_j, V_j;\nO1 written once, after step 4"),
+    )
+    for ax, (title, step, first, text) in zip(axes, orders):
+        for i in range(n):
+            for j in range(n):
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#E69F00" if first(i, j) else "#FFFFFF",
+                                       edgecolor="#555555", lw=1))
+                ax.text(j + 0.5, i + 0.5, str(step(i, j) + 1), ha="center", va="center", fontsize=12)
+        ax.set(xlim=(0, n), ylim=(n, 0), aspect="equal")
+        ax.set_title(title, fontsize=10)
+        ax.set_xticks([j + 0.5 for j in range(n)], [f"K{j + 1}" for j in range(n)], fontsize=9)
+        ax.set_yticks([i + 0.5 for i in range(n)], [f"Q{i + 1}" for i in range(n)], fontsize=9)
+        ax.set_xlabel("key/value blocks", fontsize=9)
+        ax.set_ylabel("query blocks", fontsize=9)
+        ax.tick_params(length=0)
+        ax.text(0.0, -0.2, text, ha="left", va="top", fontsize=9.5, transform=ax.transAxes)
+    fig.suptitle("Tiles numbered in the order computed (orange: steps 1-4)", fontsize=11)
+    fig.subplots_adjust(left=0.08, right=0.98, top=0.88, bottom=0.27, wspace=0.3)
     return fig
 
 
-# ---- exercise 3: decode intensity -----------------------------------------------------------------
+def lazy_online_softmax(s: Tensor, v: Tensor, block: int, threshold: float = 8.0) -> tuple[Tensor, int, int]:
+    """Online softmax over key blocks that rescales only when the maximum grows by more than ``threshold``.
 
-def reference_decode_intensity(D: int, H: int, H_kv: int, S: int, batch: int) -> float:
-    """FLOPs per byte of one decode step of an attention sublayer (16-bit, activations left out)."""
-    d_k = D // H
-    flops = batch * layer_flops(D, H, H_kv, 1, S)
-    weights = (2 * D * D + 2 * D * H_kv * d_k) * 2
-    return flops / (weights + batch * 2 * H_kv * d_k * S * 2)
+    The reference point ``m`` of the running sums ``l`` and ``acc`` need not be the true maximum:
+    any ``m`` gives the same ``acc / l``, because the common factor ``exp(-m)`` cancels. It only
+    has to keep ``exp(s - m)`` from overflowing. So a row keeps its stale ``m`` while every new score
+    stays below ``m + threshold`` (``exp(8) ~ 2981``, far from float32's limit), and is rescaled only
+    when a score climbs higher. FlashAttention-4 skips rescales this way.
+
+    Args:
+        s: ``[S_q, S_k]`` scores.
+        v: ``[S_k, D_v]`` values.
+        block: keys per block.
+        threshold: how far a new score may exceed the row's reference point before it is moved.
+
+    Returns:
+        ``(out [S_q, D_v], rescales, max_changes)``: the output, how many (row, block) steps
+        rescaled, and how many the exact online softmax would rescale (the row maximum grew).
+
+    >>> s, v = torch.randn(4, 64, dtype=torch.float64), torch.randn(64, 3, dtype=torch.float64)
+    >>> out, lazy, exact = lazy_online_softmax(s, v, block=16)
+    >>> torch.allclose(out, torch.softmax(s, dim=-1) @ v), lazy <= exact
+    (True, True)
+    """
+    S_q = s.shape[0]
+    m = torch.full((S_q, 1), float("-inf"), dtype=s.dtype)  # [S_q, 1] reference point, possibly stale
+    m_true = m.clone()  # [S_q, 1] the true running maximum, only to count what the exact version does
+    l = torch.zeros(S_q, 1, dtype=s.dtype)  # [S_q, 1]
+    acc = torch.zeros(S_q, v.shape[1], dtype=s.dtype)  # [S_q, D_v]
+    rescales = max_changes = 0
+    for k0 in range(0, s.shape[1], block):
+        s_blk, v_blk = s[:, k0:k0 + block], v[k0:k0 + block]  # [S_q, bk], [bk, D_v]
+        blk_max = s_blk.amax(dim=-1, keepdim=True)  # [S_q, 1]
+        grew = blk_max > m_true  # [S_q, 1] the exact online softmax rescales these rows
+        max_changes += int(grew[torch.isfinite(m_true)].sum())  # the first block is not a rescale
+        m_true = torch.maximum(m_true, blk_max)
+        move = blk_max > m + threshold  # [S_q, 1] rows whose reference point must move
+        rescales += int(move[torch.isfinite(m)].sum())
+        m_new = torch.where(move, blk_max, m)  # [S_q, 1]
+        alpha = torch.exp(m - m_new)  # [S_q, 1]: 1 for the rows that keep m, 0 on the first block
+        p = torch.exp(s_blk - m_new)  # [S_q, bk], at most exp(threshold)
+        l = l * alpha + p.sum(dim=-1, keepdim=True)
+        acc = acc * alpha + p @ v_blk
+        m = m_new
+    return acc / l, rescales, max_changes
 
 
-def _intensity(weights_per_seq: bool = False, cache_once: bool = False, nbytes: int = 2, cache_heads: str = "kv",
-               kv: int = 2, mha_weights: bool = False, activations: bool = False) -> Callable[..., float]:
-    def f(D: int, H: int, H_kv: int, S: int, batch: int) -> float:
-        d_k = D // H
-        flops = batch * layer_flops(D, H, H_kv, 1, S)
-        weight_numbers = 4 * D * D if mha_weights else 2 * D * D + 2 * D * H_kv * d_k
-        weights = weight_numbers * nbytes * (batch if weights_per_seq else 1)
-        heads = H_kv if cache_heads == "kv" else H
-        cache = (1 if cache_once else batch) * kv * heads * d_k * S * nbytes
-        extra = 0
-        if activations:  # the per-token activations that the exercise leaves out
-            extra = batch * (layer_bytes(D, H, H_kv, 1, S) - layer_bytes(D, H, H_kv, 1, S, activations=False))
-        return flops / (weights + cache + extra)
-    return f
-
-
-INTENSITY_CASES = ((256, 8, 2, 300, 4), (384, 12, 3, 1000, 16))  # (D, H, H_kv, S, batch): every size differs
-INTENSITY_MISTAKES = (
-    Mistake("weights read per sequence", _intensity(weights_per_seq=True),
-            "you read the weights once per sequence: a batched decode step reads every weight once and applies it to "
-            "all B new tokens; that sharing is what batching buys."),
-    Mistake("one cache for the batch", _intensity(cache_once=True),
-            "you read one cache for the whole batch: every sequence has its own cached keys and values, so the cache "
-            "bytes grow with B."),
-    Mistake("one byte per number", _intensity(nbytes=1),
-            "you counted numbers, not bytes: in 16-bit each weight and cached number takes 2 bytes."),
-    Mistake("query heads cached", _intensity(cache_heads="q"),
-            "the cache holds the H_kv key/value heads, not the H query heads."),
-    Mistake("keys only", _intensity(kv=1),
-            "the cache holds keys AND values: 2 x H_kv x D_k numbers per position."),
-    Mistake("multi-head weights", _intensity(mha_weights=True),
-            "you counted 4 D^2 weights, as for multi-head attention: with grouped-query attention the key and value "
-            "projections are D x (H_kv D_k) each, so the weights are 2 D^2 + 2 D H_kv D_k numbers."),
-    Mistake("activations counted", _intensity(activations=True),
-            "you counted the activations too (the input, query, attention output and output of every token): leave "
-            "them out here; read only the weights and the caches."),
-    Mistake("bytes per FLOP", lambda *c: 1 / reference_decode_intensity(*c),
-            "your ratio is upside down: that is bytes per FLOP. The intensity is FLOPs divided by bytes."),
-    Mistake("rounded to a whole number", lambda *c: float(math.ceil(reference_decode_intensity(*c))),
-            "the intensity is a ratio and stays fractional: do not round it (math.ceil, round or //)."),
+#: What :func:`triton_demo_lines` printed in Triton's interpreter on a CPU (float32), for readers without Triton.
+TRITON_INTERPRETER_RUN: tuple[str, ...] = (
+    "grid of program instances: (4, 2) | output (1, 2, 50, 32) torch.float32",
+    "equal to SDPA within 1e-05: True",
+    "float32, (S_q, S_k, D_k) = (20, 45, 8, causal), (33, 33, 128), (17, 40, 40): equal to SDPA within 1e-05: True",
 )
 
 
-def _number(value: Any) -> tuple[float | None, Feedback | None]:
-    x = as_number(value)
-    if x is None:
-        return None, wrong(f"return a number, got {describe(value)}.")
-    if not math.isfinite(x):
-        return None, wrong(f"you return {x}: return a finite number.")
-    return x, None
+#: Further shapes :func:`triton_demo_lines` checks in float32: ``(S_q, S_k, D_k, causal)``.
+TRITON_DEMO_SHAPES: tuple[tuple[int, int, int, bool], ...] = ((20, 45, 8, True), (33, 33, 128, False), (17, 40, 40, False))
 
 
-def _vector(f: Callable[..., Any], cases: tuple) -> tuple[Any, ...]:
-    """``f`` on every case: the checkers compare a reader's answers on all cases together."""
-    return tuple(f(*case) for case in cases)
+class full_float32_matmuls:
+    """A ``with`` block in which PyTorch's CUDA matmuls and cuDNN use full float32, not TF32.
+
+    Sets ``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32`` to
+    ``False`` and restores both on exit, also after an error. On a CPU it changes nothing that runs.
+    """
+
+    def __enter__(self) -> "full_float32_matmuls":
+        self._saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self._saved
 
 
-def _solution_intensity(D: int, H: int, H_kv: int, S: int, batch: int) -> float:
-    d_k = D // H
-    flops = batch * layer_flops(D, H, H_kv, 1, S)
-    return flops / ((2 * D * D + 2 * D * H_kv * d_k) * 2 + batch * 2 * H_kv * d_k * S * 2)
+def triton_demo_runs(device: torch.device | str) -> list[tuple[torch.dtype, float, float]]:
+    """The dtypes :func:`triton_demo_lines` runs on ``device``, each with ``(atol, rtol)`` for
+    ``torch.allclose`` against SDPA in float32.
+
+    On CUDA: float16, and float32, whose products ``input_precision="ieee"`` keeps in full float32
+    (within ``1e-5`` of SDPA with TF32 off). Elsewhere (Triton's interpreter): float32 only. The
+    float16 tolerance covers three roundings to float16: the inputs, the weights ``p`` before
+    ``p @ v`` and the output itself (float16 numbers in [2, 4) lie 2**-9 ~ 2e-3 apart), so it is
+    relative as well as absolute: ``2e-3 + 2e-3 * |reference|``, about four units of float16's
+    relative rounding error 2**-11.
+    """
+    if torch.device(device).type == "cuda":
+        return [(torch.float16, 2e-3, 2e-3), (torch.float32, 1e-5, 1e-5)]
+    return [(torch.float32, 1e-5, 1e-5)]
 
 
-@exercise(solution=_solution_intensity,
-          tables=(MistakeTable(tuple(Mistake(m.name, lambda m=m: _vector(m.compute, INTENSITY_CASES), m.hint)
-                                     for m in INTENSITY_MISTAKES),
-                               lambda: [()], lambda: _vector(reference_decode_intensity, INTENSITY_CASES)),),
-          not_generic={"float16": "the answer is one number"})
-def check_decode_intensity(fn: Callable[..., Any]) -> Feedback:
-    """Check ``fn(D, H, H_kv, S, batch) -> FLOPs per byte`` on two configurations that differ in every size."""
-    return check_number_cases(
-        fn, INTENSITY_CASES, reference_decode_intensity, INTENSITY_MISTAKES,
-        done="the batch shares the weight reads but not the caches, so the intensity rises with B towards a ceiling "
-             "set by the cache, about H / H_kv FLOPs per byte.",
-        generic="FLOPs: B x layer_flops(D, H, H_kv, 1, S). Bytes: the weights (2 D^2 + 2 D H_kv D_k numbers) once, plus "
-                "B caches of 2 x H_kv x D_k x S numbers, 2 bytes each.",
-        what="FLOPs per byte")
+def triton_demo_lines(device: torch.device | str) -> list[str]:
+    """Run :func:`attnlib.triton_flash_attention` on a tiny causal example and describe the result.
+
+    ``[1, 2, 50, 32]`` inputs with 16-blocks: a grid of ``(ceil(50 / 16), 1 * 2) = (4, 2)`` program
+    instances, in each dtype of :func:`triton_demo_runs` (float32 on the CPU, in Triton's
+    interpreter, ``TRITON_INTERPRET=1``; float16 and float32 on CUDA). Each result is compared with
+    ``F.scaled_dot_product_attention`` in float32, computed with TF32 off
+    (:class:`full_float32_matmuls`). Then, in float32, the shapes of :data:`TRITON_DEMO_SHAPES`: partial
+    blocks, ``S_q != S_k`` with the bottom-right causal mask, and head widths 8, 40 and 128. Raises
+    ``AssertionError`` if any result differs.
+    """
+    import torch.nn.functional as F
+    from attnlib.triton_flash import triton_flash_attention
+
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, 50, 32, generator=gen).to(device) for _ in range(3))  # [B, H, S, D_k], float32
+    with full_float32_matmuls():
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, S, D_k]
+    lines = []
+    for dtype, atol, rtol in triton_demo_runs(device):
+        out = triton_flash_attention(*(t.to(dtype) for t in (q, k, v)), causal=True, block_q=16, block_k=16)
+        worst = (out.float() - ref).abs().max().item()
+        same = torch.allclose(out.float(), ref, atol=atol, rtol=rtol)
+        assert same, f"triton_flash_attention in {dtype} differs from SDPA by {worst:.2e}"
+        if not lines:
+            lines.append(f"grid of program instances: {(math.ceil(50 / 16), 1 * 2)} | output {tuple(out.shape)} {out.dtype}")
+        if len(triton_demo_runs(device)) == 1:
+            lines.append(f"equal to SDPA within {atol:g}: {same}")
+        else:
+            lines.append(f"{str(dtype).removeprefix('torch.')}: equal to SDPA (float32, TF32 off) within "
+                         f"{atol:g} + {rtol:g} x |SDPA|: {same}")
+    from attnlib import causal_mask
+
+    shapes = []
+    for S_q, S_k, D_k, causal in TRITON_DEMO_SHAPES:  # partial blocks, S_q != S_k (bottom-right), narrow and wide heads
+        q, k, v = (torch.randn(1, 2, n, D_k, generator=gen).to(device) for n in (S_q, S_k, S_k))
+        with full_float32_matmuls():
+            ref = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(S_q, S_k=S_k, device=device) if causal else None)
+        out = triton_flash_attention(q, k, v, causal=causal, block_q=16, block_k=16)
+        assert torch.allclose(out, ref, atol=1e-5), f"triton_flash_attention differs from SDPA for {(S_q, S_k, D_k, causal)}"
+        shapes.append(f"({S_q}, {S_k}, {D_k}{', causal' if causal else ''})")
+    lines.append(f"float32, (S_q, S_k, D_k) = {', '.join(shapes)}: equal to SDPA within 1e-05: True")
+    return lines
 
 
-# ---- exercise 4: MLA counts -----------------------------------------------------------------------
+def reference_merge_partials(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
+    """Merge attention over two disjoint key sets from their outputs ``[.., S_q, D_v]`` and logsumexps ``[.., S_q]``."""
+    lse = torch.logaddexp(lse_a, lse_b)  # [.., S_q] log of the total denominator
+    out = torch.exp(lse_a - lse)[..., None] * out_a + torch.exp(lse_b - lse)[..., None] * out_b  # [.., S_q, D_v]
+    return out, lse
 
-def reference_mla_cache(layers: int, latent: int, rope: int, head_dim: int) -> tuple[float, float]:
-    """``(bytes per token over all layers in 16-bit, the GQA key/value heads of width head_dim with the same cache)``."""
-    per_layer = latent + rope  # one latent and one shared rotary key per token and layer
-    return float(per_layer * layers * 2), per_layer / (2 * head_dim)
 
-
-MLA_CASES = ((60, 512, 64, 128), (27, 256, 32, 96))  # (layers, latent, rope, head_dim)
-MLA_MISTAKES = (
-    Mistake("no rotary key", lambda l, L, r, d: (float(L * l * 2), L / (2 * d)),
-            "the decoupled rotary key is cached too: latent + rope numbers per token and layer."),
-    Mistake("latent as keys and values", lambda l, L, r, d: (float(2 * (L + r) * l * 2), (L + r) / d),
-            "the latent is stored once: keys and values are both rebuilt (or absorbed) from the same latent."),
-    Mistake("one byte per number", lambda l, L, r, d: (float((L + r) * l), (L + r) / (2 * d)),
-            "in 16-bit each number is 2 bytes."),
-    Mistake("GQA heads without V", lambda l, L, r, d: (float((L + r) * l * 2), (L + r) / d),
-            "a GQA key/value head caches a key AND a value, 2 x head_dim numbers per token and layer."),
-    Mistake("one layer", lambda l, L, r, d: (float((L + r) * 2), (L + r) / (2 * d)),
-            "that is one layer's cache: every layer keeps its own latent and rotary key, so multiply by the layers."),
-    Mistake("heads upside down", lambda l, L, r, d: (float((L + r) * l * 2), 2 * d / (L + r)),
-            "your ratio of heads is upside down: divide MLA's numbers per token and layer by a GQA head's 2 x head_dim."),
+#: The merge checker's cases ``(H, S_q, S_k, keys in part a, D, D_v, lse shift, dtype)``: the second
+#: differs in every size and the dtype, and adds 800 to every score (its logsumexps are near 800), so
+#: ``exp(lse)`` overflows even in float64; the third adds 300 in float32 (the scores the exercise
+#: names), where ``exp(lse)`` overflows float32. Only a merge that subtracts the maximum survives.
+MERGE_CASES: tuple[tuple[int, int, int, int, int, int, float, torch.dtype], ...] = (
+    (2, 3, 20, 12, 8, 4, 0.0, torch.float32),
+    (3, 2, 15, 9, 5, 6, 800.0, torch.float64),
+    (4, 1, 11, 4, 6, 3, 300.0, torch.float32),
 )
 
 
-def _solution_mla(layers: int, latent: int, rope: int, head_dim: int) -> tuple[float, float]:
-    return float((latent + rope) * layers * 2), (latent + rope) / (2 * head_dim)
+def _merge_case(case: int) -> tuple[list[Tensor], Tensor, Tensor]:
+    from attnlib import flash_attention
+
+    H, S_q, S_k, split, D, D_v, shift, dtype = MERGE_CASES[case]
+    gen = torch.Generator().manual_seed(82 + case)
+    q = torch.randn(H, S_q, D, generator=gen, dtype=torch.float64).to(dtype)  # [H, S_q, D] (a decoder step has S_q = 1)
+    k = torch.randn(H, S_k, D, generator=gen, dtype=torch.float64).to(dtype)  # [H, S_k, D]
+    v = torch.randn(H, S_k, D_v, generator=gen, dtype=torch.float64).to(dtype)  # [H, S_k, D_v]
+    out_a, lse_a = flash_attention(q, k[:, :split], v[:, :split], return_lse=True)  # keys 0 .. split-1
+    out_b, lse_b = flash_attention(q, k[:, split:], v[:, split:], return_lse=True)  # the other keys
+    out, lse = flash_attention(q, k, v, return_lse=True)  # all keys at once
+    # adding `shift` to every score leaves every output as it is and adds `shift` to every logsumexp
+    return [out_a, lse_a + shift, out_b, lse_b + shift], out, lse + shift
 
 
-@exercise(solution=_solution_mla,
-          tables=(MistakeTable(tuple(Mistake(m.name, lambda m=m: _vector(m.compute, MLA_CASES), m.hint) for m in MLA_MISTAKES),
-                               lambda: [()], lambda: _vector(reference_mla_cache, MLA_CASES)),),
-          not_generic={"float16": "the answer is two numbers"})
-def check_mla_cache(fn: Callable[..., Any]) -> Feedback:
-    """Check ``fn(layers, latent, rope, head_dim) -> (bytes per token, equivalent GQA heads)``."""
-    got = []
-    for case in MLA_CASES:
-        value, fb = run_reader_code(fn, *case)
-        if fb is not None:
-            return fb
-        if isinstance(value, (Tensor, np.ndarray)):  # an array of two numbers is as good as a tuple
-            if value.ndim != 1:
-                return wrong(f"return two numbers (bytes per token, equivalent heads), got an array of shape {tuple(value.shape)}.")
-            value = list(value)
-        if not isinstance(value, (tuple, list)) or len(value) != 2:
-            what = f"{len(value)} numbers" if isinstance(value, (tuple, list)) else type(value).__name__
-            return wrong(f"return two numbers (bytes per token, equivalent heads), got {what}.")
-        pair = []
-        for v in value:
-            number, fb = _number(v)
-            if fb is not None:
-                return fb
-            pair.append(number)
-        got.append(tuple(pair))
-    same = lambda a, b: all(abs(x - y) <= 1e-6 * max(1.0, abs(y)) for x, y in zip(a, b))
-    if all(same(g, reference_mla_cache(*c)) for g, c in zip(got, MLA_CASES)):
-        b, h = reference_mla_cache(*MLA_CASES[0])
-        return correct(f"{b:,.0f} bytes per token for DeepSeek-V2's sizes, the cache of {h:.2f} GQA key/value heads of width 128.")
-    for m in MLA_MISTAKES:
-        if all(same(g, m.compute(*c)) for g, c in zip(got, MLA_CASES)):
-            return wrong(m.hint)
-    return wrong("per token and layer MLA caches latent + rope numbers; a GQA key/value head caches 2 x head_dim. "
-                 "Multiply by the layers and by 2 bytes for the first number, divide for the second.")
+def _merge_by_counts(oa: Tensor, la: Tensor, ob: Tensor, lb: Tensor, na: int, nb: int) -> Tensor:
+    return (na * oa + nb * ob) / (na + nb)
 
 
-# ---- exercise 5: merging split-KV results ---------------------------------------------------------
-
-def reference_merge_partials(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
-    """Merge Flash-Decoding's partial results: ``outs[i] [B, H, 1, D_v]``, ``lses[i] [B, H, 1]`` -> ``[B, H, 1, D_v]``."""
-    lse = torch.logsumexp(torch.stack(lses), dim=0)  # [B, H, 1]
-    return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses))  # [B, H, 1, D_v]
-
-
-def _merge_case(B: int, H: int, D: int, sizes: tuple[int, ...], shift: float, seed: int) -> tuple[list[Tensor], list[Tensor]]:
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, 1, D, generator=gen, dtype=torch.float64)
-    outs, lses = [], []
-    for n in sizes:
-        k = torch.randn(B, H, n, D, generator=gen, dtype=torch.float64)
-        v = torch.randn(B, H, n, D, generator=gen, dtype=torch.float64)
-        s = q @ k.transpose(-2, -1) + shift  # [B, H, 1, n]; the shift makes exp overflow
-        lses.append(torch.logsumexp(s, -1))  # [B, H, 1]
-        outs.append(torch.softmax(s, -1) @ v)  # [B, H, 1, D]
-    return outs, lses
-
-
-#: Two cases that differ in every size; the second has scores near 1000, where exp overflows even in float64.
-MERGE_CASES = ((2, 3, 5, (7, 4, 9), 0.0, 1), (1, 4, 6, (3, 11), 1000.0, 2))
-MERGE_MISTAKES = (
-    Mistake("plain average", lambda outs, lses: sum(outs) / len(outs),
-            "a plain average gives every chunk the same weight; a chunk's weight is its share of the softmax "
-            "denominator, exp(lse_i - lse) with lse = logsumexp of all the lse_i."),
-    Mistake("weights by key count", lambda outs, lses: sum(o * _count_share(outs, i) for i, o in enumerate(outs)),
-            "weighting by the number of keys in each chunk ignores the scores: use exp(lse_i - lse)."),
-    Mistake("unnormalised", lambda outs, lses: sum(torch.exp(l)[..., None] * o for o, l in zip(outs, lses)),
-            "the weights exp(lse_i) must be divided by their sum: use exp(lse_i - logsumexp(lses))."),
-    Mistake("summed, not weighted", lambda outs, lses: sum(outs),
-            "you added the partial outputs with weight 1 each: weight chunk i by exp(lse_i - lse), a softmax over the "
-            "chunk axis (dim=0 of torch.stack(lses)), not over the last axis, which has one entry per chunk here."),
+_MERGE_MISTAKES = (
+    Mistake("mean", lambda oa, la, ob, lb, na, nb: (oa + ob) / 2,
+            "the two parts are not worth the same: weight each by its share of the softmax denominator, "
+            "exp(lse_part - lse_total)."),
+    Mistake("weights by lse", lambda oa, la, ob, lb, na, nb: (la[..., None] * oa + lb[..., None] * ob) / (la + lb)[..., None],
+            "you weighted by lse itself; the denominators are exp(lse), so weight by exp(lse_part - lse_total)."),
+    Mistake("weights by key counts", _merge_by_counts,
+            "you weighted the parts by how many keys each has: what matters is how much of the softmax denominator "
+            "each part holds, exp(lse_part - lse_total), which depends on the scores, not on the counts."),
 )
 
-_MERGE_SIZES: dict[int, tuple[int, ...]] = {}
+_NO_BROADCAST = (
+    "lse has one number per query, shape [.., S_q], and out is [.., S_q, D_v]: write weight[..., None] so that the "
+    "weight lines up with the query rows (not the value features)."
+)
 
 
-def _count_share(outs: list[Tensor], i: int) -> float:
-    sizes = _MERGE_SIZES[len(outs)]  # the checker's cases have different chunk counts
-    return sizes[i] / sum(sizes)
+def _merge_one(fn: Callable[..., Any], case: int) -> Feedback | None:
+    parts, out, lse = _merge_case(case)
+    split, S_k = MERGE_CASES[case][3], MERGE_CASES[case][2]
+    got, fb = run_reader_code(fn, *[t.clone() for t in parts])
+    if fb is not None and "must match the size of tensor" in fb.message:
+        return wrong(_NO_BROADCAST)
+    if fb is not None:
+        return fb
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        return wrong(f"return two tensors (out, lse), got {describe(got)}: the merged lse is needed "
+                     "to merge the result again with a third part.")
+    got_out, got_lse = got
+    for name, t, exp in (("out", got_out, out), ("lse", got_lse, lse)):
+        if not isinstance(t, Tensor) or t.is_complex():
+            return wrong(f"{name} should be a real torch.Tensor, got {describe(t)}.")
+        if tuple(t.shape) != tuple(exp.shape):
+            what = "[H, S_q, D_v], like out_a" if name == "out" else "[H, S_q], like lse_a (no trailing axis of size 1)"
+            return wrong(f"{name} has shape {tuple(t.shape)}; it should be {what}.")
+    if not torch.isfinite(got_lse).all():
+        return wrong(f"your lse overflows to inf or NaN with logsumexps near {MERGE_CASES[case][6]:.0f}: exp(lse_a) is "
+                     "inf there, so log(exp(lse_a) + exp(lse_b)) is too. Use torch.logaddexp(lse_a, lse_b), which "
+                     "subtracts the larger one first.")
+    if not torch.isfinite(got_out).all():
+        return wrong("with large scores exp(lse) overflows to inf (float32 above about 88, even float64 above about "
+                     "709) and the result is inf or NaN: subtract the larger lse first (torch.logaddexp does), "
+                     "i.e. weight by exp(lse_part - lse_total).")
+    for name, t, exp in (("out", got_out, out), ("lse", got_lse, lse)):
+        half = low_precision(t, exp, name=name)
+        if half is not None:
+            return half
+    if not close(got_out, out, atol=1e-4, rtol=1e-4):
+        hint = diagnose(got_out, _MERGE_MISTAKES, *parts, split, S_k - split)
+        return hint or wrong("the merged output differs from attention over all keys: "
+                             "out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b.")
+    if not close(got_lse, lse, atol=1e-4, rtol=1e-4):
+        if close(got_lse, torch.maximum(parts[1], parts[3])):
+            return wrong("the total lse is log(exp(lse_a) + exp(lse_b)) (torch.logaddexp), not the larger of the two.")
+        return wrong("the output is right but lse is not: lse = log(exp(lse_a) + exp(lse_b)) = torch.logaddexp(lse_a, lse_b).")
+    return None
 
 
-for _case in MERGE_CASES:
-    _MERGE_SIZES[len(_case[3])] = _case[3]
+def _solution_merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
+    lse = torch.logaddexp(lse_a, lse_b)
+    return torch.exp(lse_a - lse)[..., None] * out_a + torch.exp(lse_b - lse)[..., None] * out_b, lse
 
 
-def _solution_merge(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
-    lse = torch.logsumexp(torch.stack(lses), dim=0)  # [B, H, 1]
-    return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses))  # [B, H, 1, D_v]
+def _merge_table_cases() -> list[tuple[Any, ...]]:
+    out = []
+    for c in range(len(MERGE_CASES)):
+        parts = _merge_case(c)[0]
+        split, S_k = MERGE_CASES[c][3], MERGE_CASES[c][2]
+        out.append((*parts, split, S_k - split))
+    return out
 
 
 @exercise(solution=_solution_merge,
-          tables=(MistakeTable(MERGE_MISTAKES, lambda: [_merge_case(*c) for c in MERGE_CASES], reference_merge_partials),))
+          tables=(MistakeTable(_MERGE_MISTAKES, _merge_table_cases, lambda oa, la, ob, lb, na, nb: reference_merge_partials(oa, la, ob, lb)[0],
+                               same=lambda a, b: close(a, b, atol=1e-4, rtol=1e-4)),))
 def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
-    """Check ``fn(outs, lses) -> merged [B, H, 1, D_v]`` on two splits that differ in every size."""
-    for B, H, D, sizes, shift, seed in MERGE_CASES:
-        outs, lses = _merge_case(B, H, D, sizes, shift, seed)
-        got, fb = call_reader(fn, ([o.clone() for o in outs], [l.clone() for l in lses]), axes=("B", "H", "1", "D_v"))
+    """Check ``fn(out_a, lse_a, out_b, lse_b) -> (out, lse)``: the split-KV merge of Flash-Decoding.
+
+    The partial results come from :func:`attnlib.flash_attention` over two disjoint sets of keys;
+    the answer must equal attention over all keys. The cases are :data:`MERGE_CASES`; in the second
+    every logsumexp is near 800, where ``exp(lse)`` overflows even float64.
+    """
+    for case in range(len(MERGE_CASES)):
+        problem = _merge_one(fn, case)
+        if problem is not None:
+            return problem
+    return correct("two partial results merge exactly through their logsumexps: Flash-Decoding splits the KV cache "
+                   "across many programs this way and merges at the end.")
+
+
+# ---- exercise: the serial cap ----------------------------------------------------------------------
+
+def reference_serial_cap(d: int, matmul_flops: float, exps_per_s: float) -> float:
+    """The largest share of the matmul peak a forward kernel reaches when it runs matmuls and exponentials in turn.
+
+    Per query row and key, the forward pass does ``4 d`` matmul FLOPs (``Q K^T`` and ``P V``) and one
+    exponential, so ``t_matmul = 4 d / matmul_flops`` and ``t_exp = 1 / exps_per_s`` per score, and the
+    tensor cores are busy ``t_matmul / (t_matmul + t_exp)`` of the time.
+
+    >>> round(reference_serial_cap(64, GPUS["H100 SXM5 80GB"]["fp16_flops"], exp_per_s(GPUS["H100 SXM5 80GB"])), 2)
+    0.5
+    """
+    t_matmul, t_exp = 4 * d / matmul_flops, 1 / exps_per_s
+    return t_matmul / (t_matmul + t_exp)
+
+
+def _cap(flops_per_score: int = 4, share_of: str = "matmul") -> Callable[[int, float, float], float]:
+    def f(d: int, matmul_flops: float, exps_per_s: float) -> float:
+        t_matmul, t_exp = flops_per_score * d / matmul_flops, 1 / exps_per_s
+        if share_of == "ratio":
+            return t_matmul / t_exp
+        return (t_matmul if share_of == "matmul" else t_exp) / (t_matmul + t_exp)
+    return f
+
+
+#: The serial-cap checker's cases ``(d, matmul FLOP/s, exponentials per second)``: the A100 at d = 64,
+#: the H100 at d = 128 (datasheet-derived) and a made-up GPU at d = 96; every size differs.
+CAP_CASES: tuple[tuple[int, float, float], ...] = (
+    (64, GPUS["A100 SXM4 80GB"]["fp16_flops"], exp_per_s(GPUS["A100 SXM4 80GB"])),
+    (128, GPUS["H100 SXM5 80GB"]["fp16_flops"], exp_per_s(GPUS["H100 SXM5 80GB"])),
+    (96, 500e12, 1e12),
+)
+CAP_MISTAKES = (
+    Mistake("one matmul", _cap(flops_per_score=2),
+            "you counted one matmul, 2 d FLOPs per score: the forward pass runs two, Q K^T and P V, so 4 d FLOPs "
+            "per score."),
+    Mistake("share of the exponentials", _cap(share_of="exp"),
+            "that is the share of the time spent on exponentials; the cap is the other share, the time the tensor "
+            "cores are busy: t_matmul / (t_matmul + t_exp)."),
+    Mistake("ratio of the times", _cap(share_of="ratio"),
+            "you divided the matmul time by the exponential time; the kernel spends both in turn, so divide by "
+            "their sum: t_matmul / (t_matmul + t_exp)."),
+    Mistake("a percentage", lambda d, F, E: 100 * reference_serial_cap(d, F, E),
+            "return a fraction of 1 (0.5 for half the peak), not a percentage."),
+)
+
+
+def _cap_vector(f: Callable[..., Any]) -> tuple[Any, ...]:
+    return tuple(f(*case) for case in CAP_CASES)
+
+
+def _cap_same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(math.isclose(float(x), float(y), rel_tol=1e-6) for x, y in zip(a, b))
+
+
+def _solution_cap(d: int, matmul_flops: float, exps_per_s: float) -> float:
+    t_matmul = 4 * d / matmul_flops  # Q K^T and P V: 4 d FLOPs per score
+    t_exp = 1 / exps_per_s  # one exponential per score
+    return t_matmul / (t_matmul + t_exp)
+
+
+@exercise(solution=_solution_cap,
+          tables=(MistakeTable(tuple(Mistake(m.name, lambda m=m: _cap_vector(m.compute), m.hint) for m in CAP_MISTAKES),
+                               lambda: [()], lambda: _cap_vector(reference_serial_cap), same=_cap_same),),
+          not_generic={"float16": "the answer is one number"})
+def check_serial_cap(fn: Callable[[int, float, float], float]) -> Feedback:
+    """Check ``fn(d, matmul_flops, exps_per_s) -> fraction`` on the cases of :data:`CAP_CASES`.
+
+    The answers on all cases together identify a known mistake (:data:`CAP_MISTAKES`).
+    """
+    answers = []
+    for case in CAP_CASES:
+        got, fb = run_reader_code(fn, *case)
         if fb is not None:
             return fb
-        expected = reference_merge_partials(outs, lses)
-        if isinstance(got, Tensor) and got.shape == expected.shape and not torch.isfinite(got).all():
-            return wrong(f"your result has inf or NaN when the scores are near {shift:.0f}: exp(lse_i) overflows. "
-                         "Subtract the overall logsumexp first: exp(lse_i - lse) is at most 1.")
-        if close(got, expected):
-            continue
-        return diagnose(got, MERGE_MISTAKES, outs, lses) or wrong(
-            f"the merged output differs from attention over all {sum(sizes)} keys (expected shape {tuple(expected.shape)}).")
-    return correct("the merge is exact: the partial results of any split combine into attention over all keys.")
+        value, problem = check_number(got, reference_serial_cap(*case), rel=1e-6, what="a fraction of the peak")
+        if value is None or not math.isfinite(value):
+            return problem  # type: ignore[return-value]
+        answers.append(value)
+    if _cap_same(tuple(answers), _cap_vector(reference_serial_cap)):
+        return correct("a kernel that takes turns keeps the tensor cores busy only while no exponential runs: on an "
+                       "H100 at d = 128, two thirds of the peak at best. Overlapping the two (FlashAttention-3) lifts "
+                       "that cap.")
+    for m in CAP_MISTAKES:
+        if _cap_same(tuple(answers), _cap_vector(m.compute)):
+            return wrong(m.hint)
+    return wrong("per score the forward pass does 4 d matmul FLOPs and one exponential: t_matmul = 4 d / matmul_flops, "
+                 "t_exp = 1 / exps_per_s, and the cap is t_matmul / (t_matmul + t_exp).")

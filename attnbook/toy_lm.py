@@ -1,6 +1,6 @@
 """A tiny next-token language model, small enough to train on a CPU in seconds.
 
-Chapter 4 uses it for two experiments about the causal mask (chapter 9 generates text with it,
+Chapter 4 uses it for two experiments about the causal mask (chapter 10 generates text with it,
 with and without a KV cache):
 
 * **cheating**: train it once without and once with the causal mask and compare what it learns;
@@ -273,7 +273,7 @@ def generate(model: TinyLM, prompt: Tensor, new_tokens: int, *, causal: bool) ->
 # A training run is reproducible on one machine, not across machines: PyTorch's CPU kernels and MKL
 # choose their code by instruction set (AVX-512, AVX2, Arm), so the last bits of a gradient differ
 # from one CPU to another and 200 optimiser steps grow them into visibly different weights. Where a
-# chapter quotes numbers measured *on* a trained model (chapter 10's quantised caches and
+# chapter quotes numbers measured *on* a trained model (chapter 11's quantised caches and
 # speculative decoding), it loads the model trained once and shipped here, so that every reader's
 # page shows the numbers its prose describes. ``tools/train_tiny_lm.py`` retrains them with
 # :func:`train_shipped`; ``tests/test_toy_lm.py`` checks that the recipe still reproduces them.

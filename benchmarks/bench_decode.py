@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from attnbook import ch09, toy_lm
+from attnbook import ch10, toy_lm
 from attnbook.measure import interleaved_median_ms
 from attnlib import KVCache
 
@@ -47,7 +47,7 @@ def main() -> int:
     torch.manual_seed(0)
     model = toy_lm.TinyLM(60, d_model=64, num_heads=4, max_len=1100).eval()
     with torch.inference_mode():
-        ms = ch09.time_per_token(model, list(CONTEXTS), repeats=15)
+        ms = ch10.time_per_token(model, list(CONTEXTS), repeats=15)
     threads = torch.get_num_threads()
     prefill = [prefill_tokens_per_s(model, P) for P in CONTEXTS]
     torch.set_num_threads(threads)
@@ -55,7 +55,7 @@ def main() -> int:
     print("| P | ms/token, no cache | ms/token, KV cache | speedup | FLOP ratio | decode tokens/s | prefill tokens/s |")
     print("|---|---|---|---|---|---|---|")
     for i, P in enumerate(CONTEXTS):
-        flops = ch09.toy_step_flops(model, P)
+        flops = ch10.toy_step_flops(model, P)
         print(f"| {P} | {ms['no cache'][i]:.3f} | {ms['cache'][i]:.3f} | {ms['no cache'][i] / ms['cache'][i]:.1f}x "
               f"| {flops['no cache'] / flops['cache']:.0f} | {1000 / ms['cache'][i]:,.0f} | {prefill[i]:,.0f} |")
     grow = {name: t[-1] / t[0] for name, t in ms.items()}

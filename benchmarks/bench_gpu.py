@@ -4,7 +4,7 @@ Run on a CUDA machine: ``.venv/bin/python benchmarks/bench_gpu.py [--out table.m
 ``B = 2, H = 16, D_k = 64`` (``--head-dim``), float16 and bfloat16 (``--dtypes`` replaces that list, e.g.
 ``--dtypes float16 bfloat16 float32``), S in {1024, ..., 16384},
 causal and not, forward and forward + backward. Prints one Markdown table, labelled with the GPU,
-the date and the versions, that can be pasted into the README and chapter 8 as it is.
+the date and the versions, that can be pasted into the README and chapter 9 as it is.
 
 Columns: median milliseconds (CUDA-synchronised), TFLOP/s and peak extra memory (MiB, from
 ``torch.cuda.max_memory_allocated``). FLOPs are the matmul FLOPs of the attended pairs:

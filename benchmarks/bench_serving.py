@@ -1,4 +1,4 @@
-"""Serving benchmark (chapter 10): paged against contiguous KV cache, and quantised caches.
+"""Serving benchmark (chapter 11): paged against contiguous KV cache, and quantised caches.
 
 Run with ``.venv/bin/python benchmarks/bench_serving.py [--check]``. One attention layer with
 Llama 3.1 8B's attention shape (H = 32 query heads, H_kv = 8 key/value heads, D_k = 128), batch 1,
@@ -9,9 +9,9 @@ every cached position (context P), then rolls the cache back to P, so every time
 same context:
 
 * contiguous: ``attnlib.KVCache.update`` + SDPA over its view;
-* paged, gathered: ``attnbook.ch10.PagedKVCache`` (blocks of 16 positions) + SDPA over the keys and
-  values gathered through the block table (``ch10.paged_attention``: one copy of the cache per step);
-* paged, in place: the same cache read without a copy (``ch10.paged_attention_in_place``): every run
+* paged, gathered: ``attnbook.ch11.PagedKVCache`` (blocks of 16 positions) + SDPA over the keys and
+  values gathered through the block table (``ch11.paged_attention``: one copy of the cache per step);
+* paged, in place: the same cache read without a copy (``ch11.paged_attention_in_place``): every run
   of consecutive blocks is a view of the pool, attended separately, the runs merged by logsumexp.
 
 The paged cache's pool is shared with a second request whose prompt was prefilled in alternating
@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from attnbook import ch10
+from attnbook import ch11
 from attnbook.measure import interleaved_median_ms
 from attnlib import KVCache
 
@@ -48,35 +48,35 @@ def decode_steps(P: int) -> dict:
     q = torch.randn(H, 1, D_K, generator=gen)  # [H, 1, D_k]
     contiguous = KVCache()
     contiguous.update(k[:, :, :P], v[:, :, :P])
-    pool = ch10.BlockPool(2 * -(-(P + 1) // BLOCK) + 1, BLOCK, H_KV, D_K)
-    paged, other = ch10.PagedKVCache(pool), ch10.PagedKVCache(pool)
+    pool = ch11.BlockPool(2 * -(-(P + 1) // BLOCK) + 1, BLOCK, H_KV, D_K)
+    paged, other = ch11.PagedKVCache(pool), ch11.PagedKVCache(pool)
     for c in range(0, P, 128):  # chunked prefill of two requests, alternating: runs of 8 blocks
         paged.append(k[0, :, c : min(c + 128, P)], v[0, :, c : min(c + 128, P)])
         other.append(k[0, :, c : min(c + 128, P)], v[0, :, c : min(c + 128, P)])
-    quantised = {s: [ch10.quantize(t[0, :, :P], s) for t in (k, v)] for s in ("int8-token", "fp8")}
+    quantised = {s: [ch11.quantize(t[0, :, :P], s) for t in (k, v)] for s in ("int8-token", "fp8")}
 
     def step_contiguous() -> None:
         keys, values = contiguous.update(k[:, :, P:], v[:, :, P:])
-        ch10.contiguous_attention(q, keys[0], values[0])
+        ch11.contiguous_attention(q, keys[0], values[0])
         contiguous.truncate(P)
 
     def step_paged() -> None:
         paged.append(k[0, :, P:], v[0, :, P:])
-        ch10.paged_attention(q, paged)
+        ch11.paged_attention(q, paged)
         paged.truncate(P)
 
     def step_in_place() -> None:
         paged.append(k[0, :, P:], v[0, :, P:])
-        ch10.paged_attention_in_place(q, paged)
+        ch11.paged_attention_in_place(q, paged)
         paged.truncate(P)
 
     def step_quantised(scheme: str):
         (kc, ks), (vc, vs) = quantised[scheme]
 
         def step() -> None:
-            keys = torch.cat([ch10.dequantize(kc, ks), k[0, :, P:]], 1)  # [H_kv, P + 1, D_k]
-            values = torch.cat([ch10.dequantize(vc, vs), v[0, :, P:]], 1)
-            ch10.contiguous_attention(q, keys, values)
+            keys = torch.cat([ch11.dequantize(kc, ks), k[0, :, P:]], 1)  # [H_kv, P + 1, D_k]
+            values = torch.cat([ch11.dequantize(vc, vs), v[0, :, P:]], 1)
+            ch11.contiguous_attention(q, keys, values)
         return step
 
     fns = {"contiguous": step_contiguous, "paged": step_paged, "in place": step_in_place,
@@ -90,8 +90,8 @@ def decode_steps(P: int) -> dict:
     nbytes = {
         "float32": 2 * H_KV * P * D_K * 4,
         "16-bit": 2 * H_KV * P * D_K * 2,
-        "int8": sum(ch10.quantized_bytes(c, s) for c, s in quantised["int8-token"]),
-        "fp8": sum(ch10.quantized_bytes(c, s) for c, s in quantised["fp8"]),
+        "int8": sum(ch11.quantized_bytes(c, s) for c, s in quantised["int8-token"]),
+        "fp8": sum(ch11.quantized_bytes(c, s) for c, s in quantised["fp8"]),
     }
     return {"ms": ms, "bytes": nbytes}
 

@@ -404,9 +404,9 @@ def _grade(question: dict, text: str) -> tuple[bool, str]:
     ("01_attention_at_a_glance", 3, "1.6e3", True), ("01_attention_at_a_glance", 3, "1600.0", True),
     ("05_multi_head_attention", 2, "1,050,624", True),
     ("04_masks", 3, "21", True), ("04_masks", 3, "21.4", False),
-    ("08_cost_and_flash_attention", 8, "0.8808", True), ("08_cost_and_flash_attention", 8, "0.5", False),
-    ("08_cost_and_flash_attention", 8, "0.881", True), ("08_cost_and_flash_attention", 8, "0.88", True),
-    ("09_kv_cache_decoding", 2, "1", True), ("09_kv_cache_decoding", 5, "512", True),
+    ("09_flash_attention_on_gpus", 3, "0.8808", True), ("09_flash_attention_on_gpus", 3, "0.5", False),
+    ("09_flash_attention_on_gpus", 3, "0.881", True), ("09_flash_attention_on_gpus", 3, "0.88", True),
+    ("10_kv_cache_decoding", 2, "1", True), ("10_kv_cache_decoding", 5, "512", True),
 ])
 def test_flagged_numeric_quiz_items_grade_as_a_reader_expects(quiz: str, number: int, typed: str, right: bool) -> None:
     """Review items ch1 Q1, ch4 #23, ch5 #40, ch8 #18, ch9 #36."""
@@ -420,9 +420,9 @@ def test_a_near_miss_is_not_misdiagnosed() -> None:
     """ch9 #36: 1.5 FLOP/byte is not 'one byte per number'; 0.5 (GiB) is named as GiB."""
     from attnbook.quiz import load_quiz
 
-    ok, feedback = _grade(load_quiz("09_kv_cache_decoding")[1], "1.5")
+    ok, feedback = _grade(load_quiz("10_kv_cache_decoding")[1], "1.5")
     assert not ok and "one byte" not in feedback
-    ok, feedback = _grade(load_quiz("09_kv_cache_decoding")[4], "0.5")
+    ok, feedback = _grade(load_quiz("10_kv_cache_decoding")[4], "0.5")
     assert not ok and "GiB" in feedback
 
 

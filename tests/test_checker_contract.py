@@ -37,7 +37,7 @@ for _name in CHAPTERS:
 
 def _chapter_modules() -> list[tuple[str, Any]]:
     """``(chapter, module)`` for every chapter module, and for a chapter package (``attnbook/chNN/``) every
-    module inside it, so a checker defined in ``attnbook/ch10/checkers.py`` is found as ``ch10.check_*``."""
+    module inside it, so a checker defined in ``attnbook/ch11/checkers.py`` is found as ``ch11.check_*``."""
     found = []
     for chapter in CHAPTERS:
         module = importlib.import_module(f"attnbook.{chapter}")

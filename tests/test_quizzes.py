@@ -123,7 +123,7 @@ def test_read_answer_is_the_same_in_javascript() -> None:
 
     node = shutil.which("node")
     assert node, "Node.js is needed for this test (the Makefile and .ci/run install it)"
-    assert _NUM_JS in quiz_html("demo", [load_quiz("08_cost_and_flash_attention")[9]])
+    assert _NUM_JS in quiz_html("demo", [load_quiz("09_flash_attention_on_gpus")[4]])
     cases = [[q, typed] for q, typed, _, _ in ANSWERS]
     script = f"{_NUM_JS}\nconsole.log(JSON.stringify({json.dumps(cases)}.map(function(c){{" \
              f"var r=readAns({{question:c[0]}},c[1]);return [isFinite(r[0])?r[0]:null,r[1]];}})));"
@@ -136,7 +136,7 @@ def test_read_answer_is_the_same_in_javascript() -> None:
 
 def test_a_factor_typed_with_its_x_is_graded() -> None:
     """Chapter 8's question on K/V traffic asks "how many times": "2x" is the right answer, "4x" is not."""
-    question = load_quiz("08_cost_and_flash_attention")[9]
+    question = load_quiz("09_flash_attention_on_gpus")[4]
     assert "how many times" in question["question"]
     right = [a for a in question["answers"] if a.get("correct")][0]
     for typed, ok in (("2x", True), ("2 \u00d7", True), ("4x", False)):

@@ -1,11 +1,11 @@
-"""Train the toy decoders that chapter 10 measures and store them in one checkpoint.
+"""Train the toy decoders that chapter 11 measures and store them in one checkpoint.
 
 Usage: PYTHONPATH=. python tools/train_tiny_lm.py   (about a minute on one CPU core)
 
 The models and their recipes are :data:`attnbook.toy_lm.TRAINED` (a target of width 64 and a
 draft of width 32, 200 AdamW steps each on the book's text, one thread, seeded). The result is
 ``attnbook/data/tiny_lm.pt``. Why the book ships them instead of training them in the notebook:
-see the comment above ``TRAINED`` in ``attnbook/toy_lm.py``. After retraining, re-execute chapter 10
+see the comment above ``TRAINED`` in ``attnbook/toy_lm.py``. After retraining, re-execute chapter 11
 and read its prose against the new numbers.
 """
 

@@ -1,4 +1,4 @@
-"""Chapter 10.1-10.2: memory policies for a KV cache, copy-on-write, prefix sharing by chained block hashes,
+"""Chapter 11.1-11.2: memory policies for a KV cache, copy-on-write, prefix sharing by chained block hashes,
 and the slider of a paged pool filling up. The paged cache itself is :mod:`attnlib.paged`."""
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def cow_demo(prompt_len: int = 50, samples: int = 4, new_tokens: int = 20, *, bl
     return {"shared": pool.blocks_in_use, "private": private, "copies": pool.copies, "exact": exact}
 
 
-# ==== 10.2 prefix sharing ==========================================================================
+# ==== 11.2 prefix sharing ==========================================================================
 
 def block_hashes(tokens: Sequence[int], block_size: int) -> list[str]:
     """One hash per *full* block: of the block's tokens and of the hash before it (so of the whole prefix)."""

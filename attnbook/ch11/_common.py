@@ -1,4 +1,4 @@
-"""What several of chapter 10's modules share: one-thread timing and argument checks that name the argument.
+"""What several of chapter 11's modules share: one-thread timing and argument checks that name the argument.
 
 The checks are attnlib's (:mod:`attnlib._checks`): each raises ``ValueError`` naming the argument,
 what it got and what it expected.

@@ -1,7 +1,7 @@
-"""Chapter 10, *Serving attention*: paged caches, prefix sharing, scheduling, quantised caches,
+"""Chapter 11, *Serving attention*: paged caches, prefix sharing, scheduling, quantised caches,
 speculative verification, and a Llama-style decoder checked against Hugging Face.
 
-Where things are (every public name is re-exported here, so ``from attnbook.ch10 import X`` works):
+Where things are (every public name is re-exported here, so ``from attnbook.ch11 import X`` works):
 
 ==========================  ==========================================================================
 :mod:`attnlib.paged`        the paged KV cache: :class:`BlockPool`, :class:`PagedKVCache`, :func:`paged_attention`

@@ -1,4 +1,4 @@
-"""Chapter 10's exercises: blocks a request needs, int8 per-token quantisation, softmax with a sink logit."""
+"""Chapter 11's exercises: blocks a request needs, int8 per-token quantisation, softmax with a sink logit."""
 
 from __future__ import annotations
 

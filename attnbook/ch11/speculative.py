@@ -1,4 +1,4 @@
-"""Chapter 10.5: greedy speculative decoding, verified in one target pass, with cache rollback."""
+"""Chapter 11.5: greedy speculative decoding, verified in one target pass, with cache rollback."""
 
 from __future__ import annotations
 

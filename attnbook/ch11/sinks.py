@@ -1,4 +1,4 @@
-"""Chapter 10.6: attention sinks: a learned sink logit, a small RoPE decoder, streaming with a bounded cache."""
+"""Chapter 11.6: attention sinks: a learned sink logit, a small RoPE decoder, streaming with a bounded cache."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Chapter 10.7: a Llama/Mistral decoder written with attnlib that takes a Hugging Face model's weights,
+"""Chapter 11.7: a Llama/Mistral decoder written with attnlib that takes a Hugging Face model's weights,
 checked token by token against the model's own cache."""
 
 from __future__ import annotations

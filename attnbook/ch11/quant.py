@@ -1,4 +1,4 @@
-"""Chapter 10.4: quantised KV caches (int8 per token or per channel, float8 e4m3, KIVI-like) and their errors."""
+"""Chapter 11.4: quantised KV caches (int8 per token or per channel, float8 e4m3, KIVI-like) and their errors."""
 
 from __future__ import annotations
 

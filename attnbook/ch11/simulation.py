@@ -1,4 +1,4 @@
-"""Chapter 10.3: a scheduler simulation, static against continuous batching with chunked prefill."""
+"""Chapter 11.3: a scheduler simulation, static against continuous batching with chunked prefill."""
 
 from __future__ import annotations
 

@@ -1,0 +1,391 @@
+"""Chapter 11: the paged cache equals the contiguous one exactly, attnlib decoding equals Hugging Face's
+own cached decoding token by token, the serving experiments hold, the checkers name every known mistake."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnbook import ch11, toy_lm
+import attnlib
+from attnlib import KVCache
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def hf_models() -> dict:
+    return ch11.tiny_hf_models()
+
+
+def test_attnlib_decoding_equals_hugging_face_generate_token_by_token(hf_models: dict) -> None:
+    prompt = torch.randint(3, 97, (1, 5), generator=torch.Generator().manual_seed(1))
+    for name, model in hf_models.items():
+        ids, hf = ch11.hf_cached_logits(model, prompt, 14)  # 19 positions: past Mistral's window of 8
+        ours = ch11.attnlib_cached_logits(model, ids[:, :-1], 5)
+        assert ours.shape == hf.shape == (14, 97)
+        assert torch.allclose(ours, hf, atol=1e-5), name
+        assert torch.equal(ours.argmax(-1), ids[0, 5:])  # the same greedy tokens
+        if "Llama" in name:  # the paged cache reads exactly the numbers the contiguous one holds
+            assert torch.equal(ch11.attnlib_cached_logits(model, ids[:, :-1], 5, paged_block=4), ours)
+
+
+def test_the_window_matters_in_the_mistral_check(hf_models: dict) -> None:
+    mistral = [m for n, m in hf_models.items() if "window" in n][0]
+    w = ch11.llama_weights(mistral)
+    ids = torch.randint(3, 97, (1, 20), generator=torch.Generator().manual_seed(2))
+    windowed = ch11.llama_decode_step(w, ids, [KVCache() for _ in range(w["layers"])])
+    full = ch11.llama_decode_step({**w, "window": None}, ids, [KVCache() for _ in range(w["layers"])])
+    assert torch.allclose(windowed[:, :8], full[:, :8], atol=1e-6) and not torch.allclose(windowed[:, 8:], full[:, 8:], atol=1e-3)
+
+
+@pytest.mark.parametrize("block_size, n_prompt, n_new", [(16, 900, 100), (5, 3, 40), (1, 7, 7)])
+def test_paged_attention_equals_the_contiguous_cache_exactly(block_size: int, n_prompt: int, n_new: int) -> None:
+    torch.manual_seed(0)
+    S = n_prompt + n_new
+    pool = ch11.BlockPool(-(-S // block_size), block_size, 2, 16)
+    seq, cache = ch11.PagedKVCache(pool), KVCache()
+    k, v = torch.randn(2, 2, S, 16).unbind(0)  # [H_kv, S, D_k] each
+    seq.append(k[:, :n_prompt], v[:, :n_prompt])
+    keys, values = cache.update(k[None, :, :n_prompt], v[None, :, :n_prompt])
+    for t in range(n_prompt, S):
+        seq.append(k[:, t : t + 1], v[:, t : t + 1])
+        keys, values = cache.update(k[None, :, t : t + 1], v[None, :, t : t + 1])
+    assert pool.blocks_in_use == -(-S // block_size)
+    for S_new in (1, 3):
+        q = torch.randn(4, S_new, 16)
+        assert torch.equal(ch11.paged_attention(q, seq), ch11.contiguous_attention(q, keys[0], values[0]))
+    seq.truncate(n_prompt)  # rollback frees the blocks past the prompt
+    assert pool.blocks_in_use == -(-n_prompt // block_size) and torch.equal(seq.gather()[0], k[:, :n_prompt])
+    with pytest.raises(RuntimeError, match="out of KV blocks"):
+        ch11.PagedKVCache(ch11.BlockPool(1, 2, 1, 1)).append(torch.zeros(1, 3, 1), torch.zeros(1, 3, 1))
+
+
+def test_copy_on_write_and_memory_policies() -> None:
+    cow = ch11.cow_demo(prompt_len=50, samples=4, new_tokens=20, block_size=16)
+    # 3 shared full prompt blocks; each sample copies the shared partial block (the first writer of it
+    # too, since all four share it) and needs one more for tokens 64-69: 3 + 4 x 2
+    assert cow == {"shared": 11, "private": 20, "copies": 3, "exact": True}
+    waste = ch11.memory_waste([(10, 1)], max_len=64, block_size=4)
+    assert waste == pytest.approx({"max-length": 1 - 11 / 64, "doubling": 1 - 11 / 16, "paged": 1 - 11 / 12})
+    assert [ch11.reserved_positions("doubling", n) for n in (1, 2, 3, 1024, 1025)] == [1, 2, 4, 1024, 2048]
+
+
+def test_prefix_cache_reuses_only_full_blocks_of_a_common_prefix() -> None:
+    pc = ch11.PrefixCache(4)
+    assert pc.admit(list(range(10))) == 0
+    assert pc.admit(list(range(9)) + [99]) == 8  # two full blocks shared, the third differs
+    assert pc.admit([5] + list(range(1, 10))) == 0  # a different first token changes every later hash
+    assert pc.computed_tokens == 10 + 2 + 10 and len(pc.blocks) == 2 + 0 + 2  # full blocks only
+
+
+def test_continuous_batching_beats_static_batching() -> None:
+    reqs = ch11.poisson_arrivals(60, 4.0, ch11.request_mix(60, seed=1), seed=2)
+    static, cont = ch11.simulate("static", reqs), ch11.simulate("continuous", reqs)
+    assert cont["ttft_mean"] < static["ttft_mean"] and cont["tokens_per_s"] >= static["tokens_per_s"]
+    one = [ch11.Request(0.0, 10, 3)]
+    cost = ch11.StepCost(10.0, 1.0)
+    assert ch11.simulate("static", one, cost=cost)["ttft_mean"] == 20.0  # one prefill step of 10 tokens
+    assert ch11.simulate("continuous", one, cost=cost, chunk=4)["ttft_mean"] == 14 + 14 + 12  # prefill in chunks 4, 4, 2
+
+
+def test_quantisation_round_trips() -> None:
+    x = torch.randn(2, 3, 50, 16)
+    for scheme, bound in (("int8-token", 0.5 / 127), ("int8-channel", 0.5 / 127), ("fp8", 2**-4)):
+        codes, scale = ch11.quantize(x, scheme)
+        err = (ch11.dequantize(codes, scale) - x).abs()
+        ref = x.abs().amax(-1 if scheme != "int8-channel" else -2, keepdim=True)
+        assert (err <= bound * ref + 1e-7).all(), scheme
+    assert ch11.quantized_bytes(*ch11.quantize(x, "int8-token")) == x.numel() + 2 * 3 * 50 * 2
+
+
+def test_speculative_decoding_gives_the_greedy_output() -> None:
+    text = toy_lm.load_text()
+    vocab = toy_lm.CharVocab(text)
+    torch.manual_seed(0)
+    target, draft = toy_lm.TinyLM(len(vocab), 32, 2, max_len=64), toy_lm.TinyLM(len(vocab), 16, 2, max_len=64)
+    toy_lm.train_next_token(target, vocab.encode(text), causal=True, steps=20)
+    prompt = vocab.encode("The dog ")
+    for k in (1, 3, 5):
+        ids, stats = ch11.speculative_generate(target, draft, prompt, 40, k=k)
+        assert torch.equal(ids, target.generate(prompt, 40)), k
+        assert stats["target_passes"] <= 1 + 40
+
+
+def test_sink_attention() -> None:
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 1, 2, 5, 8).unbind(0)
+    sink = torch.tensor([0.5, -1.0])
+    plain = ch11.sink_attention(q, k, v)
+    assert torch.allclose(plain, torch.nn.functional.scaled_dot_product_attention(q, k, v), atol=1e-6)
+    very_negative = ch11.sink_attention(q, k, v, sink_logit=torch.tensor([-1e4, -1e4]))
+    assert torch.allclose(very_negative, plain, atol=1e-6)
+    scores = q @ k.transpose(-2, -1) / 8**0.5
+    lse = ch11.sink_logsumexp(scores, sink.view(1, 2, 1))
+    assert torch.allclose(lse, torch.log(scores.exp().sum(-1) + sink.view(1, 2, 1).exp()), atol=1e-6)
+
+
+def test_paging_frame() -> None:
+    frame = ch11.paging_frame(10, block_size=8)
+    assert "blocks of 8" in frame.caption and frame.panels[0].matrix.shape == (4, 20)
+    # the label names both settings, so a slider over steps and block sizes shows each frame apart
+    labels = {ch11.paging_frame(s, block_size=b).label for b in (8, 16) for s in (0, 10)}
+    assert labels == {"blocks of 8, step 0", "blocks of 8, step 10", "blocks of 16, step 0", "blocks of 16, step 10"}
+    for b in (4, 8, 16):
+        assert ch11.paging_frame(30, block_size=b).panels[0].matrix.shape == (4, 160 // b)
+    # request 0 holds 37 + 10 = 47 positions: its prompt's 5 full blocks 0-4, then block 10, taken at
+    # step 3 after requests 1 and 2 had taken 5-9, holding 7 of 8
+    row = frame.panels[0].matrix[0]
+    assert row[:5].tolist() == [1] * 5 and row[10] == 7 / 8 and (row > 0).sum() == 6
+    # a frame depends only on its arguments
+    assert ch11.paging_frame(15, block_size=8).caption == ch11.paging_frame(15, block_size=8).caption
+
+
+@pytest.mark.parametrize("block_size", [4, 8, 16])
+def test_simulated_paging_never_moves_or_shares_blocks_and_reuses_freed_ones(block_size: int) -> None:
+    previous = None
+    for step in range(31):
+        tables, lengths, states = ch11.simulate_paging(step, block_size)
+        owned = [b for t in tables for b in t]
+        assert len(owned) == len(set(owned)), f"a block has two owners at step {step}"
+        for t, n, state in zip(tables, lengths, states):
+            if state == "running":
+                assert len(t) == -(-n // block_size)  # a new block only when the last one is full
+        if previous is not None:
+            for r, (t, state) in enumerate(zip(tables, states)):
+                if state == "running" and previous[2][r] == "running":
+                    assert t[: len(previous[0][r])] == previous[0][r], "blocks moved"
+        previous = (tables, lengths, states)
+    # request 0 finishes at step 12; request 3 arrives at step 14 and takes blocks request 0 held
+    freed = set(ch11.simulate_paging(11, block_size)[0][0])
+    assert set(ch11.simulate_paging(14, block_size)[0][3]) & freed
+    assert ch11.simulate_paging(12, block_size)[2][0] == "finished"
+
+
+@pytest.mark.parametrize("check, reference, mistakes", [
+    (ch11.check_blocks_needed, ch11.reference_blocks_needed, ch11.BLOCKS_MISTAKES),
+])
+def test_number_checkers(check, reference, mistakes) -> None:
+    assert check(reference).passed
+    for m in mistakes:
+        fb = check(m.compute)
+        assert fb.status == "wrong" and fb.message == m.hint, m.name
+
+
+def test_blocks_mistakes_are_distinct_on_the_cases() -> None:
+    # no mistake gives the answer on every case, and no two mistakes give the same numbers on every case
+    answer = [ch11.reference_blocks_needed(*c) for c in ch11.BLOCKS_CASES]
+    got = {m.name: [m.compute(*c) for c in ch11.BLOCKS_CASES] for m in ch11.BLOCKS_MISTAKES}
+    assert all(v != answer for v in got.values())
+    assert len({tuple(v) for v in got.values()}) == len(got)
+    assert "not prefix tokens" in ch11.check_blocks_needed(lambda p, n, b, s: -(-(p + n - s) // b)).message
+
+
+def test_tensor_checkers() -> None:
+    assert ch11.check_int8_per_token(ch11.reference_int8_per_token).passed
+    for m in ch11.INT8_MISTAKES:
+        fb = ch11.check_int8_per_token(m.compute)
+        assert fb.status == "wrong" and fb.message == m.hint, m.name
+    assert ch11.check_sink_softmax(ch11.reference_sink_softmax).passed
+    for m in ch11.SINK_MISTAKES:
+        fb = ch11.check_sink_softmax(m.compute)
+        assert fb.status == "wrong" and fb.message == m.hint, m.name
+    naive = lambda s, k: s.exp() / (s.exp().sum(-1, keepdim=True) + k.view(-1, 1, 1).exp())
+    assert "overflow" in ch11.check_sink_softmax(naive).message
+
+    def stub(*a):
+        raise NotImplementedError
+
+    for check in (ch11.check_blocks_needed, ch11.check_int8_per_token, ch11.check_sink_softmax):
+        assert check(stub).status == "todo"
+
+
+def test_paged_attention_in_place_merges_runs_of_blocks() -> None:
+    torch.manual_seed(0)
+    pool = ch11.BlockPool(40, 4, 2, 8)
+    a, b = ch11.PagedKVCache(pool), ch11.PagedKVCache(pool)
+    k, v = torch.randn(2, 2, 70, 8).unbind(0)
+    for c in range(0, 70, 12):  # two requests interleaved: the block table breaks into runs
+        a.append(k[:, c : c + 12], v[:, c : c + 12])
+        b.append(k[:, c : c + 12], v[:, c : c + 12])
+    assert a.block_table[:4] == [0, 1, 2, 6]
+    q = torch.randn(6, 1, 8)
+    assert torch.allclose(ch11.paged_attention_in_place(q, a), ch11.paged_attention(q, a), atol=1e-6)
+
+
+def test_sink_model_attention_weights_match_its_forward_pass() -> None:
+    torch.manual_seed(0)
+    for sink in (False, True):
+        model = ch11.SinkLM(20, d_model=16, num_heads=2, layers=2, sink=sink)
+        if sink:
+            for block in model.blocks:
+                block.sink.data.normal_()
+        ids = torch.randint(0, 20, (1, 9))
+        weights = model.attention_weights(ids)
+        assert len(weights) == 2 and all(w.shape == (1, 2, 9, 9 + sink) for w in weights)
+        for w in weights:
+            assert torch.allclose(w.sum(-1), torch.ones(1, 2, 9))
+            assert (w[..., :9].triu(1) == 0).all()  # causal
+        # layer 0's weights, recomputed by hand, and the same weights reproduce the attention output
+        x = model.embed(ids)
+        q, k, v = model._qkv(model.blocks[0], x)
+        pos = torch.arange(9)
+        q, k = ch11.rope(q, pos, 10000.0), ch11.rope(k, pos, 10000.0)
+        with torch.no_grad():
+            att = ch11.sink_attention(q, k, v, attnlib.causal_mask(9), model.blocks[0].sink)
+        assert torch.allclose(weights[0][..., :9] @ v.detach(), att, atol=1e-6)
+
+
+def test_kivi_roundtrip_groups_keys_per_channel_and_keeps_the_residual() -> None:
+    gen = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 2, 3, 37, 8, generator=gen).unbind(0)  # [B, H_kv, S, D_k] each
+    k_hat, v_hat, nbytes = ch11.kivi_roundtrip(k, v, group=16)
+    assert torch.equal(k_hat[..., 32:, :], k[..., 32:, :])  # the 5 newest positions stay unquantised
+    for start in (0, 16):  # each complete group has its own per-channel scale
+        g = k[..., start : start + 16, :]
+        s = g.abs().amax(-2, keepdim=True) / 127
+        assert torch.allclose(k_hat[..., start : start + 16, :], torch.round(g / s).clamp(-127, 127) * s)
+    s = v.abs().amax(-1, keepdim=True) / 127  # values per token
+    assert torch.allclose(v_hat, torch.round(v / s).clamp(-127, 127) * s)
+    # int8 codes, one 16-bit scale per channel and group, the 16-bit residual; values: codes and per-token scales
+    assert nbytes == 2 * 3 * 32 * 8 + 2 * 3 * 2 * 8 * 2 + 2 * 3 * 5 * 8 * 2 + 2 * 3 * 37 * 8 + 2 * 3 * 37 * 2
+
+
+# ---------------------------------------------------------------- hazards found by independent tests
+
+
+def _tiny_llama(**config: object) -> object:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kw = dict(vocab_size=11, hidden_size=8, intermediate_size=8, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, max_position_embeddings=64)
+    return LlamaForCausalLM(LlamaConfig(**{**kw, **config}))
+
+
+@pytest.mark.parametrize("config, match", [
+    (dict(attention_bias=True), "config.attention_bias = True"),
+    (dict(mlp_bias=True), "config.mlp_bias = True"),
+    (dict(hidden_act="gelu"), "config.hidden_act = 'gelu'"),
+    (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}), "rope_type 'llama3'"),
+])
+def test_llama_decode_step_refuses_a_config_it_does_not_implement(config: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ch11.llama_weights(_tiny_llama(**config))
+    with pytest.raises(ValueError, match=match):
+        ch11.attnlib_cached_logits(_tiny_llama(**config), torch.tensor([[1, 2, 3]]), 2)
+
+
+def test_llama_decode_step_requires_one_cache_per_layer() -> None:
+    w = ch11.llama_weights(_tiny_llama())
+    ids = torch.tensor([[1, 2, 3]])
+    shared = KVCache()
+    with pytest.raises(ValueError, match=r"caches\[1\] is the same object"):
+        ch11.llama_decode_step(w, ids, [shared, shared])
+    assert shared.length == 0
+    with pytest.raises(ValueError, match="a list of 2 caches, one per layer"):
+        ch11.llama_decode_step(w, ids, [KVCache()])
+    with pytest.raises(ValueError, match=r"ids must be one sequence \[1, S_new\]"):
+        ch11.llama_decode_step(w, torch.tensor([[1], [2]]), [KVCache(), KVCache()])
+    with pytest.raises(ValueError, match="model must be a Hugging Face LlamaForCausalLM"):
+        ch11.llama_weights(torch.nn.Linear(2, 2))
+
+
+def test_static_batching_charges_no_empty_step_after_a_one_token_batch() -> None:
+    cost = ch11.StepCost(10.0, 1.0)
+    two = [ch11.Request(0.0, 10, 1), ch11.Request(0.0, 10, 1)]
+    r = ch11.simulate("static", two, max_batch=1, cost=cost)
+    assert r["ttft_mean"] == (20 + 40) / 2  # the second batch's prefill starts as soon as the first ends
+    assert math.isnan(r["tpot_mean"]) and math.isnan(r["gap_max"])  # nobody has a second token
+
+
+def test_simulate_refuses_what_cannot_finish() -> None:
+    one = [ch11.Request(0.0, 10, 3)]
+    with pytest.raises(ValueError, match="output must be a positive int, got 0"):
+        ch11.Request(0.0, 10, 0)
+    with pytest.raises(ValueError, match="prompt must be a positive int, got -3"):
+        ch11.Request(0.0, -3, 2)
+    with pytest.raises(ValueError, match="chunk must be a positive int, got 0"):
+        ch11.simulate("continuous", one, chunk=0)
+    with pytest.raises(ValueError, match="max_batch must be a positive int, got 0"):
+        ch11.simulate("static", one, max_batch=0)
+    with pytest.raises(ValueError, match="policy must be one of 'static', 'continuous'"):
+        ch11.simulate("greedy", one)
+    with pytest.raises(ValueError, match="requests must be a non-empty sequence"):
+        ch11.simulate("static", [])
+    with pytest.raises(ValueError, match="fixed_ms must be > 0"):
+        ch11.StepCost(0.0, 1.0)
+
+
+def test_poisson_arrivals_returns_n_requests_or_refuses() -> None:
+    assert len(ch11.poisson_arrivals(5, 2.0, [(3, 2)] * 5, seed=0)) == 5
+    with pytest.raises(ValueError, match=r"mix holds 3 \(prompt, output\) pairs but n = 5"):
+        ch11.poisson_arrivals(5, 2.0, [(3, 2)] * 3, seed=0)
+    with pytest.raises(ValueError, match="rate_per_s must be > 0"):
+        ch11.poisson_arrivals(1, 0.0, [(3, 2)], seed=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_quantisation_computes_in_float32_whatever_the_cache_dtype(dtype: torch.dtype) -> None:
+    x = (torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
+    for scheme in ("int8-token", "int8-channel", "fp8"):
+        codes, scale = ch11.quantize(x, scheme)
+        codes32, scale32 = ch11.quantize(x.float(), scheme)
+        assert scale.dtype == torch.float32 and torch.equal(scale, scale32)
+        assert torch.equal(codes.view(torch.int8), codes32.view(torch.int8))  # every code, not most of them
+    zeros = torch.zeros(1, 2, 4, 8, dtype=torch.float16)  # a zero position: 0 / scale, never 0 / 0
+    for scheme in ("int8-token", "int8-channel", "fp8"):
+        assert torch.equal(ch11.dequantize(*ch11.quantize(zeros, scheme)), zeros.float())
+    k_hat, v_hat, _ = ch11.kivi_roundtrip(x[..., :40, :], x[..., :40, :], group=16)
+    assert k_hat.dtype == v_hat.dtype == torch.float32 and torch.isfinite(k_hat).all()
+
+
+def test_float8_subnormals_round_to_zero_as_the_docstring_says() -> None:
+    x = torch.tensor([[448.0, 1.0, 2.0**-6, 2.0**-11]], dtype=torch.float64)  # one position, scale 448 / 448 = 1
+    back = ch11.dequantize(*ch11.quantize(x, "fp8"))[0]
+    assert back[0] == 448.0 and back[2] == x[0, 2]  # the top and the smallest normal are exact
+    assert back[3] == 0.0  # below 2^-10 of the scale: rounds to 0
+    assert "subnormal" in ch11.quantize.__doc__ and "round to 0" in ch11.quantize.__doc__
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: ch11.kivi_roundtrip(torch.ones(1, 4, 2), torch.ones(1, 4, 2), group=0), "group must be a positive int, got 0"),
+    (lambda: ch11.quantize(torch.ones(2, 2), "int4"), "scheme must be one of"),
+    (lambda: ch11.dequantize(torch.ones(2, 2), torch.ones(1)), "codes must be int8 or float8_e4m3fn"),
+    (lambda: ch11.reserved_positions("paged", -3), "length must be an int >= 0, got -3"),
+    (lambda: ch11.reserved_positions("paged", 5, block_size=0), "block_size must be a positive int, got 0"),
+    (lambda: ch11.reserved_positions("paged", 3000), "length must be in 0..max_len = 2048"),
+    (lambda: ch11.memory_waste([(10, -2)]), r"mix\[0\] must be \(prompt, output\) ints >= 1"),
+    (lambda: ch11.memory_waste([(10, 2)], block_size=-16), "block_size must be a positive int, got -16"),
+    (lambda: ch11.block_hashes([1, 2, 3], 0), "block_size must be a positive int, got 0"),
+    (lambda: ch11.PrefixCache(0), "block_size must be a positive int, got 0"),
+    (lambda: ch11.cow_demo(block_size=0), "block_size must be a positive int, got 0"),
+    (lambda: ch11.simulate_paging(-1, 8), "steps must be an int >= 0, got -1"),
+    (lambda: ch11.paging_frame(3, block_size=0), "block_size must be a positive int, got 0"),
+    (lambda: ch11.request_mix(-5), "n must be an int >= 0, got -5"),
+    (lambda: ch11.reference_blocks_needed(10, -1, 4, 0), "new_tokens must be an int >= 0, got -1"),
+    (lambda: ch11.rope(torch.ones(1, 1, 3, 5), torch.arange(3), 10000.0), "D_k even"),
+    (lambda: ch11.sink_attention(torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4), sink_logit=torch.ones(3)),
+     r"sink_logit must be \[H\] = \[2\]"),
+    (lambda: ch11.SinkLM(10, d_model=12, num_heads=4), "must be even for rotary positions"),
+])
+def test_nonsensical_arguments_are_refused_with_their_name(call: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_streaming_and_speculation_refuse_windows_and_k_that_cannot_be_right() -> None:
+    model = ch11.SinkLM(10, d_model=8, num_heads=2, layers=1)
+    ids = torch.arange(6)
+    with pytest.raises(ValueError, match="window = 4 must be larger than sinks = 4"):
+        ch11.stream_loss(model, ids, window=4, sinks=4)
+    with pytest.raises(ValueError, match="sinks = 2 needs a window"):
+        ch11.stream_loss(model, ids, window=None, sinks=2)
+    assert ch11.stream_loss(model, ids, window=3, sinks=1).shape == (5,)
+    target, draft = toy_lm.TinyLM(10, d_model=8, num_heads=2, max_len=16), toy_lm.TinyLM(10, d_model=8, num_heads=2, max_len=16)
+    with pytest.raises(ValueError, match="k must be a positive int, got 0"):
+        ch11.speculative_generate(target, draft, torch.tensor([1, 2, 3]), 4, k=0)
+    with pytest.raises(ValueError, match="exceeds the models' max_len = 16"):
+        ch11.speculative_generate(target, draft, torch.tensor([1, 2, 3]), 14)
