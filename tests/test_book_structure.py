@@ -143,6 +143,20 @@ def test_solutions_start_folded_in_jupyterlab_and_colab(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=str)
+def test_solution_code_prints_nothing(path: Path) -> None:
+    """A solution's code runs (so ``make test`` checks it against its checker) and stays silent.
+
+    Run All runs the solutions too, and JupyterLab and Colab show a folded cell's new outputs: a
+    solution that printed would show every answer under its exercise. What a reader should see
+    after opening a solution is written in its folded prose; the code asserts it instead.
+    """
+    nb = nbformat.read(ROOT / path, as_version=4)
+    noisy = [f"cell {i} ({cell.get('id')})" for i, cell in enumerate(nb.cells)
+             if cell.cell_type == "code" and cell.source.startswith("# @title Solution") and cell.outputs]
+    assert not noisy, f"{path}: solution cells with outputs: {noisy}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=str)
 def test_cells_that_only_feed_a_static_slider_fold_their_code_on_the_website(path: Path) -> None:
     """A cell that calls ``static_slider`` and defines no function (its settings, title, alt text) is
     tagged ``hide-input``: the website shows the figure with the code behind "Show code cell source"."""
