@@ -251,10 +251,10 @@ def head_contributions(model: nn.Module, run: ModelRun, layer_index: int, head: 
 #: from *this* query differs from the head whose key column is largest in total, so an answer that
 #: ignores the query cannot pass.
 LINK_CASES: tuple[tuple[str, str, str], ...] = (
-    ("The keys on the table are lost.", "are", "keys"),
+    ("The books on the shelf are old.", "are", "books"),
     ("The students in the library were quiet.", "were", "students"),
     ("My old friends from school visit us every summer.", "visit", "friends"),
-    ("The keys on the table are lost.", "table", "keys"),
+    ("The books on the shelf are old.", "shelf", "books"),
 )
 
 

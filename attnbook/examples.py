@@ -7,14 +7,14 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["KEYS_SENTENCE", "CAT_SENTENCE", "IT_SENTENCE", "toy_hidden_states"]
+__all__ = ["BOOKS_SENTENCE", "THEY_SENTENCE", "toy_hidden_states"]
 
-#: "The keys on the table are lost." split into S = 8 tokens.
-KEYS_SENTENCE: list[str] = ["The", "keys", "on", "the", "table", "are", "lost", "."]
-#: The causal-mask example.
-CAT_SENTENCE: list[str] = ["The", "cat", "sat", "on", "the", "mat"]
-#: The multi-head example (a pronoun that needs two relations at once).
-IT_SENTENCE: list[str] = ["The", "animal", "didn't", "cross", "the", "street", "because", "it", "was", "too", "tired", "."]
+#: The book's running example, "The books on the shelf are old.", split into S = 8 tokens: the verb
+#: "are" agrees with the plural "books", four positions back, not with the nearer "shelf".
+BOOKS_SENTENCE: list[str] = ["The", "books", "on", "the", "shelf", "are", "old", "."]
+#: The same sentence continued (S = 12): the pronoun "they" stands for "books", and "dusty" is
+#: what is said about them, so "they" needs two other tokens at once (chapter 5).
+THEY_SENTENCE: list[str] = ["The", "books", "on", "the", "shelf", "are", "old", "and", "they", "look", "dusty", "."]
 
 
 def toy_hidden_states(tokens: list[str], d_model: int = 16, *, seed: int = 0, device: torch.device | str | None = None) -> Tensor:

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "site_tests"))
 from sitekit import CHROMIUM, CHROMIUM_ARGS, SITE, _QuietHandler, open_page  # noqa: E402
 
-FIRST = "The keys on the old table are lost again."  # 12 tokens with [CLS] and [SEP]
+FIRST = "The books on the old shelf are dusty again."  # 12 tokens with [CLS] and [SEP]
 LATER = [
     "The key on the table is lost today.", "The dogs near the old car were barking.",
     "A cat sat on the warm mat all day.", "The students in the library were quiet.",

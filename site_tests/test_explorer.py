@@ -71,7 +71,7 @@ def test_page_is_light_until_the_model_is_asked_for(browser: Any, base_url: str)
         m = _manifest()
         total = m["model"]["bytes"] + sum(m["runtime"]["files"].values())
         assert button.inner_text() == f"Load model ({total / 1e6:.1f} MB)"
-        assert v.page.get_by_label("Your sentence").input_value() == "The keys on the table are lost."
+        assert v.page.get_by_label("Your sentence").input_value() == "The books on the shelf are old."
         assert not unexpected_errors(v.errors) and not v.blocked and not v.failed, (v.errors, v.blocked, v.failed)
     finally:
         v.page.context.close()
@@ -118,7 +118,7 @@ def test_reader_types_a_sentence_and_explores_with_the_keyboard(browser: Any, ba
         field = page.get_by_label("Your sentence")
         field.focus()
         field.fill("")
-        page.keyboard.type("The keys on the table are lost.")
+        page.keyboard.type("The books on the shelf are old.")
         page.keyboard.press("Tab")  # to the Load model button
         assert page.evaluate("() => document.activeElement.className") == "ax-load"
         page.keyboard.press("Enter")
@@ -128,7 +128,7 @@ def test_reader_types_a_sentence_and_explores_with_the_keyboard(browser: Any, ba
         assert page.inner_text(".ax-progress-text") == f"{total / 1e6:.1f} of {total / 1e6:.1f} MB"
         live_region = page.locator("[aria-live=polite]")
         said = live_region.inner_text()
-        assert said.startswith("10 tokens") and "1 head puts the top weight of are on keys, first L3H1" in said, said
+        assert said.startswith("10 tokens") and "2 heads put the top weight of are on books, first L0H3" in said, said
         state = page.evaluate(CELLS)
         assert state["rows"] == 10 and state["cells"] == 100 and state["emptyHeaders"] == 0, state
         assert state["worst"] >= 4.5, f"a heatmap cell's text has contrast {state['worst']:.2f} < 4.5"
@@ -145,7 +145,7 @@ def test_reader_types_a_sentence_and_explores_with_the_keyboard(browser: Any, ba
         # One query's lines only: as many lines as keys, each as opaque as its weight.
         page.locator(".ax-from").select_option("6")
         opacities = page.eval_on_selector_all(".ax-lines line", "ls => ls.map((l) => Number(l.getAttribute('stroke-opacity')))")
-        weights = page.evaluate("() => window.attnlibLive.run('The keys on the table are lost.').then((r) => r.attentions[3][1][6])")
+        weights = page.evaluate("() => window.attnlibLive.run('The books on the shelf are old.').then((r) => r.attentions[3][1][6])")
         assert np.allclose(opacities, weights, atol=1e-4)
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "explorer-live.png"), full_page=True)

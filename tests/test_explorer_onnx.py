@@ -86,7 +86,7 @@ def test_the_long_sentence_fills_128_tokens() -> None:
 
 def test_padded_batch_matches_the_model(session: Any) -> None:
     model, tokenizer = pretrained.load_minilm()
-    enc = pretrained.encode(tokenizer, ["The keys on the table are lost.", "Where are they?"])
+    enc = pretrained.encode(tokenizer, ["The books on the shelf are old.", "Where are they?"])
     got = onnx_attentions(session, enc["input_ids"], enc["attention_mask"])  # [L, B, H, S, S]
     with torch.no_grad():
         want = torch.stack(model(**enc, output_attentions=True).attentions).numpy()
@@ -184,8 +184,8 @@ process.stdout.write(JSON.stringify({
 
 
 def test_js_head_scores_equal_attnlib() -> None:
-    toks, weights, _ = ex.reference("The keys on the table are lost.")
-    are, keys = toks.index("are"), toks.index("keys")
+    toks, weights, _ = ex.reference("The books on the shelf are old.")
+    are, keys = toks.index("are"), toks.index("books")
     got = node(ANALYSIS_JS, {"att": weights.tolist(), "query": are, "key": keys})
     scores = ch07.head_pattern_scores(weights, toks)
     assert np.abs(np.array(got["prev"]) - scores["previous"].numpy()).max() < 1e-6

@@ -13,7 +13,7 @@ import { tokenize, parseVocab } from "./tokenizer.mjs";
 import { previousTokenScores, keyScores, topHeads, headsWithTopOn, cellColours } from "./analysis.mjs";
 
 const BASE = new URL("./", import.meta.url);
-const DEFAULT_SENTENCE = "The keys on the table are lost.";
+const DEFAULT_SENTENCE = "The books on the shelf are old.";
 const MB = (bytes) => (bytes / 1e6).toFixed(1);
 
 const state = { manifest: null, vocab: null, session: null, loading: null, status: "idle", ui: null };
@@ -342,7 +342,7 @@ function buildUi(root) {
       current = result;
       const { tokens } = result;
       const opts = tokens.map((t, i) => [i, `${i}: ${t}`]);
-      const q = Math.max(tokens.indexOf("are"), 1), k = tokens.indexOf("keys") > 0 ? tokens.indexOf("keys") : Math.min(2, tokens.length - 1);
+      const q = Math.max(tokens.indexOf("are"), 1), k = tokens.indexOf("books") > 0 ? tokens.indexOf("books") : Math.min(2, tokens.length - 1);
       fillSelect(el.query, opts, q);
       fillSelect(el.key, opts, k);
       fillSelect(el.from, [[-1, "every token"], ...opts], -1);
