@@ -168,7 +168,7 @@ function readAns(q,s){var x=num(s);if(isFinite(x))return[x,null];
 # keyword argument ("is_causal=True") is shown as <code>.
 
 _CODE = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w* @ )?(?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*(?:\((?:[^()]|\([^()]*\))*\))?"
-                   r"|(?<![\w.])[A-Za-z_]\w*=[\w.()\[\]]+")
+                   r"|(?<![\w.])[A-Za-z_]\w*=(?:[\w.\[\]]|\([^()]*\))+")  # a value's parentheses balance
 _SUP = str.maketrans("0123456789+-()", "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁽⁾")
 _MATH = [
     (re.compile(r"(?<![\w.])sqrt\(([A-Za-z0-9]+(?:_[A-Za-z0-9]+)?)\)"), r"√\1"),

@@ -81,6 +81,8 @@ def test_typeset_maths_and_leaves_code_alone() -> None:
         "<code>attnlib.causal_mask(2, S_k=6)</code> with <code>is_causal=True</code>"
     assert typeset("hidden_states, key_padding_mask, e.g. W^Q") == "hidden_states, key_padding_mask, e.g. W<sup>Q</sup>"
     assert typeset("<b>1 < 2</b>") == "&lt;b&gt;1 &lt; 2&lt;/b&gt;"  # escaped: quiz text is never HTML
+    assert typeset("a top-left mask (is_causal=True)") == "a top-left mask (<code>is_causal=True</code>)"
+    assert typeset("x.view(B, S, H, D_k) or dims=(0, 1))") == "<code>x.view(B, S, H, D_k)</code> or <code>dims=(0, 1)</code>)"
 
 
 def test_questions_are_numbered_per_chapter() -> None:
