@@ -43,6 +43,24 @@ document.addEventListener("DOMContentLoaded", function () {
   });
 });
 
+// Phones and tablets: every visible sidebar button opens its drawer. pydata-sphinx-theme 0.17 and
+// sphinx-book-theme 1.3 bind only the first `.primary-toggle` / `.secondary-toggle` of the page
+// (pydata-sphinx-theme#2451). _config.yml leaves the theme's top navbar, which held a hidden first
+// pair, out of the page; should a theme update bring a second pair back, a tap on any later
+// button is handed to the first one, which the theme has bound.
+document.addEventListener("DOMContentLoaded", function () {
+  ["primary", "secondary"].forEach(function (kind) {
+    var toggles = document.querySelectorAll("." + kind + "-toggle");
+    for (var i = 1; i < toggles.length; i++) {
+      toggles[i].addEventListener("click", function (e) {
+        e.preventDefault();
+        e.stopImmediatePropagation();
+        toggles[0].click();
+      }, true);
+    }
+  });
+});
+
 // A box that scrolls sideways must be reachable by keyboard, so that the arrow keys can scroll it:
 // wide code blocks and outputs (the theme marks these once, at load), display formulas (no
 // longer Tab stops, see _config.yml), the heatmaps of a slider on a phone. They are measured
