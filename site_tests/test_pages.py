@@ -219,6 +219,37 @@ def test_sliders_change_the_figure(visit: tuple[TocPage, Visit]) -> None:
     _no_new_errors(v, before, "moving the sliders")
 
 
+def test_solution_title_opens_the_solution(visit: tuple[TocPage, Visit]) -> None:
+    """A click anywhere on a solution's title opens it: on the link back to the exercise that
+    sphinx-exercise puts in the title (it used to scroll up to the exercise, leave the solution
+    closed and throw "button is not defined" in togglebutton.js), and on the title's plain text
+    before it, which closes it again. Neither click moves the page."""
+    toc_page, v = visit
+    page, before = v.page, len(v.errors)
+    solutions = page.locator(".solution.dropdown")
+    if solutions.count() == 0:
+        pytest.skip("no exercise solutions on this page")
+    url = page.url
+    for i in range(solutions.count()):
+        solution, where = solutions.nth(i), f"{v.url} solution {i + 1}"
+        title, body = solution.locator(".admonition-title"), solution.locator("section").first
+        link = title.locator("a").first
+        assert link.count() == 1 and link.inner_text().strip(), f"{where}: no link text in the title {title.inner_text()!r}"
+        assert not body.is_visible(), f"{where} is open before it is clicked"
+        title.scroll_into_view_if_needed()
+        top = title.evaluate("e => e.getBoundingClientRect().top")
+        link.click()
+        body.wait_for(state="visible", timeout=30_000)
+        assert body.inner_text().strip(), f"{where} opened empty"
+        moved = title.evaluate("e => e.getBoundingClientRect().top") - top
+        assert abs(moved) < 2, f"{where}: clicking the title moved the page by {moved:.0f} px"
+        assert page.url == url, f"{where}: clicking the title went to {page.url}"
+        assert title.locator("button.toggle-button").get_attribute("aria-expanded") == "true"
+        title.click(position={"x": 4, "y": 4})  # the title's own text, left of the link
+        body.wait_for(state="hidden", timeout=30_000)
+    _no_new_errors(v, before, "clicking the solutions' titles")
+
+
 def test_solutions_are_folded_and_open(visit: tuple[TocPage, Visit]) -> None:
     toc_page, v = visit
     page, before = v.page, len(v.errors)

@@ -61,6 +61,21 @@ document.addEventListener("DOMContentLoaded", function () {
   });
 });
 
+// A solution opens from anywhere on its title. sphinx-exercise makes most of the title a link back to
+// the exercise, and sphinx-togglebutton 0.4.5 finds no button for a click on that link: the page
+// scrolled up, the solution stayed closed and togglebutton.js threw "button is not defined". A
+// click on the title is given to the title's own toggle button instead (capture phase, before the
+// link or togglebutton.js see it); the button itself still works as before.
+document.addEventListener("click", function (e) {
+  var title = e.target.closest && e.target.closest(".toggle > .admonition-title");
+  if (!title || e.target.closest(".toggle-button")) return;
+  var button = title.querySelector(".toggle-button");
+  if (!button) return;
+  e.preventDefault();
+  e.stopPropagation();
+  button.click();
+}, true);
+
 // A box that scrolls sideways must be reachable by keyboard, so that the arrow keys can scroll it:
 // wide code blocks and outputs (the theme marks these once, at load), display formulas (no
 // longer Tab stops, see _config.yml), the heatmaps of a slider on a phone. They are measured
