@@ -76,6 +76,37 @@ document.addEventListener("click", function (e) {
   button.click();
 }, true);
 
+// Wide screens: a code or output box wider than the text column reaches under the page's table of
+// contents (attnbook.css). While one passes under it, the table of contents folds to its title
+// (sphinx-book-theme's own "hide" class, which it uses for margin content; hovering opens it). Only
+// the boxes that do reach under it are watched, in the band of the screen it covers; both are
+// measured again with the scrolling boxes above (mark), whenever something may have changed them.
+var watchWideBoxes = (function () {
+  var BOXES = "div.cell_input, .cell_output > .output.stream, .cell_output > .output.text_plain, .bd-article section > div[class^='highlight-'], .bd-article li > div[class^='highlight-']";
+  var observer = null;
+  return function () {
+    if (observer) observer.disconnect();
+    var toc = document.querySelector(".bd-sidebar-secondary");
+    var list = toc && toc.querySelector("nav.page-toc");
+    if (!list || !window.matchMedia("(min-width: 1200px)").matches) {
+      if (toc) toc.classList.remove("hide");
+      return;
+    }
+    var left = list.getBoundingClientRect().left;
+    var wide = [].filter.call(document.querySelectorAll(BOXES), function (box) {
+      return box.getBoundingClientRect().right > left + 1;
+    });
+    var under = new Set();
+    var band = Math.min(toc.scrollHeight, window.innerHeight);
+    observer = new IntersectionObserver(function (entries) {
+      entries.forEach(function (e) { if (e.isIntersecting) under.add(e.target); else under.delete(e.target); });
+      toc.classList.toggle("hide", under.size > 0);
+    }, { rootMargin: "0px 0px " + (band - window.innerHeight) + "px 0px" });
+    wide.forEach(function (box) { observer.observe(box); });
+    if (!wide.length) toc.classList.remove("hide");
+  };
+})();
+
 // A box that scrolls sideways must be reachable by keyboard, so that the arrow keys can scroll it:
 // wide code blocks and outputs (the theme marks these once, at load), display formulas (no
 // longer Tab stops, see _config.yml), the heatmaps of a slider on a phone. They are measured
@@ -88,7 +119,7 @@ document.addEventListener("click", function (e) {
     if (scrolls) box.setAttribute("tabindex", "0");
     else if (box.getAttribute("tabindex") === "0") box.setAttribute("tabindex", "-1");
   }
-  function mark() { document.querySelectorAll(BOXES).forEach(markBox); }
+  function mark() { document.querySelectorAll(BOXES).forEach(markBox); watchWideBoxes(); }
   var timer = null;
   function later() { clearTimeout(timer); timer = setTimeout(mark, 350); }
   // A slider's frame box is marked in the same event that redraws it: one frame of a slider can
@@ -112,3 +143,4 @@ document.addEventListener("click", function (e) {
     document.addEventListener("input", frameDrawn, true);
   });
 })();
+
