@@ -118,9 +118,12 @@ def _where(stack: str | None) -> str:
     return f" @ {match.group(1)}" if match else ""
 
 
-def open_page(browser: Any, url: str, *, width: int = 1280) -> Visit:
-    """Open ``url`` with all non-local requests blocked; wait until MathJax (if any) is done."""
-    context = browser.new_context(viewport={"width": width, "height": 900}, service_workers="block")
+def open_page(browser: Any, url: str, *, width: int = 1280, height: int = 900, touch: bool = False) -> Visit:
+    """Open ``url`` with all non-local requests blocked; wait until MathJax (if any) is done.
+
+    ``touch``: a touch screen (a phone or tablet), so that the test can tap as its reader does."""
+    context = browser.new_context(viewport={"width": width, "height": height}, service_workers="block",
+                                  has_touch=touch, is_mobile=touch and width < 600)
     # Generous timeouts: a waiting test only fails later, never passes wrongly, and a loaded
     # two-core CI machine can take many seconds to lay out a long chapter.
     context.set_default_timeout(60_000)

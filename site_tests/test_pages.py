@@ -221,6 +221,37 @@ def test_sliders_change_the_figure(visit: tuple[TocPage, Visit]) -> None:
     _no_new_errors(v, before, "moving the sliders")
 
 
+def test_solution_title_opens_the_solution(visit: tuple[TocPage, Visit]) -> None:
+    """A click anywhere on a solution's title opens it: on the link back to the exercise that
+    sphinx-exercise puts in the title (it used to scroll up to the exercise, leave the solution
+    closed and throw "button is not defined" in togglebutton.js), and on the title's plain text
+    before it, which closes it again. Neither click moves the page."""
+    toc_page, v = visit
+    page, before = v.page, len(v.errors)
+    solutions = page.locator(".solution.dropdown")
+    if solutions.count() == 0:
+        pytest.skip("no exercise solutions on this page")
+    url = page.url
+    for i in range(solutions.count()):
+        solution, where = solutions.nth(i), f"{v.url} solution {i + 1}"
+        title, body = solution.locator(".admonition-title"), solution.locator("section").first
+        link = title.locator("a").first
+        assert link.count() == 1 and link.inner_text().strip(), f"{where}: no link text in the title {title.inner_text()!r}"
+        assert not body.is_visible(), f"{where} is open before it is clicked"
+        title.scroll_into_view_if_needed()
+        top = title.evaluate("e => e.getBoundingClientRect().top")
+        link.click()
+        body.wait_for(state="visible", timeout=30_000)
+        assert body.inner_text().strip(), f"{where} opened empty"
+        moved = title.evaluate("e => e.getBoundingClientRect().top") - top
+        assert abs(moved) < 2, f"{where}: clicking the title moved the page by {moved:.0f} px"
+        assert page.url == url, f"{where}: clicking the title went to {page.url}"
+        assert title.locator("button.toggle-button").get_attribute("aria-expanded") == "true"
+        title.click(position={"x": 4, "y": 4})  # the title's own text, left of the link
+        body.wait_for(state="hidden", timeout=30_000)
+    _no_new_errors(v, before, "clicking the solutions' titles")
+
+
 def test_solutions_are_folded_and_open(visit: tuple[TocPage, Visit]) -> None:
     toc_page, v = visit
     page, before = v.page, len(v.errors)
@@ -354,3 +385,65 @@ def test_no_sideways_scrolling_on_a_phone(visit: tuple[TocPage, Visit]) -> None:
         assert width <= 390, f"{v.url}: at 390 px the page is {width} px wide; too wide: {page.evaluate(WIDEST, 390)}"
     finally:
         page.set_viewport_size({"width": 1280, "height": 900})
+
+
+#: Code and printed output, counted at 1366 px: the code boxes of cells and of the text, and the
+#: boxes of printed (text) output. A box "scrolls" when its <pre> is wider than the box.
+WIDE_SCREEN_CODE = """() => {
+  const shown = e => e.getClientRects().length > 0;
+  const pres = [...document.querySelectorAll('main pre')].filter(shown);
+  const code = pres.filter(p => !p.closest('.cell_output'));
+  const printed = pres.filter(p => p.closest('.cell_output'));
+  const scrolls = p => p.scrollWidth > p.clientWidth + 1;
+  const toc = document.querySelector('.bd-sidebar-secondary nav.page-toc');
+  const tocLeft = toc && toc.getClientRects().length ? toc.getBoundingClientRect().left : Infinity;
+  const under = [...document.querySelectorAll('div.cell_input, .cell_output > .output')].filter(shown)
+    .filter(b => b.getBoundingClientRect().right > tocLeft + 1);
+  // a code box that scrolls although it could have grown further (to the column's width + 16rem)
+  const room = 16 * parseFloat(getComputedStyle(document.documentElement).fontSize);
+  const held = code.filter(scrolls).map(p => p.closest('div.cell_input') || p.closest('div[class^="highlight-"]'))
+    .filter(b => { if (!b || b.closest('li')) return false;
+      const c = getComputedStyle(b.parentElement);  // the box may grow to its container's content width + 16rem
+      const column = b.parentElement.clientWidth - parseFloat(c.paddingLeft) - parseFloat(c.paddingRight);
+      return b.getBoundingClientRect().width < column + room - 2; })
+    .map(b => b.textContent.trim().slice(0, 40));
+  return {code: code.length, code_scrolls: code.filter(scrolls).length, held,
+          printed: printed.length, printed_scrolls: printed.filter(scrolls).length,
+          under_toc: under.length, page_width: document.documentElement.scrollWidth,
+          right: Math.max(0, ...pres.map(p => p.getBoundingClientRect().right))};
+}"""
+
+
+def test_wide_code_on_a_wide_screen(visit: tuple[TocPage, Visit]) -> None:
+    """At 1366 px, code and printed output wider than the text column break out over the table of
+    contents' column instead of scrolling sideways (attnbook.css): the page never gets wider than
+    the screen, and the table of contents folds to its title while such a box passes under it.
+    The counts go to the site report (``code_scrolling_1366``: before this, 250 of the book's 317
+    code boxes scrolled)."""
+    toc_page, v = visit
+    page, before = v.page, len(v.errors)
+    page.set_viewport_size({"width": 1366, "height": 900})
+    try:
+        page.wait_for_function("() => window.innerWidth === 1366")
+        page.wait_for_timeout(500)  # attnbook.js measures again 350 ms after a resize
+        m = page.evaluate(WIDE_SCREEN_CODE)
+        record(str(toc_page), code_boxes_1366=m["code"], code_scrolling_1366=m["code_scrolls"],
+               output_boxes_1366=m["printed"], output_scrolling_1366=m["printed_scrolls"])
+        assert m["page_width"] <= 1366, f"{v.url}: at 1366 px the page is {m['page_width']} px wide"
+        assert m["right"] <= 1366, f"{v.url}: a code box reaches {m['right']:.0f} px, past the screen"
+        assert not m["held"], f"{v.url}: code boxes scroll sideways without breaking out of the column: {m['held'][:5]}"
+        toc = page.locator(".bd-sidebar-secondary")
+        if m["under_toc"] and toc.is_visible():
+            # scroll a box that reaches under the table of contents to the top: the contents fold
+            page.evaluate("""() => { const toc = document.querySelector('.bd-sidebar-secondary nav.page-toc');
+              const box = [...document.querySelectorAll('div.cell_input, .cell_output > .output')]
+                .find(b => b.getClientRects().length && b.getBoundingClientRect().right > toc.getBoundingClientRect().left + 1);
+              window.scrollTo(0, box.getBoundingClientRect().top + window.scrollY - 120); }""")
+            page.mouse.move(10, 450)  # not hovering the table of contents, which opens it
+            page.wait_for_function("() => document.querySelector('.bd-sidebar-secondary').classList.contains('hide')", timeout=10_000)
+            page.wait_for_function("() => document.querySelector('.bd-sidebar-secondary').getBoundingClientRect().height < 80", timeout=10_000)
+            page.evaluate("() => window.scrollTo(0, 0)")
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 900})
+    _no_new_errors(v, before, "widening the window")
+

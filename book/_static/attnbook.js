@@ -43,6 +43,70 @@ document.addEventListener("DOMContentLoaded", function () {
   });
 });
 
+// Phones and tablets: every visible sidebar button opens its drawer. pydata-sphinx-theme 0.17 and
+// sphinx-book-theme 1.3 bind only the first `.primary-toggle` / `.secondary-toggle` of the page
+// (pydata-sphinx-theme#2451). _config.yml leaves the theme's top navbar, which held a hidden first
+// pair, out of the page; should a theme update bring a second pair back, a tap on any later
+// button is handed to the first one, which the theme has bound.
+document.addEventListener("DOMContentLoaded", function () {
+  ["primary", "secondary"].forEach(function (kind) {
+    var toggles = document.querySelectorAll("." + kind + "-toggle");
+    for (var i = 1; i < toggles.length; i++) {
+      toggles[i].addEventListener("click", function (e) {
+        e.preventDefault();
+        e.stopImmediatePropagation();
+        toggles[0].click();
+      }, true);
+    }
+  });
+});
+
+// A solution opens from anywhere on its title. sphinx-exercise makes most of the title a link back to
+// the exercise, and sphinx-togglebutton 0.4.5 finds no button for a click on that link: the page
+// scrolled up, the solution stayed closed and togglebutton.js threw "button is not defined". A
+// click on the title is given to the title's own toggle button instead (capture phase, before the
+// link or togglebutton.js see it); the button itself still works as before.
+document.addEventListener("click", function (e) {
+  var title = e.target.closest && e.target.closest(".toggle > .admonition-title");
+  if (!title || e.target.closest(".toggle-button")) return;
+  var button = title.querySelector(".toggle-button");
+  if (!button) return;
+  e.preventDefault();
+  e.stopPropagation();
+  button.click();
+}, true);
+
+// Wide screens: a code or output box wider than the text column reaches under the page's table of
+// contents (attnbook.css). While one passes under it, the table of contents folds to its title
+// (sphinx-book-theme's own "hide" class, which it uses for margin content; hovering opens it). Only
+// the boxes that do reach under it are watched, in the band of the screen it covers; both are
+// measured again with the scrolling boxes above (mark), whenever something may have changed them.
+var watchWideBoxes = (function () {
+  var BOXES = "div.cell_input, .cell_output > .output.stream, .cell_output > .output.text_plain, .bd-article section > div[class^='highlight-'], .bd-article li > div[class^='highlight-']";
+  var observer = null;
+  return function () {
+    if (observer) observer.disconnect();
+    var toc = document.querySelector(".bd-sidebar-secondary");
+    var list = toc && toc.querySelector("nav.page-toc");
+    if (!list || !window.matchMedia("(min-width: 1200px)").matches) {
+      if (toc) toc.classList.remove("hide");
+      return;
+    }
+    var left = list.getBoundingClientRect().left;
+    var wide = [].filter.call(document.querySelectorAll(BOXES), function (box) {
+      return box.getBoundingClientRect().right > left + 1;
+    });
+    var under = new Set();
+    var band = Math.min(toc.scrollHeight, window.innerHeight);
+    observer = new IntersectionObserver(function (entries) {
+      entries.forEach(function (e) { if (e.isIntersecting) under.add(e.target); else under.delete(e.target); });
+      toc.classList.toggle("hide", under.size > 0);
+    }, { rootMargin: "0px 0px " + (band - window.innerHeight) + "px 0px" });
+    wide.forEach(function (box) { observer.observe(box); });
+    if (!wide.length) toc.classList.remove("hide");
+  };
+})();
+
 // A box that scrolls sideways must be reachable by keyboard, so that the arrow keys can scroll it:
 // wide code blocks and outputs (the theme marks these once, at load), display formulas (no
 // longer Tab stops, see _config.yml), the heatmaps of a slider on a phone. They are measured
@@ -55,7 +119,7 @@ document.addEventListener("DOMContentLoaded", function () {
     if (scrolls) box.setAttribute("tabindex", "0");
     else if (box.getAttribute("tabindex") === "0") box.setAttribute("tabindex", "-1");
   }
-  function mark() { document.querySelectorAll(BOXES).forEach(markBox); }
+  function mark() { document.querySelectorAll(BOXES).forEach(markBox); watchWideBoxes(); }
   var timer = null;
   function later() { clearTimeout(timer); timer = setTimeout(mark, 350); }
   // A slider's frame box is marked in the same event that redraws it: one frame of a slider can
@@ -79,3 +143,4 @@ document.addEventListener("DOMContentLoaded", function () {
     document.addEventListener("input", frameDrawn, true);
   });
 })();
+
