@@ -183,6 +183,15 @@ def test_blocks_mistakes_are_distinct_on_the_cases() -> None:
     assert "not prefix tokens" in ch11.check_blocks_needed(lambda p, n, b, s: -(-(p + n - s) // b)).message
 
 
+@pytest.mark.parametrize("wrong", [
+    lambda p, n, b, s: -(-(p + n) // b) - (s - 1) // b,          # the prefix's blocks off by one
+    lambda p, n, b, s: -(-(p + n) // b) - (-(-s // b) - 1),      # ceil(prefix / b) - 1
+    lambda p, n, b, s: int((p + n) / b + 0.99) - s // b,         # an approximate ceil
+], ids=["(s - 1) // b", "ceil(s / b) - 1", "int(x / b + 0.99)"])
+def test_blocks_checker_refuses_answers_right_on_most_cases(wrong) -> None:
+    assert ch11.check_blocks_needed(wrong).status == "wrong"
+
+
 def test_tensor_checkers() -> None:
     assert ch11.check_int8_per_token(ch11.reference_int8_per_token).passed
     for m in ch11.INT8_MISTAKES:

@@ -236,3 +236,21 @@ def test_paged_attention_refuses_queries_that_do_not_fit(q: torch.Tensor, match:
 def test_contiguous_attention_refuses_mismatched_keys_and_values() -> None:
     with pytest.raises(ValueError, match="k and v must share shape"):
         contiguous_attention(torch.ones(2, 1, 4), torch.ones(1, 5, 4), torch.ones(1, 4, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_in_place_attention_is_as_precise_as_the_gathered_one_in_16_bit(dtype: torch.dtype) -> None:
+    """A 16-bit pool: the in-place kernel computes its scores and softmax in float32, as SDPA does."""
+    torch.manual_seed(0)
+    pool = BlockPool(60, 2, num_kv_heads=2, head_dim=64, dtype=dtype)
+    seq, other = PagedKVCache(pool), PagedKVCache(pool)
+    k, v = torch.randn(2, 2, 50, 64).unbind(0)                     # [H_kv, S, D_k] each
+    for i in range(0, 50, 2):                                      # interleaved: a fragmented block table
+        seq.append(k[:, i : i + 2].to(dtype), v[:, i : i + 2].to(dtype))
+        other.append(k[:, i : i + 2].to(dtype), v[:, i : i + 2].to(dtype))
+    q = torch.randn(8, 1, 64)                                      # [H, 1, D_k]
+    keys, values = seq.gather()
+    oracle = contiguous_attention(q.double(), keys.double(), values.double())
+    err = {name: (fn(q.to(dtype), seq).double() - oracle).abs().max().item()
+           for name, fn in (("in place", paged_attention_in_place), ("gathered", paged_attention))}
+    assert err["in place"] <= 1.5 * err["gathered"] + 1e-4, err

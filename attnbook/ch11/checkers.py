@@ -26,7 +26,10 @@ def reference_blocks_needed(prompt_len: int, new_tokens: int, block_size: int, s
 # (prompt, new tokens, block size, cached prefix tokens). Subtracting prefix tokens instead of prefix blocks
 # agrees with the floor-division mistake when the last block's fill is at most the prefix's remainder
 # (the first case) and with the answer when it is larger (the third): the cases together tell all three apart.
-BLOCKS_CASES = ((100, 30, 16, 40), (250, 38, 32, 200), (61, 17, 8, 19), (100, 38, 16, 44))  # the last tells round from prefix tokens
+# The fourth tells round() from prefix tokens; the fifth (a prefix of whole blocks) and sixth (no prefix)
+# catch a prefix counted off by one; the seventh (one position past a large block) an approximate ceil.
+BLOCKS_CASES = ((100, 30, 16, 40), (250, 38, 32, 200), (61, 17, 8, 19), (100, 38, 16, 44),
+                (64, 10, 16, 32), (20, 5, 8, 0), (100, 29, 128, 0))
 BLOCKS_MISTAKES = (
     Mistake("floor division", lambda p, n, b, s: (p + n) // b - s // b,
             "a partly filled last block still has to be allocated: round the block count up, -(-(p + n) // b)."),
@@ -65,7 +68,7 @@ def _solution_blocks(prompt_len: int, new_tokens: int, block_size: int, shared_p
                                lambda: [()], lambda: _vector(reference_blocks_needed, BLOCKS_CASES)),),
           not_generic={"float16": "the answer is a count"})
 def check_blocks_needed(fn: Callable[..., Any]) -> Feedback:
-    """Check ``fn(prompt_len, new_tokens, block_size, shared_prefix) -> new blocks`` on three cases."""
+    """Check ``fn(prompt_len, new_tokens, block_size, shared_prefix) -> new blocks`` on every case of ``BLOCKS_CASES``."""
     return check_number_cases(
         fn, BLOCKS_CASES, reference_blocks_needed, BLOCKS_MISTAKES, what="a number of blocks", same=lambda a, b: a == b,
         done="a request allocates its positions in whole blocks, less the full blocks a cached prefix already holds.",
