@@ -398,3 +398,10 @@ def test_streaming_and_speculation_refuse_windows_and_k_that_cannot_be_right() -
         ch11.speculative_generate(target, draft, torch.tensor([1, 2, 3]), 4, k=0)
     with pytest.raises(ValueError, match="exceeds the models' max_len = 16"):
         ch11.speculative_generate(target, draft, torch.tensor([1, 2, 3]), 14)
+
+
+def test_quantize_and_arrivals_refuse_what_they_cannot_represent() -> None:
+    with pytest.raises(ValueError, match=r"x must be finite to be quantised; it holds 1 inf or NaN"):
+        ch11.quantize(torch.tensor([[1.0, float("inf")]]), "int8-token")
+    with pytest.raises(ValueError, match=r"rate_per_s = 1e-320 is too small"):
+        ch11.poisson_arrivals(5, 1e-320, [(1, 1)] * 5, 0)

@@ -33,6 +33,8 @@ def quantize(x: Tensor, scheme: str) -> tuple[Tensor, Tensor]:
     one_of("scheme", scheme, tuple(_SCHEMES))
     if float_tensor("x", x, min_dim=2).shape[-2] == 0 or x.shape[-1] == 0:
         raise ValueError(f"x must be [..., S, D_k] with S, D_k >= 1, got shape {tuple(x.shape)}")
+    if not torch.isfinite(x).all():  # one inf would make its whole group's scale, and codes, NaN
+        raise ValueError(f"x must be finite to be quantised; it holds {int((~torch.isfinite(x)).sum())} inf or NaN")
     dim, top = _SCHEMES[scheme]
     x = x.to(torch.promote_types(x.dtype, torch.float32))  # float16/bfloat16 -> float32
     scale = x.abs().amax(dim=dim, keepdim=True).clamp_min(1e-12) / top  # [..., S, 1] or [..., 1, D_k]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -57,6 +58,8 @@ def poisson_arrivals(n: int, rate_per_s: float, mix: Sequence[tuple[int, int]], 
         raise ValueError(f"mix holds {len(mix)} (prompt, output) pairs but n = {n} requests were asked for")
     if not is_int(seed):
         raise ValueError(f"seed must be an int, got {seed!r}")
+    if not math.isfinite(1000.0 / rate_per_s):
+        raise ValueError(f"rate_per_s = {rate_per_s!r} is too small: its mean gap of 1000 / rate ms overflows")
     rng = np.random.default_rng(seed)
     times = np.cumsum(rng.exponential(1000.0 / rate_per_s, n))
     return [Request(float(t), p, o) for t, (p, o) in zip(times, mix)]
