@@ -110,6 +110,12 @@ INT8_MISTAKES = (
     Mistake("floor", lambda x: torch.floor(x / (x.abs().amax(-1, keepdim=True) / 127)).clamp(-127, 127) * (x.abs().amax(-1, keepdim=True) / 127),
             "floor rounds down, towards -inf, so every value moves down by up to a whole step: round to the nearest "
             "code with torch.round."),
+    Mistake("ceil", lambda x: torch.ceil(x / (x.abs().amax(-1, keepdim=True) / 127)).clamp(-127, 127) * (x.abs().amax(-1, keepdim=True) / 127),
+            "ceil rounds up, towards +inf, so every value moves up by up to a whole step: round to the nearest "
+            "code with torch.round."),
+    Mistake("per head", lambda x: torch.round(x / (x.abs().amax((-2, -1), keepdim=True) / 127)) * (x.abs().amax((-2, -1), keepdim=True) / 127),
+            "that is one scale per head, over all its positions and channels: per token, take the max |x| over "
+            "D_k alone, amax(dim=-1, keepdim=True)."),
 )
 
 
@@ -167,6 +173,9 @@ SINK_MISTAKES = (
             "the sink only enlarges the denominator; the numerator of key j is exp(s_j)."),
     Mistake("sink column kept", lambda s, k: torch.softmax(torch.cat([s, k.view(1, -1, 1, 1).expand(*s.shape[:-1], 1)], -1), -1),
             "drop the sink's own column: return weights over the real keys only, [..., S_q, S_k]."),
+    Mistake("sink added to the logsumexp", lambda s, k: torch.exp(s - (torch.logsumexp(s, -1, keepdim=True) + k.view(-1, 1, 1))),
+            "adding the sink to the logsumexp multiplies the denominator by exp(sink): the sink's term is added to "
+            "the sum of exponentials, so combine the two with torch.logaddexp."),
 )
 
 
