@@ -143,6 +143,15 @@ def test_solutions_start_folded_in_jupyterlab_and_colab(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=str)
+def test_exercise_labels_carry_their_chapter_number(path: Path) -> None:
+    """Labels are global on the website: ``ex-NN-...`` in chapter NN keeps them unique after a renumbering."""
+    text = (ROOT / path).read_text(encoding="utf-8")
+    labels = set(re.findall(r":label: (ex-[\w-]+)", text))
+    chapter = path.name[:2]
+    assert labels and all(label.startswith(f"ex-{chapter}-") for label in labels), sorted(labels)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=str)
 def test_solution_code_prints_nothing(path: Path) -> None:
     """A solution's code runs (so ``make test`` checks it against its checker) and stays silent.
 
