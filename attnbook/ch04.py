@@ -827,8 +827,8 @@ def padding_mask_diagram() -> Diagram:
     d = Diagram("ch04_padding_mask", x0 + S * cw + 12, y0 + B * ch + 78,
                 title="The padding mask",
                 alt=f"The batch of {B} sentences padded to {S} tokens, one row each: real tokens are shaded, "
-                    "the padding cells are grey and hidden. The mask has one row per sequence, shape "
-                    f"[B, 1, 1, S] = [{B}, 1, 1, {S}], shared by every head and every query.")
+                    "the padding cells are grey and hidden. The mask has one row per sequence, of shape "
+                    f"(B, 1, 1, S) = ({B}, 1, 1, {S}), shared by every head and every query.")
     d.text(x0 + S * cw / 2, 22, "keys of each sequence", size=15, color=MUTED)
     for b, sent in enumerate(PADDED_BATCH):
         for j in range(S):
@@ -852,7 +852,8 @@ def combined_mask_diagram() -> Diagram:
     causal = causal_mask(S)
     d = Diagram("ch04_combined_mask", x0 + S * cell + 120, y0 + S * cell + 96,
                 title="Causal and padding masks combined",
-                alt=f"A {S} by {S} grid for the left-padded sequence '{' '.join(tokens)}': rows are queries, "
+                alt=f"A {S} by {S} grid for a left-padded sequence, two padding tokens and then "
+                    f"'{' '.join(tokens[2:])}': rows are queries, "
                     "columns keys. Cells are shaded where the query may attend, grey where the key is in its "
                     "future and orange where the key is padding. The two padding rows at the top have no "
                     "visible key at all.")
@@ -881,10 +882,10 @@ def encoder_decoder_diagram() -> Diagram:
     d = Diagram("ch04_encoder_decoder", 420, 368,
                 title="Encoder, decoder and cross-attention",
                 alt=f"Two columns. Left, the encoder: the {S} source tokens go into self-attention without a "
-                    f"causal mask, scores [{B}, {H}, {S}, {S}]. Right, the decoder: the {T} target tokens written "
-                    f"so far go into causal self-attention, scores [{B}, {H}, {T}, {T}]. Below it, "
+                    f"causal mask, scores of shape ({B}, {H}, {S}, {S}). Right, the decoder: the {T} target tokens "
+                    f"written so far go into causal self-attention, scores ({B}, {H}, {T}, {T}). Below it, "
                     "cross-attention takes its queries from the decoder and its keys and values from the "
-                    f"encoder's output, scores [{B}, {H}, {T}, {S}].")
+                    f"encoder's output, scores ({B}, {H}, {T}, {S}).")
     d.text(x1 + w / 2, 24, "encoder", size=16, weight="bold")
     d.text(x2 + w / 2, 24, "decoder", size=16, weight="bold")
     d.box(x1, 40, w, 48, "source tokens", sub=f"S = {S}, all given", color="grey")
