@@ -215,3 +215,8 @@ def test_colab_button_opens_the_edition() -> None:
     other = {"header_buttons": [{"label": "launch-buttons", "buttons": [{"text": "Colab", "url": url}]}]}
     site.colab_edition_button(None, "book/glossary", "page.html", other, None)  # no edition: unchanged
     assert other["header_buttons"][0]["buttons"][0]["url"] == url
+
+
+def test_numref_text_takes_the_targets_number() -> None:
+    site = colab_edition.site_url()
+    assert translate("{numref}`Exercise %s <ex-03-entropy>`") == f"[Exercise 3.2]({site}book/03_scaling_and_temperature.html#ex-03-entropy)"

@@ -247,6 +247,9 @@ def translate_role(name: str, body: str, chapter: Chapter) -> str:
         if target not in book.labels:
             raise ValueError(f"{{{name}}}`{body}`: no label {target!r} in the book")
         docname, default = book.labels[target]
+        if text and ("%s" in text or "{number}" in text):  # numref's "Section %s": the target's number
+            number = re.match(r"(?:Exercise )?(\d+(?:\.\d+)*)", default)
+            text = text.replace("%s", number.group(1) if number else default).replace("{number}", number.group(1) if number else default)
         return f"[{text or default}]({page_url(docname, target)})"
     if name == "math":
         return f"${body}$"

@@ -205,14 +205,20 @@ def ignored(cell: nbformat.NotebookNode) -> bool:
 
 # --- one chapter -----------------------------------------------------------------------------------
 
+def is_colab_cell(cell: nbformat.NotebookNode) -> bool:
+    """The install cell of tools/sync_colab.py, as in the chapter or under the edition's ``# @title``."""
+    lines = cell.source.split("\n")
+    if lines[0].startswith("# @title "):
+        lines = lines[1:]
+    return cell.cell_type == "code" and lines[0].startswith(sync_colab.MARKER) and sync_colab.CLONE_DIR in cell.source
+
+
 def run_notebook(path: Path, venv: Path, work: Path, timeout: int) -> Result:
     result = Result(path)
     stored = nbformat.read(ROOT / path, as_version=4)
     nb = nbformat.read(ROOT / path, as_version=4)
     first = nb.cells[0]
-    lines = first.source.split("\n")
-    marked = lines[0].startswith(sync_colab.MARKER) or (lines[0].startswith("# @title ") and lines[1:2] and lines[1].startswith(sync_colab.MARKER))
-    if first.cell_type != "code" or not marked or sync_colab.CLONE_DIR not in first.source:
+    if not is_colab_cell(first):
         result.failures.append("cell 0 is not the Colab cell of tools/sync_colab.py")
         return result
     content = work / f"runtime-{path.stem}" / "content"  # this chapter's fresh /content
