@@ -9,6 +9,7 @@ the checker are tested on small planted cells, each checker rule on a cell that 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import re
 import sys
@@ -220,3 +221,18 @@ def test_colab_button_opens_the_edition() -> None:
 def test_numref_text_takes_the_targets_number() -> None:
     site = colab_edition.site_url()
     assert translate("{numref}`Exercise %s <ex-03-entropy>`") == f"[Exercise 3.2]({site}book/03_scaling_and_temperature.html#ex-03-entropy)"
+
+
+def test_heading_slug_links_reach_the_websites_section_ids() -> None:
+    """``file.ipynb#slug`` (MyST's GitHub-style heading anchor) -> the id the website gives the section."""
+    anchors = colab_edition.heading_anchors("# 9. Title\n\n## 9.8 PyTorch's `scaled_dot_product_attention` in practice\n\n"
+                                            "```python\n# not a heading\n```\n\n## Summary\n\n## Summary\n")
+    assert anchors == {"9-title": "title", "98-pytorchs-scaled_dot_product_attention-in-practice":
+                       "pytorch-s-scaled-dot-product-attention-in-practice", "summary": "summary", "summary-1": "summary"}
+    chapter = colab_edition.Chapter(BOOK, Path("book/09_flash_attention_on_gpus.ipynb"), {})
+    chapter.book = dataclasses.replace(BOOK, anchors={**BOOK.anchors, "book/09_flash_attention_on_gpus": anchors})
+    page = f"{colab_edition.site_url()}book/09_flash_attention_on_gpus.html"
+    out = colab_edition.translate_markdown(
+        "[section 9.8](09_flash_attention_on_gpus.ipynb#98-pytorchs-scaled_dot_product_attention-in-practice) "
+        "and [below](#summary)", chapter)
+    assert out == f"[section 9.8]({page}#pytorch-s-scaled-dot-product-attention-in-practice) and [below]({page}#summary)"

@@ -159,6 +159,7 @@ class Book:
     """What the translation needs to know about the whole book."""
 
     terms: dict[str, str] = field(default_factory=dict)          # lower-case term -> its spelling
+    anchors: dict[str, dict[str, str]] = field(default_factory=dict)  # docname -> {MyST slug: section id}
     titles: dict[str, str] = field(default_factory=dict)         # docname -> page title
     labels: dict[str, tuple[str, str]] = field(default_factory=dict)  # label -> (docname, link text)
 
@@ -175,6 +176,7 @@ class Book:
             text = _markdown_of(ROOT / path)
             title = re.search(r"^#[ \t]+(.+)$", text, re.M)
             book.titles[docname] = _plain(title.group(1)) if title else docname
+            book.anchors[docname] = heading_anchors(text)
             for match in re.finditer(r"^\(([^()\s]+)\)=[ \t]*\n+#{1,6}[ \t]+(.+)$", text, re.M):
                 book.labels[match.group(1)] = (docname, _plain(match.group(2)))
             if path.suffix == ".ipynb":
@@ -187,6 +189,29 @@ class Book:
         if spelling is None:
             raise ValueError(f"{{term}}`{term}` is not a term of book/glossary.md")
         return f"[{text}]({page_url('book/glossary', sphinx_id('term-' + spelling))})"
+
+
+def heading_anchors(markdown: str) -> dict[str, str]:
+    """{slug: id} for every heading of a page: a link ``page.ipynb#slug`` (MyST's heading anchors, as
+    GitHub makes them) reaches the section whose id on the website is ``id`` (docutils' id of the
+    heading's text). Each is computed as myst-parser computes it."""
+    from docutils.nodes import fully_normalize_name, make_id
+    from markdown_it import MarkdownIt
+    from mdit_py_plugins.dollarmath import dollarmath_plugin
+
+    parser = MarkdownIt("commonmark").use(dollarmath_plugin)
+    anchors: dict[str, str] = {}
+    tokens = parser.parse(markdown)
+    for token in [t for before, t in zip(tokens, tokens[1:]) if before.type == "heading_open"]:
+        children = token.children or []
+        slug = re.sub(r"[^\w\u4e00-\u9fff\- ]", "", "".join(
+            c.content for c in children if c.type in ("text", "code_inline")).lower().replace(" ", "-"))
+        base, k = slug, 1
+        while slug in anchors:
+            slug, k = f"{base}-{k}", k + 1
+        anchors[slug] = make_id(fully_normalize_name("".join(
+            c.content for c in children if c.type in ("text", "code_inline", "math_inline"))))
+    return anchors
 
 
 def chapter_number(path: Path) -> str:
@@ -453,11 +478,11 @@ def resolve_paths(text: str, chapter: Chapter) -> str:
             target, _, anchor = path.partition("#")
             docname = chapter.resolve_doc(target) if target else chapter.docname
             if docname in chapter.book.titles:
-                path = page_url(docname, anchor)
+                path = page_url(docname, chapter.book.anchors.get(docname, {}).get(anchor, anchor))
             else:
-                path = raw_url((folder / target).as_posix())
+                path = raw_url(os.path.normpath(folder / target))
         elif path.startswith("#"):
-            path = page_url(chapter.docname, path[1:])
+            path = page_url(chapter.docname, chapter.book.anchors.get(chapter.docname, {}).get(path[1:], path[1:]))
         return match.group("head") + path + match.group("tail")
 
     def part(text: str) -> str:
