@@ -226,7 +226,7 @@ def test_numref_text_takes_the_targets_number() -> None:
 def test_heading_slug_links_reach_the_websites_section_ids() -> None:
     """``file.ipynb#slug`` (MyST's GitHub-style heading anchor) -> the id the website gives the section."""
     anchors = colab_edition.heading_anchors("# 9. Title\n\n## 9.8 PyTorch's `scaled_dot_product_attention` in practice\n\n"
-                                            "```python\n# not a heading\n```\n\n## Summary\n\n## Summary\n")
+                                            "```python\n# not a heading\n```\n\n## Summary\n\n### Summary\n\n## Summary\n", levels=2)
     assert anchors == {"9-title": "title", "98-pytorchs-scaled_dot_product_attention-in-practice":
                        "pytorch-s-scaled-dot-product-attention-in-practice", "summary": "summary", "summary-1": "summary"}
     chapter = colab_edition.Chapter(BOOK, Path("book/09_flash_attention_on_gpus.ipynb"), {})

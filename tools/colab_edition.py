@@ -61,7 +61,7 @@ from toc import toc_files, toc_notebooks  # noqa: E402
 
 EDITION = ROOT / "colab"
 COLAB = "https://colab.research.google.com"
-SETUP_TITLE = "# @title Setup: run this cell first (in Colab it fetches and installs the book's code)"
+SETUP_TITLE = "# @title Setup: run this cell first (it fetches the book's code and installs it)"
 SOLUTION_TITLE = "# @title Solution: "
 README = Path("README.md")
 LINKS_START = "<!-- colab-edition-links: written by tools/colab_edition.py -->"
@@ -191,10 +191,18 @@ class Book:
         return f"[{text}]({page_url('book/glossary', sphinx_id('term-' + spelling))})"
 
 
-def heading_anchors(markdown: str) -> dict[str, str]:
-    """{slug: id} for every heading of a page: a link ``page.ipynb#slug`` (MyST's heading anchors, as
-    GitHub makes them) reaches the section whose id on the website is ``id`` (docutils' id of the
-    heading's text). Each is computed as myst-parser computes it."""
+def anchor_levels() -> int:
+    """The deepest heading level MyST gives an anchor (``myst_heading_anchors``; all when unset)."""
+    config = _config()
+    sphinx = ((config.get("sphinx") or {}).get("config") or {})
+    return int(sphinx.get("myst_heading_anchors") or (config.get("parse") or {}).get("myst_heading_anchors") or 6)
+
+
+def heading_anchors(markdown: str, levels: int | None = None) -> dict[str, str]:
+    """{slug: id} for every heading of a page down to ``levels`` (default: :func:`anchor_levels`):
+    a link ``page.ipynb#slug`` (MyST's heading anchors, as GitHub makes them) reaches the section
+    whose id on the website is ``id`` (docutils' id of the heading's text). Each is computed as
+    myst-parser computes it."""
     from docutils.nodes import fully_normalize_name, make_id
     from markdown_it import MarkdownIt
     from mdit_py_plugins.dollarmath import dollarmath_plugin
@@ -202,7 +210,8 @@ def heading_anchors(markdown: str) -> dict[str, str]:
     parser = MarkdownIt("commonmark").use(dollarmath_plugin)
     anchors: dict[str, str] = {}
     tokens = parser.parse(markdown)
-    for token in [t for before, t in zip(tokens, tokens[1:]) if before.type == "heading_open"]:
+    levels = anchor_levels() if levels is None else levels
+    for token in [t for before, t in zip(tokens, tokens[1:]) if before.type == "heading_open" and int(before.tag[1]) <= levels]:
         children = token.children or []
         slug = re.sub(r"[^\w\u4e00-\u9fff\- ]", "", "".join(
             c.content for c in children if c.type in ("text", "code_inline")).lower().replace(" ", "-"))
