@@ -126,6 +126,10 @@ def test_relative_images_and_links_become_absolute() -> None:
     raw = f"https://raw.githubusercontent.com/{owner}/{repo}/{branch}/book/diagrams/ch03_demo.svg?sanitize=true"
     assert out == (f"![Two boxes.]({raw}) and [chapter 2]({colab_edition.site_url()}book/02_queries_keys_values.html#sec) "
                    "but not `![x](y.svg)`")
+    code_link = translate("[the loop](../attnlib/flash.py#L10)")
+    assert code_link == f"[the loop](https://github.com/{owner}/{repo}/blob/{branch}/attnlib/flash.py#L10)"
+    listing = "```python\ndef a():\n    pass\n\n\ndef b():  \n    pass\n```"
+    assert translate(f"% comment\n\n\n\nText\n\n{listing}") == f"Text\n\n{listing}", "code blocks keep their blank lines"
     assert "<script" not in translate('<div id="x">fallback</div>\n<script type="module" src="../a.mjs"></script>\n')
 
 

@@ -116,6 +116,12 @@ def raw_url(path: str) -> str:
     return url + "?sanitize=true" if path.lower().endswith(".svg") else url
 
 
+def blob_url(path: str) -> str:
+    """A file of the repository (path from its root) as GitHub shows it, for a link to read it."""
+    owner, repo, branch = repository()
+    return f"https://github.com/{owner}/{repo}/blob/{branch}/{path}"
+
+
 def colab_url(notebook: Path) -> str:
     """Where Colab opens ``notebook`` (a path from the repository root) from GitHub."""
     owner, repo, branch = repository()
@@ -478,7 +484,7 @@ def resolve_paths(text: str, chapter: Chapter) -> str:
     def image(match: re.Match[str]) -> str:
         path = match.group("path")
         if relative(path):
-            path = raw_url((folder / path).as_posix())
+            path = raw_url(Path(os.path.normpath(folder / path)).as_posix())
         return match.group("head") + path + match.group("tail")
 
     def link(match: re.Match[str]) -> str:
@@ -489,7 +495,7 @@ def resolve_paths(text: str, chapter: Chapter) -> str:
             if docname in chapter.book.titles:
                 path = page_url(docname, chapter.book.anchors.get(docname, {}).get(anchor, anchor))
             else:
-                path = raw_url(os.path.normpath(folder / target))
+                path = blob_url(Path(os.path.normpath(folder / target)).as_posix()) + (f"#{anchor}" if anchor else "")
         elif path.startswith("#"):
             path = page_url(chapter.docname, chapter.book.anchors.get(chapter.docname, {}).get(path[1:], path[1:]))
         return match.group("head") + path + match.group("tail")
@@ -505,8 +511,10 @@ def resolve_paths(text: str, chapter: Chapter) -> str:
 
 
 def _tidy(text: str) -> str:
-    text = re.sub(r"[ \t]+$", "", text, flags=re.M)
-    return re.sub(r"\n{3,}", "\n\n", text).strip("\n")
+    """No trailing spaces or runs of blank lines left by removed lines (code blocks kept as they are)."""
+    def part(text: str) -> str:
+        return re.sub(r"\n{3,}", "\n\n", re.sub(r"[ \t]+$", "", text, flags=re.M))
+    return outside_code_blocks(text, part).strip("\n")
 
 
 def translate_markdown(source: str, chapter: Chapter) -> str:
