@@ -64,6 +64,7 @@ COLAB = "https://colab.research.google.com"
 SETUP_TITLE = "# @title Setup: run this cell first (it fetches the book's code and installs it)"
 SOLUTION_TITLE = "# @title Solution: "
 README = Path("README.md")
+MAX_LINE = 88  # the book's longest code line
 LINKS_START = "<!-- colab-edition-links: written by tools/colab_edition.py -->"
 LINKS_END = "<!-- /colab-edition-links -->"
 
@@ -556,7 +557,10 @@ def edition(path: Path, book: Book | None = None) -> Any:
                 cell.metadata["cellView"] = "form"
             elif role == "body" and lines[0].startswith(SOLUTION_TITLE):
                 number, title = solution
-                cell.source = "\n".join([f"# @title Solution to Exercise {number}: {title}", *lines[1:]])
+                heading = f"# @title Solution to Exercise {number}: {title}"
+                if len(heading) > MAX_LINE:  # the exercise's heading just above names it in full
+                    heading = f"# @title Solution to Exercise {number}"
+                cell.source = "\n".join([heading, *lines[1:]])
             cells.append(cell)
             continue
         if cell.cell_type != "markdown":
