@@ -161,3 +161,18 @@ def test_minilm_are_row_matches_the_model(minilm) -> None:
     from attnbook.ch01 import MINILM_ARE, are_row_from_model
 
     assert are_row_from_model(*minilm) == MINILM_ARE
+
+
+def test_the_head_diagram_is_drawn_from_the_notebook_constants() -> None:
+    """The one-head diagram and the by-hand cell read the same constants, so their shapes agree."""
+    import json
+    from pathlib import Path
+
+    from attnbook.ch01 import HEAD_B, HEAD_D, one_head_diagram
+    from attnbook.examples import BOOKS_SENTENCE
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "book" / "01_attention_at_a_glance.ipynb").read_text())
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "B, S, D = ch01.HEAD_B, len(BOOKS_SENTENCE), ch01.HEAD_D" in code
+    sizes = f"{HEAD_B}, {len(BOOKS_SENTENCE)}, {HEAD_D}"
+    assert f"({sizes})" in one_head_diagram().alt and f"[{sizes}]" in one_head_diagram().svg()
