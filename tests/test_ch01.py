@@ -176,3 +176,57 @@ def test_the_head_diagram_is_drawn_from_the_notebook_constants() -> None:
     assert "B, S, D = ch01.HEAD_B, len(BOOKS_SENTENCE), ch01.HEAD_D" in code
     sizes = f"{HEAD_B}, {len(BOOKS_SENTENCE)}, {HEAD_D}"
     assert f"({sizes})" in one_head_diagram().alt and f"[{sizes}]" in one_head_diagram().svg()
+
+
+def test_tensors_page_prints_what_it_says() -> None:
+    """book/tensors.md (linked from chapter 1) shows each example's printed result in a comment.
+
+    Runs the page's code blocks in order; every ``print(...)`` and every bare expression must print
+    (or evaluate to) text contained in its comment, and a comment that names an error must be raised.
+    """
+    import ast
+    import contextlib
+    import io
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "book" / "tensors.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    assert len(blocks) >= 7
+    norm = lambda s: " ".join(s.split())  # noqa: E731
+    namespace: dict[str, object] = {}
+    torch.set_printoptions(precision=4, sci_mode=False)
+    checked = 0
+    try:
+        for block in blocks:
+            lines = block.splitlines()
+            statements = ast.parse(block).body
+            for i, st in enumerate(statements):
+                end = statements[i + 1].lineno - 1 if i + 1 < len(statements) else len(lines)
+                comments = [ln.split("#", 1)[1] for ln in lines[st.lineno - 1:end] if "#" in ln]
+                expected = norm(" ".join(comments))
+                code = "\n".join(lines[st.lineno - 1:st.end_lineno])
+                code = "\n".join(ln.split("  #", 1)[0] for ln in code.splitlines())
+                is_print = isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and \
+                    getattr(st.value.func, "id", None) == "print"
+                if expected.startswith("RuntimeError"):
+                    with pytest.raises(RuntimeError) as err:
+                        exec(code, namespace)
+                    message = expected[len("RuntimeError: "):].split(" ...")[0]
+                    assert norm(str(err.value)).startswith(message), (code, str(err.value))
+                    checked += 1
+                elif is_print and expected:
+                    out = io.StringIO()
+                    with contextlib.redirect_stdout(out):
+                        exec(code, namespace)
+                    assert norm(out.getvalue()) in expected, (code, out.getvalue(), expected)
+                    checked += 1
+                elif isinstance(st, ast.Expr) and expected:
+                    value = eval(code, namespace)
+                    assert norm(repr(value)) in expected, (code, repr(value), expected)
+                    checked += 1
+                else:
+                    exec(code, namespace)
+    finally:
+        torch.set_printoptions(profile="default")
+    assert checked >= 20, checked
