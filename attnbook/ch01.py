@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from .diagrams import Diagram, diagram
+from .diagrams import MUTED, Diagram, diagram
 from .feedback import (
     Feedback,
     Mistake,
@@ -40,6 +40,7 @@ __all__ = [
     "reference_shapes", "check_attention_shapes", "SHAPE_KEYS", "SHAPE_MISTAKES", "SHAPE_CONFIGS",
     "layers_until_linked", "encoder_layer_figure", "residual_gradient_norms",
     "MINILM_ARE", "are_row_from_model", "HEAD_B", "HEAD_D", "draw_head_path", "one_head_diagram",
+    "TOY_QUERY", "TOY_KEYS", "soft_lookup_diagram",
 ]
 
 
@@ -526,3 +527,38 @@ def one_head_diagram() -> Diagram:
          "scores": f"[{B}, {S}, {S}]", "weights": f"[{B}, {S}, {S}]", "out": f"[{B}, {S}, {D}]",
          "final": f"[{B}, {S}, {D}]"},
         title="One head, step by step", alt=alt)
+
+
+#: The toy of the chapter's first cell: one query and the keys of four tokens (values one-hot).
+TOY_QUERY: list[float] = [2.0, 1.0]
+TOY_KEYS: list[list[float]] = [[1.0, 0.0], [0.0, 1.0], [0.7, 0.7], [-1.0, 0.0]]
+
+
+@diagram
+def soft_lookup_diagram() -> Diagram:
+    """Chapter 1: the toy soft lookup, one row per token: its key, its score, its weight as a bar."""
+    query, keys = torch.tensor(TOY_QUERY), torch.tensor(TOY_KEYS)
+    scores = keys @ query
+    weights = torch.softmax(scores, dim=-1)
+    cells = ", ".join(f"token {i}: score {s:.1f}, weight {w:.2f}" for i, (s, w) in
+                      enumerate(zip(scores.tolist(), weights.tolist())))
+    alt = (f"The soft lookup of the first cell as a table. The query is ({query[0]:.1f}, {query[1]:.1f}). "
+           f"One row per token with its key, the score (the key's dot product with the query) and the "
+           f"weight after softmax, drawn as a bar: {cells}. The output takes every token's value in "
+           "proportion to its bar, instead of only the best match's.")
+    n = len(TOY_KEYS)
+    d = Diagram("ch01_soft_lookup", 360, 96 + 44 * n + 56, title="A soft lookup", alt=alt)
+    d.box(90, 10, 180, 40, f"query [{query[0]:.1f}, {query[1]:.1f}]", color="blue")
+    for x, head, anchor in ((30, "token", "middle"), (114, "key", "middle"), (208, "score", "middle"),
+                            (236, "weight", "start")):
+        d.text(x, 80, head, size=14, anchor=anchor, color=MUTED)
+    for i, (key, s, w) in enumerate(zip(TOY_KEYS, scores.tolist(), weights.tolist())):
+        y = 92 + 44 * i
+        d.text(30, y + 23, str(i), size=15)
+        d.box(62, y, 104, 34, f"[{key[0]:.1f}, {key[1]:.1f}]", color="grey", size=14)
+        d.text(208, y + 23, f"{s:.1f}", size=15)
+        bar = max(2.0, 90 * w / float(weights.max()))
+        d.rect(236, y + 4, bar, 26, fill="orange", stroke="orange", rx=2, tint=True)
+        d.text(236 + bar + 4 if bar < 60 else 240, y + 23, f"{w:.2f}", size=14, anchor="start")
+    d.text(180, 92 + 44 * n + 30, f"output = Σ weight × value, over all {n} tokens", size=15)
+    return d

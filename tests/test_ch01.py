@@ -230,3 +230,16 @@ def test_tensors_page_prints_what_it_says() -> None:
     finally:
         torch.set_printoptions(profile="default")
     assert checked >= 20, checked
+
+
+def test_the_soft_lookup_diagram_draws_the_notebook_toy() -> None:
+    """The diagram computes its weights from TOY_QUERY and TOY_KEYS; the toy cell must use the same numbers."""
+    import json
+    from pathlib import Path
+
+    from attnbook.ch01 import TOY_KEYS, TOY_QUERY, soft_lookup_diagram
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "book" / "01_attention_at_a_glance.ipynb").read_text())
+    toy = next("".join(c["source"]) for c in nb["cells"] if "keys = torch.tensor(" in "".join(c["source"]))
+    assert f"keys = torch.tensor({TOY_KEYS})" in toy and f"query = torch.tensor({TOY_QUERY})" in toy
+    assert "weight 0.44" in soft_lookup_diagram().alt   # token 2's weight, printed by the toy cell
