@@ -542,7 +542,7 @@ def soft_lookup_diagram() -> Diagram:
     weights = torch.softmax(scores, dim=-1)
     cells = ", ".join(f"token {i}: score {s:.1f}, weight {w:.2f}" for i, (s, w) in
                       enumerate(zip(scores.tolist(), weights.tolist())))
-    alt = (f"The soft lookup of the first cell as a table. The query is ({query[0]:.1f}, {query[1]:.1f}). "
+    alt = (f"A soft lookup, chapter 1's first example, as a table. The query is ({query[0]:.1f}, {query[1]:.1f}). "
            f"One row per token with its key, the score (the key's dot product with the query) and the "
            f"weight after softmax, drawn as a bar: {cells}. The output takes every token's value in "
            "proportion to its bar, instead of only the best match's.")
