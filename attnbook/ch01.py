@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from .diagrams import MUTED, Diagram, diagram
 from .feedback import (
     Feedback,
     Mistake,
@@ -38,7 +39,8 @@ __all__ = [
     "soft_lookup_inputs", "check_soft_lookup", "SOFT_LOOKUP_MISTAKES", "SOFT_LOOKUP_CASES",
     "reference_shapes", "check_attention_shapes", "SHAPE_KEYS", "SHAPE_MISTAKES", "SHAPE_CONFIGS",
     "layers_until_linked", "encoder_layer_figure", "residual_gradient_norms",
-    "MINILM_ARE", "are_row_from_model",
+    "MINILM_ARE", "are_row_from_model", "HEAD_B", "HEAD_D", "draw_head_path", "one_head_diagram",
+    "TOY_QUERY", "TOY_KEYS", "soft_lookup_diagram",
 ]
 
 
@@ -206,7 +208,7 @@ def _with(**changes: str) -> Callable[..., dict[str, tuple[int, ...]]]:
     """A wrong answer: the reference shapes with some steps replaced, written with axis names."""
 
     def shapes(B: int, S: int, D: int, D_k: int, D_v: int) -> dict[str, tuple[int, ...]]:
-        env = {"B": B, "S": S, "D": D, "D_k": D_k, "D_v": D_v}
+        env = {"B": B, "S": S, "D": D, "D_k": D_k, "D_v": D_v, "1": 1}
         out = reference_shapes(B, S, D, D_k, D_v)
         out.update({step: tuple(env[a] for a in axes.split()) for step, axes in changes.items()})
         return out
@@ -221,6 +223,20 @@ SHAPE_MISTAKES: tuple[Mistake, ...] = (
     Mistake("v has width D_k", _with(v="B S D_k", context="B S D_k"),
             "'v' is [B, S, D_v] = ({B}, {S}, {D_v}): values have their own width D_v; only queries and keys "
             "must share D_k, because only they are multiplied together."),
+    Mistake("k written as K^T", _with(k="B D_k S"),
+            "'k' is [B, S, D_k] = ({B}, {S}, {D_k}), one row per token like 'q'. The transpose K^T, "
+            "[B, D_k, S], appears only inside the score product, q @ k.transpose(-2, -1)."),
+    Mistake("context keeps the model width", _with(context="B S D"),
+            "'context' is weights @ v, so it has the values' width: [B, S, D_v] = ({B}, {S}, {D_v}). Only W^O "
+            "brings it back to D = {D} (in the chapter's module D_v happened to equal D)."),
+    Mistake("v keeps the model width", _with(v="B S D", context="B S D"),
+            "'v' is [B, S, D_v] = ({B}, {S}, {D_v}): W^V maps each token's D = {D} features to D_v, and "
+            "'context' inherits that width. Only W^O maps back to D."),
+    Mistake("v alone keeps the model width", _with(v="B S D"),
+            "'v' is [B, S, D_v] = ({B}, {S}, {D_v}): W^V maps each token's D = {D} features to D_v = {D_v}."),
+    Mistake("scores with a head axis", _with(scores="B 1 S S", weights="B 1 S S"),
+            "'scores' is [B, S, S] = ({B}, {S}, {S}) for a single head: a head axis, [B, H, S, S], appears "
+            "only when there are several heads (chapter 5)."),
     Mistake("scores like q", _with(scores="B S D_k", weights="B S D_k"),
             "'scores' is [B, S, S]: every query is compared with every key, so both of the last two axes "
             "are positions, S = {S}."),
@@ -452,3 +468,97 @@ def are_row_from_model(model: Any, tokenizer: Any) -> dict[str, Any]:
         "heads": L * H,
         "mean_over_heads": [round(w, 3) for w in rows.mean(dim=(0, 1)).tolist()],
     }
+
+
+# ---------------------------------------------------------------- the diagram of one head
+
+#: The sizes of the chapter's head computed by hand: one sequence (B = 1) of the running example's
+#: S = 8 tokens, width D = 64, one head, so D_k = D_v = D. The notebook and the diagram both read them.
+HEAD_B, HEAD_D = 1, 64
+
+
+def draw_head_path(name: str, shapes: dict[str, str], *, title: str, alt: str,
+                   labels: tuple[str, str, str] = ("QK^{T} / √D_{k}", "softmax, each row", "weights @ V")) -> Diagram:
+    """The path of one head, top to bottom: X, then Q, K, V, scores, weights, context or output.
+
+    ``shapes`` maps ``"x"``, ``"q"``, ``"k"``, ``"v"``, ``"scores"``, ``"weights"``, ``"out"`` to the
+    shape written under each box (and optionally ``"final"`` for a last box after ``W^O``). Shared
+    with chapter 2, which draws the same path with its own sizes; ``labels`` names the scores,
+    weights and mixing boxes.
+    """
+    final = "final" in shapes
+    d = Diagram(name, 360, 560 if final else 470, title=title, alt=alt)
+    d.box(120, 12, 120, 50, "X", sub=shapes["x"], color="grey")
+    for x, label, proj, colour in ((12, "Q", "W^{Q}", "blue"), (132, "K", "W^{K}", "blue"),
+                                   (252, "V", "W^{V}", "green")):
+        d.box(x, 112, 96, 50, label, sub=shapes[label.lower()], color=colour)
+        d.arrow(180, 62, x + 48, 110)
+    for x, y, proj, anchor in ((112, 84, "W^{Q}", "end"), (188, 96, "W^{K}", "start"),
+                               (248, 84, "W^{V}", "start")):
+        d.text(x, y, proj, size=15, anchor=anchor)
+    d.box(12, 206, 216, 54, labels[0], sub=shapes["scores"], color="orange")
+    d.arrow(60, 162, 60, 204)
+    d.arrow(180, 162, 180, 204)
+    d.box(12, 300, 216, 54, labels[1], sub=shapes["weights"], color="orange")
+    d.arrow(120, 260, 120, 298)
+    d.box(12, 394, 336, 54, labels[2], sub=shapes["out"], color="green")
+    d.arrow(120, 354, 120, 392)
+    d.arrow(300, 162, 300, 392)
+    if final:
+        d.box(12, 488, 336, 54, "@ W^{O}: back to width D", sub=shapes["final"], color="grey")
+        d.arrow(180, 448, 180, 486)
+    return d
+
+
+@diagram
+def one_head_diagram() -> Diagram:
+    """Chapter 1: the five steps of one head, with the shapes of the chapter's own computation."""
+    from .examples import BOOKS_SENTENCE
+
+    B, S, D = HEAD_B, len(BOOKS_SENTENCE), HEAD_D
+    alt = (f"The path of one attention head, top to bottom. X, shape ({B}, {S}, {D}), goes through three "
+           f"maps W^Q, W^K and W^V to Q, K and V, each ({B}, {S}, {D}). Q and K meet in the scores "
+           f"QK^T divided by the square root of D_k, shape ({B}, {S}, {S}): one score per pair of tokens. "
+           f"Softmax over each row gives the weights, ({B}, {S}, {S}). The weights mix V into "
+           f"({B}, {S}, {D}), and W^O maps that back to the model width, ({B}, {S}, {D}).")
+    return draw_head_path(
+        "ch01_one_head",
+        {"x": f"[{B}, {S}, {D}]", "q": f"[{B}, {S}, {D}]", "k": f"[{B}, {S}, {D}]", "v": f"[{B}, {S}, {D}]",
+         "scores": f"[{B}, {S}, {S}]", "weights": f"[{B}, {S}, {S}]", "out": f"[{B}, {S}, {D}]",
+         "final": f"[{B}, {S}, {D}]"},
+        title="One head, step by step", alt=alt)
+
+
+#: The toy of the chapter's first cell: one query and the keys of four tokens (values one-hot).
+TOY_QUERY: list[float] = [2.0, 1.0]
+TOY_KEYS: list[list[float]] = [[1.0, 0.0], [0.0, 1.0], [0.7, 0.7], [-1.0, 0.0]]
+
+
+@diagram
+def soft_lookup_diagram() -> Diagram:
+    """Chapter 1: the toy soft lookup, one row per token: its key, its score, its weight as a bar."""
+    query, keys = torch.tensor(TOY_QUERY), torch.tensor(TOY_KEYS)
+    scores = keys @ query
+    weights = torch.softmax(scores, dim=-1)
+    cells = ", ".join(f"token {i}: score {s:.1f}, weight {w:.2f}" for i, (s, w) in
+                      enumerate(zip(scores.tolist(), weights.tolist())))
+    alt = (f"A soft lookup, chapter 1's first example, as a table. The query is ({query[0]:.1f}, {query[1]:.1f}). "
+           f"One row per token with its key, the score (the key's dot product with the query) and the "
+           f"weight after softmax, drawn as a bar: {cells}. The output takes every token's value in "
+           "proportion to its bar, instead of only the best match's.")
+    n = len(TOY_KEYS)
+    d = Diagram("ch01_soft_lookup", 360, 96 + 44 * n + 56, title="A soft lookup", alt=alt)
+    d.box(90, 10, 180, 40, f"query [{query[0]:.1f}, {query[1]:.1f}]", color="blue")
+    for x, head, anchor in ((30, "token", "middle"), (114, "key", "middle"), (208, "score", "middle"),
+                            (236, "weight", "start")):
+        d.text(x, 80, head, size=14, anchor=anchor, color=MUTED)
+    for i, (key, s, w) in enumerate(zip(TOY_KEYS, scores.tolist(), weights.tolist())):
+        y = 92 + 44 * i
+        d.text(30, y + 23, str(i), size=15)
+        d.box(62, y, 104, 34, f"[{key[0]:.1f}, {key[1]:.1f}]", color="grey", size=14)
+        d.text(208, y + 23, f"{s:.1f}", size=15)
+        bar = max(2.0, 90 * w / float(weights.max()))
+        d.rect(236, y + 4, bar, 26, fill="orange", stroke="orange", rx=2, tint=True)
+        d.text(236 + bar + 4 if bar < 60 else 240, y + 23, f"{w:.2f}", size=14, anchor="start")
+    d.text(180, 92 + 44 * n + 30, f"output = Σ weight × value, over all {n} tokens", size=15)
+    return d

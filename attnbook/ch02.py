@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .diagrams import Diagram, diagram
 from .feedback import (
     Feedback,
     Mistake,
@@ -36,7 +37,12 @@ from .feedback import (
 __all__ = [
     "qkv_inputs", "reference_attention", "check_self_attention", "check_cross_attention",
     "WEIGHT_MISTAKES", "OUTPUT_MISTAKES", "CASES", "marker_batch", "OneHead", "train_marker_head",
+    "TOY_D", "TOY_D_K", "qkv_path_diagram",
 ]
+
+#: The chapter's toy sizes: width D = 16 for the running example's vectors, D_k = D_v = 8 for the
+#: head. The notebook and the diagram both read them.
+TOY_D, TOY_D_K = 16, 8
 
 # Sizes of the first test case: every size differs and so does every square root (sqrt(S_q) is not
 # D_v, sqrt(S_k) is not D_k, ...), so a wrong divisor or shape names its own mistake.
@@ -372,3 +378,22 @@ def train_marker_head(
     finally:
         torch.set_num_threads(threads)
     return head, losses
+
+
+@diagram
+def qkv_path_diagram() -> Diagram:
+    """Chapter 2: X through Q, K, V to the scores, the weights and the output, with the chapter's sizes."""
+    from .ch01 import draw_head_path
+    from .examples import BOOKS_SENTENCE
+
+    S, D, Dk = len(BOOKS_SENTENCE), TOY_D, TOY_D_K
+    alt = (f"X, one row per token, shape ({S}, {D}) = (S, D), goes through W^Q, W^K and W^V to Q, K and V, "
+           f"each ({S}, {Dk}). Q and K give the score matrix Z = QK^T divided by the square root of D_k, "
+           f"({S}, {S}): row i holds query i's score for every key. Softmax along each row gives "
+           f"the weights A, ({S}, {S}), each row summing to 1. A times V gives the output O, ({S}, {Dk}), one row per token.")
+    return draw_head_path(
+        "ch02_qkv_path",
+        {"x": f"[{S}, {D}]", "q": f"[{S}, {Dk}]", "k": f"[{S}, {Dk}]", "v": f"[{S}, {Dk}]",
+         "scores": f"[{S}, {S}]", "weights": f"[{S}, {S}], rows sum to 1", "out": f"[{S}, {Dk}], one row per token"},
+        title="From X to the output, in chapter 2's sizes", alt=alt,
+        labels=("Z = QK^{T} / √D_{k}", "A = softmax(Z, dim=-1)", "O = A V"))

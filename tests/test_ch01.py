@@ -161,3 +161,85 @@ def test_minilm_are_row_matches_the_model(minilm) -> None:
     from attnbook.ch01 import MINILM_ARE, are_row_from_model
 
     assert are_row_from_model(*minilm) == MINILM_ARE
+
+
+def test_the_head_diagram_is_drawn_from_the_notebook_constants() -> None:
+    """The one-head diagram and the by-hand cell read the same constants, so their shapes agree."""
+    import json
+    from pathlib import Path
+
+    from attnbook.ch01 import HEAD_B, HEAD_D, one_head_diagram
+    from attnbook.examples import BOOKS_SENTENCE
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "book" / "01_attention_at_a_glance.ipynb").read_text())
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "B, S, D = ch01.HEAD_B, len(BOOKS_SENTENCE), ch01.HEAD_D" in code
+    sizes = f"{HEAD_B}, {len(BOOKS_SENTENCE)}, {HEAD_D}"
+    assert f"({sizes})" in one_head_diagram().alt and f"[{sizes}]" in one_head_diagram().svg()
+
+
+def test_tensors_page_prints_what_it_says() -> None:
+    """book/tensors.md (linked from chapter 1) shows each example's printed result in a comment.
+
+    Runs the page's code blocks in order; every ``print(...)`` and every bare expression must print
+    (or evaluate to) text contained in its comment, and a comment that names an error must be raised.
+    """
+    import ast
+    import contextlib
+    import io
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "book" / "tensors.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    assert len(blocks) >= 7
+    norm = lambda s: " ".join(s.split())  # noqa: E731
+    namespace: dict[str, object] = {}
+    torch.set_printoptions(precision=4, sci_mode=False)
+    checked = 0
+    try:
+        for block in blocks:
+            lines = block.splitlines()
+            statements = ast.parse(block).body
+            for i, st in enumerate(statements):
+                end = statements[i + 1].lineno - 1 if i + 1 < len(statements) else len(lines)
+                comments = [ln.split("#", 1)[1] for ln in lines[st.lineno - 1:end] if "#" in ln]
+                expected = norm(" ".join(comments))
+                code = "\n".join(lines[st.lineno - 1:st.end_lineno])
+                code = "\n".join(ln.split("  #", 1)[0] for ln in code.splitlines())
+                is_print = isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and \
+                    getattr(st.value.func, "id", None) == "print"
+                if expected.startswith("RuntimeError"):
+                    with pytest.raises(RuntimeError) as err:
+                        exec(code, namespace)
+                    message = expected[len("RuntimeError: "):].split(" ...")[0]
+                    assert norm(str(err.value)).startswith(message), (code, str(err.value))
+                    checked += 1
+                elif is_print and expected:
+                    out = io.StringIO()
+                    with contextlib.redirect_stdout(out):
+                        exec(code, namespace)
+                    assert norm(out.getvalue()) in expected, (code, out.getvalue(), expected)
+                    checked += 1
+                elif isinstance(st, ast.Expr) and expected:
+                    value = eval(code, namespace)
+                    assert norm(repr(value)) in expected, (code, repr(value), expected)
+                    checked += 1
+                else:
+                    exec(code, namespace)
+    finally:
+        torch.set_printoptions(profile="default")
+    assert checked >= 20, checked
+
+
+def test_the_soft_lookup_diagram_draws_the_notebook_toy() -> None:
+    """The diagram computes its weights from TOY_QUERY and TOY_KEYS; the toy cell must use the same numbers."""
+    import json
+    from pathlib import Path
+
+    from attnbook.ch01 import TOY_KEYS, TOY_QUERY, soft_lookup_diagram
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "book" / "01_attention_at_a_glance.ipynb").read_text())
+    toy = next("".join(c["source"]) for c in nb["cells"] if "keys = torch.tensor(" in "".join(c["source"]))
+    assert f"keys = torch.tensor({TOY_KEYS})" in toy and f"query = torch.tensor({TOY_QUERY})" in toy
+    assert "weight 0.44" in soft_lookup_diagram().alt   # token 2's weight, printed by the toy cell

@@ -184,3 +184,21 @@ def test_trained_head_finds_the_marked_token() -> None:
     with torch.no_grad():
         _, w = head(x)
     assert w[torch.arange(200), :, marked].mean() > 0.9
+
+
+def _notebook_markdown() -> str:
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "book" / "02_queries_keys_values.ipynb").read_text())
+    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+def test_exercise_texts_state_the_sizes_the_checkers_use() -> None:
+    """The exercises tell the reader the checker's sizes; they must be the sizes of CASES."""
+    from attnbook.ch02 import CASES
+
+    text = _notebook_markdown()
+    for s_q, s_k, d, d_k, d_v, _ in CASES:
+        assert f"({s_k}, {d}, {d_k}, {d_v})" in text, "self-attention exercise: (S, D, D_k, D_v) of a case"
+        assert f"$S_q = {s_q}$" in text and f"$S_k = {s_k}$" in text, "cross-attention exercise: S_q and S_k"
