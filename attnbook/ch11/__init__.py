@@ -36,6 +36,7 @@ from .quant import dequantize, kivi_roundtrip, quantize, quantized_bytes, quanti
 from .simulation import Request, StepCost, poisson_arrivals, simulate
 from .sinks import SINK_CHECKPOINT, SinkLM, load_sink_models, sink_attention, sink_logsumexp, stream_loss, train_sink_lm
 from .speculative import speculative_generate
+from . import diagrams as _diagrams  # noqa: F401  (registers the chapter's diagrams)
 
 __all__ = [
     "BlockPool", "PagedKVCache", "paged_attention", "paged_attention_in_place", "contiguous_attention",
