@@ -420,8 +420,15 @@ APPEND_MISTAKES = (
             "only the first cached key. The new queries are the LAST S_new positions: use causal_mask(S_new, S_k=S_k), "
             "which shifts the diagonal by S_k - S_new."),
     Mistake("no mask", lambda *c: _attend(c[0], *_cat(*c)),
-            "the first new query also sees the second new key, which lies in its future: with more than one new "
-            "token a causal mask is needed, aligned bottom-right (causal_mask(S_new, S_k=S_k))."),
+            "the first new query also sees the second new key, which lies in its future (no mask, or a mask whose "
+            "diagonal sits one position too far right): with more than one new token a causal mask is needed, "
+            "aligned bottom-right (causal_mask(S_new, S_k=S_k))."),
+    Mistake("mask inverted", lambda *c: _attend(c[0], *_cat(*c), attn_mask=~_bottom_right(c)),
+            "your boolean mask is inverted: in F.scaled_dot_product_attention True means 'may attend' (nn.MultiheadAttention "
+            "uses the opposite convention, True = masked). Pass causal_mask(S_new, S_k=S_k) as it is, without ~."),
+    Mistake("no 1/sqrt(D_k)", lambda *c: _attend(c[0], *_cat(*c), attn_mask=_bottom_right(c), scale=1.0),
+            "the scores are not divided by sqrt(D_k): scaled_dot_product_attention does it by default, so leave its "
+            "scale argument alone (or divide q @ k^T by math.sqrt(D_k) if you compute the scores yourself)."),
     Mistake("new keys not appended", lambda *c: _attend(c[0], c[1], c[2]),
             "the new queries attend only to the old cache: append k_new and v_new first, so every token also sees itself."),
     Mistake("new before old", lambda *c: _attend(c[0], torch.cat([c[3], c[1]], 2), torch.cat([c[4], c[2]], 2),
@@ -456,22 +463,39 @@ _NO_REPEAT = (
 )
 
 
+_MASK_WIDTH = (
+    "the mask does not fit the scores ({error}): the scores are [B, H, S_new, S_k], here S_new = {S_new} and "
+    "S_k = {S_k}, one column per cached or new key, so the mask must be [S_new, S_k], not square. Build it with "
+    "causal_mask(S_new, S_k=S_k), which also aligns its diagonal bottom-right."
+)
+
+
 def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | None:
     H, H_kv = case[0].shape[1], case[1].shape[1]
     result, fb = run_reader_code(fn, *(t.clone() for t in case))
-    if fb is not None and "must match the size of tensor" in fb.message and H != H_kv:
-        return wrong(_NO_REPEAT.format(error=fb.message.removeprefix("your code raised "), H=H, H_kv=H_kv))
+    if fb is not None and "must match the size of tensor" in fb.message:
+        error = fb.message.removeprefix("your code raised ")
+        if "dimension 1" in fb.message and H != H_kv:  # the head axis
+            return wrong(_NO_REPEAT.format(error=error, H=H, H_kv=H_kv))
+        if "dimension 3" in fb.message:  # the key axis of the scores: a mask of the wrong width
+            S_new, S_k = case[0].shape[2], case[1].shape[2] + case[3].shape[2]
+            return wrong(_MASK_WIDTH.format(error=error, S_new=S_new, S_k=S_k))
     if fb is not None:
         return fb
     if not isinstance(result, (tuple, list)) or len(result) != 3:
         return wrong(f"return three tensors (output, keys, values), got {describe(result)}.")
     out, keys, values = result
     ref_out, ref_k, ref_v = reference_append_and_attend(*case)
+    if close(keys, ref_v) and close(values, ref_k):
+        return wrong("your keys and values come back swapped: return (output, keys, values), the keys first.")
     for name, got, exp in (("keys", keys, ref_k), ("values", values, ref_v)):
         if close(got, repeat_kv(exp, H)) and H != H_kv:
             return wrong(f"your cached {name} have the H = {H} repeated heads: store the H_kv = {H_kv} key/value "
                          f"heads and repeat them only for the attention itself; the repeated copy costs {H // H_kv}x the memory.")
         if not close(got, exp):
+            if isinstance(got, Tensor) and tuple(got.shape) == tuple(exp.shape):
+                return wrong(f"the returned {name} have the right shape but other numbers: they should be the cache "
+                             f"with the new positions appended after the cached ones, [B, H_kv, S_past + S_new, D_k].")
             shape = tuple(got.shape) if isinstance(got, Tensor) else describe(got)
             return wrong(f"the returned {name} should be the cache with the new positions appended, shape {tuple(exp.shape)} "
                          f"([B, H_kv, S_past + S_new, D_k]); got {shape}.")
