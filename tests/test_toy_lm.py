@@ -12,7 +12,7 @@ def test_shipped_text_loads_without_its_header() -> None:
     text = toy_lm.load_text()
     assert 3_000 < len(text) < 30_000
     assert not any(line.startswith("#") for line in text.splitlines())
-    assert text.startswith("The cat sat on the mat.")
+    assert text.startswith("The dog lay on the rug by the door.")
     with pytest.raises(ValueError, match=r"no text named 'missing.txt'.*small_tales.txt"):
         toy_lm.load_text("missing.txt")
 

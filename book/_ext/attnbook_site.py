@@ -11,6 +11,7 @@
 * The book's own static files (``book/_static``) are copied on every build, changed or not.
 * A solution's ``# @title`` line (Colab's form title, written by ``tools/sync_notebooks.py``) is
   left out of the page (:func:`drop_colab_titles`): the website folds the solution its own way.
+* Exercises are numbered per chapter, "Exercise 3.1" (:func:`number_exercises_by_chapter`).
 * ``fontawesome.js`` (1.45 MB, every icon of Font Awesome 6) is replaced by a few kilobytes
   holding only the icons the built pages use (see :func:`slim_fontawesome`).
 * Code is highlighted without a ``<span>`` around the tokens that both the light and the dark
@@ -186,7 +187,23 @@ def drop_plain_spans(app: Any) -> None:
     highlighter.formatter = PlainSpanFormatter
 
 
+def number_exercises_by_chapter(app: Any, env: Any) -> list[str]:
+    """Number exercises per chapter, "Exercise 3.1", as JupyterLab and the Colab edition do, instead
+    of through the whole book ("Exercise 6" for chapter 3's first). Runs after Sphinx has assigned
+    its book-wide numbers (``env-get-updated``, late priority) and renumbers each chapter's
+    exercises (``book/NN_slug``) in their order on the page; solution titles and references
+    read the same numbers."""
+    for docname, kinds in env.toc_fignumbers.items():
+        match = re.match(r"book/(\d\d)_", docname)
+        if not match or "exercise" not in kinds:
+            continue
+        ordered = sorted(kinds["exercise"].items(), key=lambda item: item[1])
+        kinds["exercise"] = {ident: (int(match.group(1)), k) for k, (ident, _) in enumerate(ordered, 1)}
+    return []
+
+
 def setup(app: Any) -> dict[str, Any]:
+    app.connect("env-get-updated", number_exercises_by_chapter, priority=900)
     app.connect("builder-inited", drop_plain_spans)
     # Early: html-page-context stops at the first listener that returns a template name.
     app.connect("html-page-context", dedupe_scripts, priority=100)
