@@ -464,3 +464,23 @@ def test_speculative_counts_the_draft_calls() -> None:
     _, stats = ch11.speculative_generate(tiny, draft, vocab.encode("The books "), 20, k=3)
     rounds = stats["target_passes"] - 1
     assert stats["draft_calls"] >= 1 + stats["proposed"] and stats["draft_calls"] <= 1 + stats["proposed"] + rounds
+
+
+def test_sink_and_int8_checkers_name_the_leftover_mistakes() -> None:
+    def wrong_axis(s, k):
+        return torch.exp(s - torch.logaddexp(torch.logsumexp(s, -1, keepdim=True), k.view(1, 1, -1)))
+
+    assert "sink.view(-1, 1, 1)" in ch11.check_sink_softmax(wrong_axis).message
+
+    def unshifted_sink(s, k):
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        return e / (e.sum(-1, keepdim=True) + torch.exp(k.view(-1, 1, 1)))
+
+    assert "not from the sink" in ch11.check_sink_softmax(unshifted_sink).message
+
+    def asymmetric(x):
+        lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+        step = (hi - lo) / 255
+        return torch.round((x - lo) / step) * step + lo
+
+    assert "asymmetric" in ch11.check_int8_per_token(asymmetric).message

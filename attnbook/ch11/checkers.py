@@ -114,6 +114,10 @@ INT8_MISTAKES = (
     Mistake("ceil", lambda x: torch.ceil(x / (x.abs().amax(-1, keepdim=True) / 127)).clamp(-127, 127) * (x.abs().amax(-1, keepdim=True) / 127),
             "ceil rounds up, towards +inf, so every value moves up by up to a whole step: round to the nearest "
             "code with torch.round."),
+    Mistake("asymmetric min/max", lambda x: torch.round((x - x.amin(-1, keepdim=True)) / ((x.amax(-1, keepdim=True) - x.amin(-1, keepdim=True)) / 255))
+            * ((x.amax(-1, keepdim=True) - x.amin(-1, keepdim=True)) / 255) + x.amin(-1, keepdim=True),
+            "that is asymmetric quantisation (a scale and a zero point from each position's min and max, as KIVI uses): "
+            "this exercise asks for the symmetric form, s = max|x| / 127 and codes in -127..127 with no zero point."),
     Mistake("per head", lambda x: torch.round(x / (x.abs().amax((-2, -1), keepdim=True) / 127)) * (x.abs().amax((-2, -1), keepdim=True) / 127),
             "that is one scale per head, over all its positions and channels: per token, take the max |x| over "
             "D_k alone, amax(dim=-1, keepdim=True)."),
@@ -165,6 +169,15 @@ def _sink_case(H: int, S_q: int, S_k: int, shift: float, seed: int) -> tuple[Ten
     return scores, sink
 
 
+def _unshifted_sink(s: Tensor, k: Tensor) -> Tensor:
+    """The scores shifted by their max, the sink not: where exp(sink) overflows, the checker's overflow hint speaks."""
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    sink = torch.exp(k.view(-1, 1, 1))
+    if not torch.isfinite(sink).all():
+        raise ValueError("exp(sink) overflows on this case")
+    return e / (e.sum(-1, keepdim=True) + sink)
+
+
 SINK_MISTAKES = (
     Mistake("ordinary softmax", lambda s, k: torch.softmax(s, -1),
             "the weights still sum to 1: the sink adds exp(sink[h]) to every row's denominator, so they sum to less."),
@@ -177,11 +190,14 @@ SINK_MISTAKES = (
     Mistake("sink added to the logsumexp", lambda s, k: torch.exp(s - (torch.logsumexp(s, -1, keepdim=True) + k.view(-1, 1, 1))),
             "adding the sink to the logsumexp multiplies the denominator by exp(sink): the sink's term is added to "
             "the sum of exponentials, so combine the two with torch.logaddexp."),
-    Mistake("sink left out of the max", lambda s, k: torch.exp(s - s.amax(-1, keepdim=True)) / (
-                torch.exp(s - s.amax(-1, keepdim=True)).sum(-1, keepdim=True) + torch.exp(k.view(-1, 1, 1))),
+    Mistake("sink left out of the max", lambda s, k: _unshifted_sink(s, k),
             "you subtracted the row's max m from the scores but not from the sink: in the shifted denominator its "
             "term is exp(sink - m), not exp(sink). Take the max over the scores and the sink together, or use "
             "torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink)."),
+    Mistake("sink column first, last key dropped",
+            lambda s, k: torch.softmax(torch.cat([k.view(1, -1, 1, 1).expand(*s.shape[:-1], 1), s], -1), -1)[..., :-1],
+            "you put the sink's column first and then dropped the LAST column, a real key: drop the column you added "
+            "(the first one, [..., 1:]), or put the sink last and drop it with [..., :-1]."),
 )
 
 
@@ -197,6 +213,10 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
     for case in SINK_CASES:
         scores, sink = _sink_case(*case)
         got, fb = call_reader(fn, (scores.clone(), sink.clone()), axes=("B", "H", "S_q", "S_k"))
+        if fb is not None and "must match the size" in fb.message and "dimension 3" in fb.message:
+            return wrong("the sink lines up with the key axis S_k, not the head axis H: one sink logit per head must "
+                         "broadcast as [H, 1, 1] against [1, H, S_q, 1], so reshape it with sink.view(-1, 1, 1). "
+                         f"({fb.message.removeprefix('your code raised ')})")
         if fb is not None:
             return fb
         expected = reference_sink_softmax(scores, sink)
