@@ -214,3 +214,53 @@ def speculative_diagram() -> Diagram:
     d.text(20, 276, f"{len(kept)} tokens for one target pass; roll the cache back", size=14, anchor="start")
     d.text(20, 294, f"over the {k - agree} rejected positions", size=14, anchor="start")
     return d
+
+
+#: the prefix-sharing picture: three requests in blocks of 3 words, the running example first
+PREFIX_BLOCK = 3
+PREFIX_REQUESTS = (
+    "The books on the shelf are old . Dust",
+    "The books on the shelf are old . Nobody",
+    "The books on the desk are new . We",
+)
+
+
+def prefix_example() -> list[list[tuple[str, str]]]:
+    """Each request's full blocks as (words, short chained hash), from :func:`ch11.block_hashes`."""
+    from .paging import block_hashes
+
+    vocab: dict[str, int] = {}
+    out = []
+    for text in PREFIX_REQUESTS:
+        words = text.split()
+        ids = [vocab.setdefault(w, len(vocab)) for w in words]
+        hashes = block_hashes(ids, PREFIX_BLOCK)
+        out.append([(" ".join(words[i * PREFIX_BLOCK:(i + 1) * PREFIX_BLOCK]), h[:4]) for i, h in enumerate(hashes)])
+    return out
+
+
+@diagram
+def prefix_sharing_diagram() -> Diagram:
+    rows = prefix_example()
+    alt = (f"Three requests cut into blocks of {PREFIX_BLOCK} words; each block is named by a hash of its words and of "
+           "the previous block's hash. Requests A and B begin 'The books on the shelf are old .', so their first two "
+           "blocks have the same names and are stored once; their third blocks differ. Request C shares only its "
+           "first block: its second holds other words, so its name, and every later one, differs.")
+    d = Diagram("ch11_prefix_sharing", 440, 320, title="Prefix sharing: blocks named by chained hashes", alt=alt)
+    colours = ("blue", "orange", "green", "purple", "sky", "yellow", "vermillion")
+    seen: dict[str, int] = {}
+    w, h, x0 = 120, 52, 40
+    for r, blocks in enumerate(rows):
+        y = 30 + r * 76
+        d.text(14, y + 32, "ABC"[r], size=16, weight="bold", anchor="start")
+        for i, (words, hsh) in enumerate(blocks):
+            first = hsh not in seen
+            colour = colours[seen.setdefault(hsh, len(seen)) % len(colours)]
+            x = x0 + i * (w + 8)
+            d.rect(x, y, w, h, fill=colour, tint=True, stroke=colour, width=2, dash=not first)
+            d.text(x + w / 2, y + 22, words, size=14)
+            d.text(x + w / 2, y + 42, f"#{hsh}" + ("" if first else " shared"), size=14, color=MUTED)
+    d.text(20, 268, "same name = same words up to the block's end:", size=14, anchor="start")
+    d.text(20, 290, "the block is stored and computed once (dashed:", size=14, anchor="start")
+    d.text(20, 310, "a later request's table points at it)", size=14, anchor="start")
+    return d
