@@ -5,14 +5,15 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NOTEBOOKS = $(shell $(BIN)/python tests/toc.py)
 
-.PHONY: setup book explorer test test-cpus test-site test-colab test-lab lab bench bench-explorer clean help
+.PHONY: setup book colab colab-check explorer test test-cpus test-site test-colab test-lab lab bench bench-explorer clean help
 
 help:
 	@echo "make book       build the website into _build/html (needs npm for the attention explorer)"
 	@echo "make test       unit tests + every notebook re-executed and compared (nbval)"
 	@echo "make test-cpus  the notebooks again as a CPU without AVX-512 and as one thread run them"
 	@echo "make test-site  build the website, then open every page in headless Chromium, offline"
-	@echo "make test-colab every chapter run top to bottom as in Colab's CPU runtime (its recorded packages)"
+	@echo "make colab      write the Colab edition (colab/: each chapter with its MyST translated for Colab)"
+	@echo "make test-colab the Colab edition checked as Colab renders it, then run as in Colab's CPU runtime"
 	@echo "make test-lab   every chapter in JupyterLab in headless Chromium: Run All, sliders, quiz, folded solutions"
 	@echo "make lab        open the book in JupyterLab"
 	@echo "make bench      attention benchmark (timings and memory on this machine)"
@@ -41,7 +42,12 @@ $(NODE_STAMP): package.json package-lock.json
 explorer: setup $(NODE_STAMP)
 	$(BIN)/python -m attnbook.explorer _build/html
 
-book: setup explorer
+# The Colab edition (colab/, tools/colab_edition.py): what the website's Colab buttons open. Written
+# from the chapter notebooks; tests/test_colab_edition.py fails while it is out of step with them.
+colab: setup
+	$(BIN)/python tools/colab_edition.py
+
+book: setup colab explorer
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
 NBVAL = --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900
@@ -81,8 +87,13 @@ $(COLAB_STAMP): tests/colab/requirements-colab.txt
 	$(COLAB_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r tests/colab/requirements-colab.txt
 	touch $(COLAB_STAMP)
 
+# First the edition's markdown as Colab renders it (seconds; fails before the environment is built),
+# then the edition of every chapter run in that environment.
 # COLAB_NOTEBOOKS=book/NN_slug.ipynb runs only those chapters (default: every notebook in _toc.yml).
-test-colab: setup $(COLAB_STAMP)
+colab-check: setup
+	$(BIN)/python tests/colab/check_edition.py $(COLAB_NOTEBOOKS)
+
+test-colab: setup colab-check $(COLAB_STAMP)
 	$(BIN)/python tests/colab/run_colab.py --venv $(COLAB_VENV) $(COLAB_NOTEBOOKS)
 
 # Every chapter of _toc.yml in JupyterLab, driven by headless Chromium (lab_tests/, not part of

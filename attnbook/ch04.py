@@ -22,6 +22,9 @@ from attnlib.core import scaled_dot_product_attention
 from attnlib.masks import causal_mask, combine_masks, padding_mask
 from attnlib.multihead import MultiHeadSelfAttention
 
+from .diagrams import MUTED, Diagram, diagram
+from .examples import BOOKS_SENTENCE
+
 from .feedback import (
     Feedback,
     Mistake,
@@ -43,6 +46,8 @@ __all__ = [
     "check_fully_masked_prediction", "FULLY_MASKED_CASES", "FULLY_MASKED_SCORES", "FULLY_MASKED_MISTAKES",
     "causal_eval_stats", "time_parallel_and_prefixes", "causal_explorer", "mha_fast_path",
     "mha_all_padding_outputs", "mask_seen_by_attention", "document_mask", "prefix_lm_mask",
+    "PADDED_BATCH", "LEFT_PADDED_TOKENS", "LEFT_PADDED_MASK", "STACK_FILLS", "left_padded_stack",
+    "fully_masked_row_by_dtype", "ENCODER_DECODER",
 ]
 
 #: The attention mask the combined-mask checker feeds in: ``[B, S] = [3, 5]``, 1 = real token.
@@ -83,6 +88,9 @@ COMBINED_MASK_MISTAKES: tuple[Mistake, ...] = (
             "the future is hidden but padding keys are visible: AND in the padding part, shaped [B, 1, 1, S]."),
     Mistake("diagonal hidden", lambda am: _tril(am.shape[1]).tril(-1) & _keys(am),
             "the diagonal is hidden: a token may look at itself, so use `torch.tril(ones)` (diagonal=0)."),
+    Mistake("tril diagonal=1", lambda am: torch.ones(am.shape[1], am.shape[1], dtype=torch.bool).tril(1) & _keys(am),
+            "each query sees one key of the future: `torch.tril(ones, diagonal=1)` keeps the first diagonal above the "
+            "main one. The visible part is `torch.tril(ones)` (diagonal=0): key j <= query i."),
     Mistake("triu", lambda am: _tril(am.shape[1]).T & _keys(am),
             "you kept the future and hid the past: `triu` marks the future. Use `tril`, or invert `triu(..., 1)`."),
     Mistake("strict triu", lambda am: _tril(am.shape[1]).T.triu(1) & _keys(am),
@@ -117,9 +125,17 @@ def _combined_one(fn: Callable[[Tensor], Any], am: Tensor) -> Feedback | None:
         return hint
     if tuple(got.shape) != (B, 1, S, S):
         return wrong(f"your mask has shape {tuple(got.shape)}; expected [B, 1, S, S] = {(B, 1, S, S)} for an attention mask of shape {(B, S)}.")
-    bad = int((got.cpu() != expected).sum())
-    left = next(b for b in range(B) if am[b, 0] == 0)
-    return wrong(f"{bad} of {got.numel()} entries differ from padding AND causal; check sequence {left}, which is padded on the left ({am[left].tolist()}).")
+    differ = got.cpu() != expected
+    bad = int(differ.sum())
+    b, _, i, j = (int(t) for t in differ.nonzero()[0])
+    if bool(got[b, 0, i, j]):
+        why = (f"key {j} is in the future of query {i}" if j > i else f"key {j} is padding ({am[b].tolist()})")
+        what = f"query {i} may see key {j}, but {why}"
+    else:
+        what = (f"query {i} may not see key {j}, though it is a real token at or before the query"
+                + (" (its own key: a token may look at itself)" if i == j else ""))
+    return wrong(f"{bad} of {got.numel()} entries differ from padding AND causal. The first, in sequence {b}: {what}. "
+                 "Rows are queries, columns are keys.")
 
 
 def _solution_combined(attention_mask: Tensor) -> Tensor:
@@ -201,6 +217,10 @@ def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k
     S = q.shape[-2]
     reference = scaled_dot_product_attention(q, k, v, causal_mask(S))
     exp_out, exp_w = reference.output, reference.weights
+    if (isinstance(out, Tensor) and tuple(out.shape) == tuple(exp_w.shape) and isinstance(weights, Tensor)
+            and tuple(weights.shape) == tuple(exp_out.shape) and exp_w.shape != exp_out.shape):
+        return wrong("you returned `(weights, output)`; the order is `(output, weights)`: the output "
+                     f"{tuple(exp_out.shape)} [B, H, S, D_k] first, then the weights {tuple(exp_w.shape)} [B, H, S, S].")
     if not isinstance(weights, Tensor) or tuple(weights.shape) != tuple(exp_w.shape):
         shape = tuple(weights.shape) if isinstance(weights, Tensor) else describe(weights)
         return wrong(f"weights should be a tensor of shape {tuple(exp_w.shape)} [B, H, S, S], got {shape}.")
@@ -279,15 +299,6 @@ def _case_value(case: str) -> Tensor:
         return torch.softmax(s.masked_fill(hidden, -1e4), dim=-1)
     return torch.softmax(s + torch.finfo(torch.float32).min, dim=-1)
 
-
-_UNMASKED = (
-    "adding the same number to every score of a row changes nothing: softmax only sees differences, so "
-    "{case!r} gives softmax(scores), the weights of the unmasked row. (A fully masked row is the one "
-    "place where an additive mask does not hide anything.)"
-)
-_UNIFORM = (
-    "{case!r}: every score becomes the same number, so the four keys get equal weights, 1/4 each. "
-)
 
 #: For each case, the known wrong predictions (NaN written as -1) and their hints.
 FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
@@ -668,3 +679,227 @@ def prefix_lm_mask(prefix: int, S: int) -> Tensor:
     mask = causal_mask(S).clone()  # [S, S]
     mask[:prefix, :prefix] = True
     return mask
+
+
+#: The left-padded sequence of the NaN experiments and of the combined-mask diagram:
+#: two padding tokens first, then "Old books ." (the third sentence of the chapter's batch).
+LEFT_PADDED_TOKENS = ["<pad>", "<pad>", "Old", "books", "."]
+LEFT_PADDED_MASK = torch.tensor([[0, 0, 1, 1, 1]])  # [B, S] = [1, 5], 1 = real token
+
+#: The ways of hiding the keys that :func:`left_padded_stack` compares.
+STACK_FILLS = (
+    "softmax, -inf written",
+    "softmax, finfo.min written",
+    "softmax, -inf, pad sees itself",
+    "attnlib (zero rows)",
+    "SDPA, bool mask",
+)
+
+
+def _stack_layer(x: Tensor, w: tuple[Tensor, Tensor, Tensor], mask: Tensor, fill: str) -> Tensor:
+    """One single-head attention layer with a residual: ``x + attention(x)``; ``x`` is ``[B, S, D]``."""
+    q, k, v = (x @ m for m in w)  # [B, S, D] each
+    if fill == "attnlib (zero rows)":
+        return x + scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], mask).output[:, 0]
+    if fill == "SDPA, bool mask":
+        return x + torch.nn.functional.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None],
+                                                                     attn_mask=mask)[:, 0]
+    if fill == "softmax, -inf, pad sees itself":
+        mask = mask | torch.eye(mask.shape[-1], dtype=torch.bool)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, S, S]
+    value = torch.finfo(x.dtype).min if fill == "softmax, finfo.min written" else float("-inf")
+    weights = torch.softmax(scores.masked_fill(~mask[:, 0], value), dim=-1)
+    return x + weights @ v
+
+
+def left_padded_stack(num_layers: int, fill: str, *, d_model: int = 8, seed: int = 0) -> dict[str, Any]:
+    """Run :data:`LEFT_PADDED_MASK` through ``num_layers`` attention layers with residuals, causal and
+    padding mask combined, and a loss on the real positions only; then the backward pass.
+
+    Returns ``pad_rows_nan`` (the padded positions' outputs after layer 1 contain NaN), ``loss``
+    (a float, NaN included), ``real_finite`` (the last layer's real positions are finite) and
+    ``grad_finite`` (the input's gradient is finite). ``fill`` is one of :data:`STACK_FILLS`.
+    """
+    if fill not in STACK_FILLS:
+        raise ValueError(f"fill must be one of {STACK_FILLS}, got {fill!r}")
+    gen = torch.Generator().manual_seed(seed)
+    layers = [tuple(torch.randn(d_model, d_model, generator=gen) / math.sqrt(d_model) for _ in range(3))
+              for _ in range(num_layers)]
+    x = torch.randn(1, LEFT_PADDED_MASK.shape[1], d_model, generator=gen).requires_grad_()  # [B, S, D]
+    mask = combine_masks(causal_mask(LEFT_PADDED_MASK.shape[1]), padding_mask(LEFT_PADDED_MASK))  # [B, 1, S, S]
+    real = LEFT_PADDED_MASK[0].bool()
+    h, pad_rows_nan = x, False
+    for n, w in enumerate(layers):
+        h = _stack_layer(h, w, mask, fill)
+        if n == 0:
+            pad_rows_nan = bool(h[0, ~real].isnan().any())
+    loss = h[0, real].pow(2).mean()  # a loss on the real positions only
+    loss.backward()
+    assert x.grad is not None
+    return {"pad_rows_nan": pad_rows_nan, "loss": float(loss.detach()), "real_finite": bool(h[0, real].isfinite().all()),
+            "grad_finite": bool(x.grad.isfinite().all())}
+
+
+def _row_kind(row: Tensor, mean: Tensor, unmasked: Tensor) -> str:
+    """Name what a fully masked output row is: NaN, the mean of the values, or the unmasked row."""
+    row, mean, unmasked = (t.float() for t in (row, mean, unmasked))
+    if row.isnan().any():
+        return "NaN"
+    if torch.allclose(row, mean, atol=2e-2) and not torch.allclose(row, unmasked, atol=2e-2):
+        return "mean of V"
+    if torch.allclose(row, unmasked, atol=2e-2):
+        return "as if unmasked"
+    return "other"
+
+
+def fully_masked_row_by_dtype(dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+                              ) -> dict[str, dict[str, str]]:
+    """What a query whose every key is hidden with ``torch.finfo(dtype).min`` receives, per dtype.
+
+    Three ways of applying the finite fill (CPU): written over the scores with ``masked_fill`` and a
+    plain softmax; *added* to the scores in the dtype (as an eager implementation does), once with
+    ordinary scores and once with scores of -16 or less; and passed to
+    ``F.scaled_dot_product_attention`` as an additive ``attn_mask``. Each result is named by
+    :func:`_row_kind`: ``"mean of V"`` (uniform weights), ``"as if unmasked"`` or ``"NaN"``.
+    """
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 3, 4, generator=gen) for _ in range(3))  # [B, H, S, D_k]
+    hidden = torch.ones(3, dtype=torch.bool)  # every key of the row is hidden
+    out: dict[str, dict[str, str]] = {}
+    for dtype in dtypes:
+        qd, kd, vd = (t.to(dtype) for t in (q, k, v))
+        fmin = torch.finfo(dtype).min
+        scores = (qd @ kd.transpose(-2, -1))[0, 0, 0] / 2  # [3]: the row of query 0
+        low = torch.tensor([-20.0, -17.0, -30.0], dtype=dtype)  # scores of -16 or less
+        mean, unmasked = vd[0, 0].mean(dim=0), torch.softmax(scores.float(), dim=-1).to(dtype) @ vd[0, 0]
+        additive = torch.zeros(3, dtype=dtype).masked_fill(hidden, fmin)  # [3]: 0 keep, finfo.min hide
+        sdpa = torch.nn.functional.scaled_dot_product_attention(
+            qd[:, :, :1], kd, vd, attn_mask=additive[None, None, None, :])[0, 0, 0]
+        low_unmasked = torch.softmax(low.float(), dim=-1).to(dtype) @ vd[0, 0]
+        out[str(dtype).replace("torch.", "")] = {
+            "masked_fill": _row_kind(torch.softmax(scores.masked_fill(hidden, fmin), dim=-1) @ vd[0, 0], mean, unmasked),
+            "added": _row_kind(torch.softmax(scores + additive, dim=-1) @ vd[0, 0], mean, unmasked),
+            "added, scores <= -16": _row_kind(torch.softmax(low + additive, dim=-1) @ vd[0, 0], mean, low_unmasked),
+            "SDPA additive": _row_kind(sdpa, mean, unmasked),
+        }
+    return out
+
+
+# ---- diagrams ------------------------------------------------------------------------------------
+
+#: The padded batch of the padding-mask section: three sentences of 8, 5 and 3 tokens.
+PADDED_BATCH: list[list[str]] = [list(BOOKS_SENTENCE), ["The", "books", "are", "old", "."], ["Old", "books", "."]]
+
+#: The sizes of the encoder / decoder / cross-attention example: batch, heads, head width,
+#: source length S and target length T.
+ENCODER_DECODER: dict[str, int] = {"B": 2, "H": 4, "D_k": 8, "S": 7, "T": 5}
+
+
+@diagram
+def causal_mask_diagram() -> Diagram:
+    """The causal mask of the book's sentence: query rows, key columns, the future hidden."""
+    tokens = list(BOOKS_SENTENCE)
+    S, cell, x0, y0 = len(tokens), 42, 62, 64
+    allowed = causal_mask(S)
+    d = Diagram("ch04_causal_mask", x0 + S * cell + 14, y0 + S * cell + 64,
+                title="The causal mask",
+                alt=f"An {S} by {S} grid for the sentence '{' '.join(tokens)}': rows are queries, columns are "
+                    "keys. The cells on and below the diagonal are shaded (may attend); every cell above it, a "
+                    "later key, holds minus infinity (hidden).")
+    d.text(x0 + S * cell / 2, 20, "keys: the tokens looked at", size=14, color=MUTED)
+    fills = [["sky" if allowed[i, j] else "grey" for j in range(S)] for i in range(S)]
+    labels = [["" if allowed[i, j] else "\u2212\u221e" for j in range(S)] for i in range(S)]
+    d.grid(x0, y0, fills, cell=cell, labels=labels, row_labels=tokens, col_labels=tokens, size=13)
+    yl = y0 + S * cell + 30
+    d.rect(x0, yl - 14, 18, 18, fill="sky", tint=True, rx=0, width=1)
+    d.text(x0 + 26, yl, "may attend (j \u2264 i)", size=14, anchor="start")
+    d.rect(x0 + 190, yl - 14, 18, 18, fill="grey", tint=True, rx=0, width=1)
+    d.text(x0 + 216, yl, "hidden (j > i)", size=14, anchor="start")
+    d.text(8, yl + 26, "rows: the query i", size=14, anchor="start", color=MUTED)
+    return d
+
+
+@diagram
+def padding_mask_diagram() -> Diagram:
+    """The padded batch and its padding mask: one row per sequence, shared by every head and query."""
+    B, S = len(PADDED_BATCH), max(len(s) for s in PADDED_BATCH)
+    cw, ch, x0, y0 = 50, 34, 66, 40
+    d = Diagram("ch04_padding_mask", x0 + S * cw + 12, y0 + B * ch + 78,
+                title="The padding mask",
+                alt=f"The batch of {B} sentences padded to {S} tokens, one row each: real tokens are shaded, "
+                    "the padding cells are grey and hidden. The mask has one row per sequence, of shape "
+                    f"(B, 1, 1, S) = ({B}, 1, 1, {S}), shared by every head and every query.")
+    d.text(x0 + S * cw / 2, 22, "keys of each sequence", size=15, color=MUTED)
+    for b, sent in enumerate(PADDED_BATCH):
+        for j in range(S):
+            real = j < len(sent)
+            x, y = x0 + j * cw, y0 + b * ch
+            d.rect(x, y, cw, ch, fill="sky" if real else "grey", tint=True, rx=0, width=1)
+            if real:
+                d.text(x + cw / 2, y + ch / 2 + 5, sent[j], size=15)
+        d.text(x0 - 8, y0 + b * ch + ch / 2 + 5, f"seq {b}", size=15, anchor="end")
+    yl = y0 + B * ch + 30
+    d.text(8, yl, f"mask [B, 1, 1, S] = [{B}, 1, 1, {S}]; grey: <pad>, hidden", size=15, anchor="start")
+    d.text(8, yl + 24, "the same row for every head and every query", size=15, anchor="start", color=MUTED)
+    return d
+
+
+@diagram
+def combined_mask_diagram() -> Diagram:
+    """Causal AND padding for a left-padded sequence: two rows are left with nothing to see."""
+    tokens, am = LEFT_PADDED_TOKENS, LEFT_PADDED_MASK[0].bool()
+    S, cell, x0, y0 = len(tokens), 52, 62, 46
+    causal = causal_mask(S)
+    d = Diagram("ch04_combined_mask", x0 + S * cell + 120, y0 + S * cell + 96,
+                title="Causal and padding masks combined",
+                alt=f"A {S} by {S} grid for a left-padded sequence, two padding tokens and then "
+                    f"'{' '.join(tokens[2:])}': rows are queries, "
+                    "columns keys. Cells are shaded where the query may attend, grey where the key is in its "
+                    "future and orange where the key is padding. The two padding rows at the top have no "
+                    "visible key at all.")
+    d.text(x0 + S * cell / 2, 16, "keys", size=14, color=MUTED)
+    fills = [["sky" if causal[i, j] and am[j] else ("grey" if not causal[i, j] else "orange") for j in range(S)]
+             for i in range(S)]
+    d.grid(x0, y0, fills, cell=cell, row_labels=tokens, col_labels=tokens, size=14)
+    xa = x0 + S * cell + 10
+    d.arrow(xa + 30, y0 + cell, xa + 2, y0 + cell, label=None)
+    d.text(xa + 36, y0 + cell - 8, "nothing", size=14, anchor="start")
+    d.text(xa + 36, y0 + cell + 10, "to see", size=14, anchor="start")
+    yl = y0 + S * cell + 30
+    for n, (fill, what) in enumerate((("sky", "may attend"), ("grey", "future"), ("orange", "padding key"))):
+        x = x0 - 54 + n * 132
+        d.rect(x, yl - 14, 18, 18, fill=fill, tint=True, rx=0, width=1)
+        d.text(x + 26, yl, what, size=14, anchor="start")
+    d.text(8, yl + 30, "a query may attend where both masks allow it (AND)", size=14, anchor="start", color=MUTED)
+    return d
+
+
+@diagram
+def encoder_decoder_diagram() -> Diagram:
+    """Where queries, keys and values come from in encoder, decoder and cross-attention."""
+    B, H, S, T = (ENCODER_DECODER[n] for n in ("B", "H", "S", "T"))
+    w, x1, x2 = 190, 14, 216
+    d = Diagram("ch04_encoder_decoder", 420, 368,
+                title="Encoder, decoder and cross-attention",
+                alt=f"Two columns. Left, the encoder: the {S} source tokens go into self-attention without a "
+                    f"causal mask, scores of shape ({B}, {H}, {S}, {S}). Right, the decoder: the {T} target tokens "
+                    f"written so far go into causal self-attention, scores ({B}, {H}, {T}, {T}). Below it, "
+                    "cross-attention takes its queries from the decoder and its keys and values from the "
+                    f"encoder's output, scores ({B}, {H}, {T}, {S}).")
+    d.text(x1 + w / 2, 24, "encoder", size=16, weight="bold")
+    d.text(x2 + w / 2, 24, "decoder", size=16, weight="bold")
+    d.box(x1, 40, w, 48, "source tokens", sub=f"S = {S}, all given", color="grey")
+    d.box(x2, 40, w, 48, "target tokens", sub=f"T = {T}, written so far", color="grey")
+    d.arrow(x1 + w / 2, 88, x1 + w / 2, 120)
+    d.arrow(x2 + w / 2, 88, x2 + w / 2, 120)
+    d.box(x1, 122, w, 52, "self-attention", sub=f"[{B}, {H}, {S}, {S}], no causal", color="sky")
+    d.box(x2, 122, w, 52, "self-attention", sub=f"[{B}, {H}, {T}, {T}], causal", color="orange")
+    d.box(x2, 236, w, 52, "cross-attention", sub=f"[{B}, {H}, {T}, {S}]", color="green")
+    d.line(x1 + w / 2, 174, x1 + w / 2, 262)
+    d.arrow(x1 + w / 2, 262, x2 - 2, 262, label="keys, values", size=14)
+    d.arrow(x2 + w / 2, 174, x2 + w / 2, 234, label=None)
+    d.text(x2 + w / 2 + 10, 210, "queries", size=14, anchor="start")
+    d.text(8, 318, "one output row per query: the decoder's T positions", size=14, anchor="start", color=MUTED)
+    d.text(8, 342, "each may read the whole source (only its padding hidden)", size=14, anchor="start",
+           color=MUTED)
+    return d

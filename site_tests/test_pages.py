@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -277,7 +278,10 @@ def test_colab_and_download_buttons(visit: tuple[TocPage, Visit]) -> None:
         pytest.skip("not a notebook")
     owner_repo = CONFIG["repository"]["url"].rstrip("/").removeprefix("https://github.com/")
     branch = CONFIG["repository"].get("branch", "main")
-    expected = f"https://colab.research.google.com/github/{owner_repo}/blob/{branch}/{toc_page.source.as_posix()}"
+    # A chapter's button opens its Colab edition (colab/, tools/colab_edition.py), MyST translated.
+    edition = Path("colab") / toc_page.source.name
+    assert (ROOT / edition).is_file(), f"{edition} is missing: run tools/colab_edition.py"
+    expected = f"https://colab.research.google.com/github/{owner_repo}/blob/{branch}/{edition.as_posix()}"
     links = v.page.eval_on_selector_all("a[href*='colab.research.google.com']", "as => as.map(a => a.href)")
     assert links == [expected], f"{v.url}: Colab links {links}, expected [{expected}]"
     downloads = v.page.eval_on_selector_all("a[href$='.ipynb']:not([href*='colab'])", "as => as.map(a => a.href)")

@@ -330,3 +330,55 @@ def test_prefix_lm_mask() -> None:
     assert torch.equal(ch04.prefix_lm_mask(0, 4), causal_mask(4))
     with pytest.raises(ValueError):
         ch04.prefix_lm_mask(6, 5)
+
+
+def test_combined_mask_fallback_names_the_first_wrong_cell() -> None:
+    def key_or_query(am: torch.Tensor) -> torch.Tensor:  # a padded query hides its row as well
+        return _tril(am.shape[1]) & (am.bool()[:, None, None, :] | am.bool()[:, None, :, None])
+
+    fb = check_combined_mask(key_or_query)
+    assert fb.status == "wrong" and "Rows are queries" in fb.message, fb
+    assert "is padding" in fb.message, fb
+    fb = check_combined_mask(lambda am: right_mask(am) & (torch.arange(5) != 0))
+    assert "may not see key 0" in fb.message and "its own key" in fb.message, fb
+    assert "left" not in fb.message, fb  # no longer always points at the left-padded sequence
+
+
+def test_masking_order_names_a_swapped_return() -> None:
+    fb = check_masking_order(lambda q, k, v: fixed(q, k, v)[::-1])
+    assert fb.status == "wrong" and "(weights, output)" in fb.message, fb
+
+
+def test_left_padded_stack_nan_reaches_the_loss_only_with_two_layers() -> None:
+    one = ch04.left_padded_stack(1, "softmax, -inf written")
+    two = ch04.left_padded_stack(2, "softmax, -inf written")
+    assert one["pad_rows_nan"] and math.isfinite(one["loss"]) and not one["grad_finite"]
+    assert two["pad_rows_nan"] and math.isnan(two["loss"]) and not two["real_finite"]
+    losses = set()
+    for fill in ch04.STACK_FILLS[1:]:
+        r = ch04.left_padded_stack(2, fill)
+        assert not r["pad_rows_nan"] and r["real_finite"] and r["grad_finite"], fill
+        losses.add(round(r["loss"], 5))
+    assert len(losses) == 1  # real queries never see padded keys: every defined row gives one loss
+    with pytest.raises(ValueError):
+        ch04.left_padded_stack(2, "zeros")
+
+
+def test_fully_masked_row_by_dtype_separates_float16() -> None:
+    rows = ch04.fully_masked_row_by_dtype()
+    assert set(rows["float32"].values()) == {"mean of V"}
+    assert set(rows["bfloat16"].values()) == {"mean of V"}
+    assert rows["float16"]["SDPA additive"] == "as if unmasked"
+    assert rows["float16"]["added, scores <= -16"] == "NaN"
+    assert rows["float16"]["masked_fill"] == "mean of V"
+
+
+def test_quiz_right_options_are_not_the_longest() -> None:
+    from attnbook.quiz import load_quiz
+
+    for n, q in enumerate(load_quiz("04_masks"), 1):
+        if q["type"] != "multiple_choice":
+            continue
+        lengths = [len(a["answer"]) for a in q["answers"]]
+        right = [len(a["answer"]) for a in q["answers"] if a["correct"]]
+        assert not (max(right) == max(lengths) and lengths.count(max(lengths)) == 1), n

@@ -66,3 +66,11 @@ def test_the_recorded_image_is_pinned_exactly_and_has_no_triton() -> None:
     for name, version in {"ipython": "7.34.0", "ipykernel": "6.17.1", "ipywidgets": "7.7.1", "numpy": "2.1.3",
                           "matplotlib": "3.10.0", "transformers": "5.15.0"}.items():
         assert str(pins[name].specifier) == f"=={version}", f"{name}: {pins[name].specifier}"
+
+
+def test_the_install_cell_is_found_in_the_chapter_and_under_the_editions_title() -> None:
+    source = "\n".join([run_colab.sync_colab.MARKER + " fetch the book", f"!git clone x {run_colab.sync_colab.CLONE_DIR}"])
+    assert run_colab.is_colab_cell(new_code_cell(source))
+    assert run_colab.is_colab_cell(new_code_cell("# @title Setup: run this cell first\n" + source))
+    assert not run_colab.is_colab_cell(new_code_cell("# @title Setup\nimport attnlib"))
+    assert not run_colab.is_colab_cell(nbformat.v4.new_markdown_cell(source))

@@ -18,6 +18,9 @@
   Pygments style draw exactly like plain text (names, punctuation, whitespace in the a11y
   styles): the page looks the same and its code weighs about half as much
   (:func:`drop_plain_spans`).
+* The Colab launch button of a chapter opens its Colab edition, ``colab/NAME.ipynb`` (written by
+  ``tools/colab_edition.py``, MyST translated to what Colab renders), not the chapter notebook
+  (:func:`colab_edition_button`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 ICON_JS = Path(__file__).resolve().parent / "icons.js"
 STATIC = Path(__file__).resolve().parent.parent / "_static"
+COLAB_EDITION = Path(__file__).resolve().parents[2] / "colab"
 
 
 def dedupe_scripts(app: Any, pagename: str, templatename: str, context: dict, doctree: Any) -> None:
@@ -138,6 +142,19 @@ def drop_colab_titles(app: Any, doctree: Any) -> None:
             break
 
 
+def colab_edition_button(app: Any, pagename: str, templatename: str, context: dict, doctree: Any) -> None:
+    """Point the theme's Colab launch button (``.../blob/BRANCH/book/NAME.ipynb``) at the chapter's
+    Colab edition, ``.../blob/BRANCH/colab/NAME.ipynb``, where there is one."""
+    edition = COLAB_EDITION / f"{Path(pagename).name}.ipynb"
+    if not edition.is_file():
+        return
+    for group in context.get("header_buttons") or []:
+        for button in group.get("buttons", []) if isinstance(group, dict) else []:
+            if button.get("text") == "Colab" and "/blob/" in button.get("url", ""):
+                head, _, rest = button["url"].partition("/blob/")
+                button["url"] = f"{head}/blob/{rest.split('/', 1)[0]}/{COLAB_EDITION.name}/{edition.name}"
+
+
 def refresh_static(app: Any, exception: Exception | None) -> None:
     """Copy the book's own static files again: an incremental Sphinx 7.4 build keeps an older
     copy already in ``_build/html/_static`` rather than overwrite it."""
@@ -207,6 +224,8 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("builder-inited", drop_plain_spans)
     # Early: html-page-context stops at the first listener that returns a template name.
     app.connect("html-page-context", dedupe_scripts, priority=100)
+    # After sphinx-book-theme's add_launch_buttons (priority 501) has made the button.
+    app.connect("html-page-context", colab_edition_button, priority=600)
     app.connect("doctree-read", add_search_aliases)
     app.connect("doctree-read", mark_long_literals)
     app.connect("doctree-read", drop_colab_titles)

@@ -6,11 +6,19 @@ Usage (``make test-colab`` builds the environment first, then runs this with the
 
 ``--venv DIR --requirements FILE`` runs the chapters in another recorded image, built from FILE.
 
-For each notebook of ``_toc.yml`` (or those named), in a fresh kernel started from the Colab
+First the Colab edition of those chapters (``colab/NN_slug.ipynb``, what the website's Colab button
+opens; ``tools/colab_edition.py`` writes it) is checked as Colab renders its markdown
+(``tests/colab/check_edition.py``): no raw MyST, every written solution folded in ``<details>``,
+the setup cell folded, the edition in step with the chapters. Any problem there fails the run
+before a kernel starts. Then each chapter's edition runs.
+
+For each notebook of ``_toc.yml`` (or those named: ``book/`` or ``colab/`` paths, the edition
+runs either way), in a fresh kernel started from the Colab
 environment (``tests/colab/requirements-colab.txt``, installed in ``--venv``), top to bottom:
 
 * The kernel starts as Colab's does, with ``google.colab`` imported (a stand-in, ``stub/``).
-* The first cell, the Colab cell written by ``tools/sync_colab.py``, runs as it stands, except that
+* The first cell, the Colab cell written by ``tools/sync_colab.py`` (in the edition under a
+  ``# @title`` line that folds it), runs as it stands, except that
   its ``/content`` becomes a fresh temporary folder (one per chapter, as each Colab runtime has its
   own). Its ``git clone`` of the repository URL of ``_config.yml`` is redirected, by git's
   ``url.<base>.insteadOf`` in a temporary git configuration, to a snapshot of this working tree
@@ -55,6 +63,8 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools"))
 import sync_colab  # noqa: E402
+import check_edition  # noqa: E402
+import colab_edition  # noqa: E402
 from toc import toc_notebooks  # noqa: E402
 
 REQUIREMENTS = HERE / "requirements-colab.txt"
@@ -195,12 +205,20 @@ def ignored(cell: nbformat.NotebookNode) -> bool:
 
 # --- one chapter -----------------------------------------------------------------------------------
 
+def is_colab_cell(cell: nbformat.NotebookNode) -> bool:
+    """The install cell of tools/sync_colab.py, as in the chapter or under the edition's ``# @title``."""
+    lines = cell.source.split("\n")
+    if lines[0].startswith("# @title "):
+        lines = lines[1:]
+    return cell.cell_type == "code" and lines[0].startswith(sync_colab.MARKER) and sync_colab.CLONE_DIR in cell.source
+
+
 def run_notebook(path: Path, venv: Path, work: Path, timeout: int) -> Result:
     result = Result(path)
     stored = nbformat.read(ROOT / path, as_version=4)
     nb = nbformat.read(ROOT / path, as_version=4)
     first = nb.cells[0]
-    if first.cell_type != "code" or not first.source.startswith(sync_colab.MARKER) or sync_colab.CLONE_DIR not in first.source:
+    if not is_colab_cell(first):
         result.failures.append("cell 0 is not the Colab cell of tools/sync_colab.py")
         return result
     content = work / f"runtime-{path.stem}" / "content"  # this chapter's fresh /content
@@ -268,7 +286,17 @@ def main() -> int:
     python = venv / "bin" / "python"
     if not python.exists():
         sys.exit(f"{python} not found: run `make test-colab`, which creates the Colab environment")
-    notebooks = [p.resolve().relative_to(ROOT) for p in args.notebooks] or toc_notebooks()
+    chapters = [Path("book") / p.name for p in args.notebooks] or toc_notebooks()
+    problems = check_edition.edition_problems(chapters)
+    for chapter, found in problems.items():
+        for line in found:
+            print(f"FAIL {colab_edition.edition_path(chapter)}: {line}")
+    if any(problems.values()):
+        print(f"test-colab: the Colab edition of {sum(1 for f in problems.values() if f)} chapter(s) fails its checks (above); "
+              "no chapter was run")
+        return 1
+    print(f"Colab edition: {len(chapters)} chapter(s) render cleanly (no raw MyST, solutions folded, setup cell folded)", flush=True)
+    notebooks = [colab_edition.edition_path(p) for p in chapters]
     pins = image_pins(args.requirements)
     url, branch = sync_colab.repository()
 
