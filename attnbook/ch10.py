@@ -420,8 +420,15 @@ APPEND_MISTAKES = (
             "only the first cached key. The new queries are the LAST S_new positions: use causal_mask(S_new, S_k=S_k), "
             "which shifts the diagonal by S_k - S_new."),
     Mistake("no mask", lambda *c: _attend(c[0], *_cat(*c)),
-            "the first new query also sees the second new key, which lies in its future: with more than one new "
-            "token a causal mask is needed, aligned bottom-right (causal_mask(S_new, S_k=S_k))."),
+            "the first new query also sees the second new key, which lies in its future (no mask, or a mask whose "
+            "diagonal sits one position too far right): with more than one new token a causal mask is needed, "
+            "aligned bottom-right (causal_mask(S_new, S_k=S_k))."),
+    Mistake("mask inverted", lambda *c: _attend(c[0], *_cat(*c), attn_mask=~_bottom_right(c)),
+            "your boolean mask is inverted: in F.scaled_dot_product_attention True means 'may attend' (nn.MultiheadAttention "
+            "uses the opposite convention, True = masked). Pass causal_mask(S_new, S_k=S_k) as it is, without ~."),
+    Mistake("no 1/sqrt(D_k)", lambda *c: _attend(c[0], *_cat(*c), attn_mask=_bottom_right(c), scale=1.0),
+            "the scores are not divided by sqrt(D_k): scaled_dot_product_attention does it by default, so leave its "
+            "scale argument alone (or divide q @ k^T by math.sqrt(D_k) if you compute the scores yourself)."),
     Mistake("new keys not appended", lambda *c: _attend(c[0], c[1], c[2]),
             "the new queries attend only to the old cache: append k_new and v_new first, so every token also sees itself."),
     Mistake("new before old", lambda *c: _attend(c[0], torch.cat([c[3], c[1]], 2), torch.cat([c[4], c[2]], 2),
@@ -456,22 +463,39 @@ _NO_REPEAT = (
 )
 
 
+_MASK_WIDTH = (
+    "the mask does not fit the scores ({error}): the scores are [B, H, S_new, S_k], here S_new = {S_new} and "
+    "S_k = {S_k}, one column per cached or new key, so the mask must be [S_new, S_k], not square. Build it with "
+    "causal_mask(S_new, S_k=S_k), which also aligns its diagonal bottom-right."
+)
+
+
 def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | None:
     H, H_kv = case[0].shape[1], case[1].shape[1]
     result, fb = run_reader_code(fn, *(t.clone() for t in case))
-    if fb is not None and "must match the size of tensor" in fb.message and H != H_kv:
-        return wrong(_NO_REPEAT.format(error=fb.message.removeprefix("your code raised "), H=H, H_kv=H_kv))
+    if fb is not None and "must match the size of tensor" in fb.message:
+        error = fb.message.removeprefix("your code raised ")
+        if "dimension 1" in fb.message and H != H_kv:  # the head axis
+            return wrong(_NO_REPEAT.format(error=error, H=H, H_kv=H_kv))
+        if "dimension 3" in fb.message:  # the key axis of the scores: a mask of the wrong width
+            S_new, S_k = case[0].shape[2], case[1].shape[2] + case[3].shape[2]
+            return wrong(_MASK_WIDTH.format(error=error, S_new=S_new, S_k=S_k))
     if fb is not None:
         return fb
     if not isinstance(result, (tuple, list)) or len(result) != 3:
         return wrong(f"return three tensors (output, keys, values), got {describe(result)}.")
     out, keys, values = result
     ref_out, ref_k, ref_v = reference_append_and_attend(*case)
+    if close(keys, ref_v) and close(values, ref_k):
+        return wrong("your keys and values come back swapped: return (output, keys, values), the keys first.")
     for name, got, exp in (("keys", keys, ref_k), ("values", values, ref_v)):
         if close(got, repeat_kv(exp, H)) and H != H_kv:
             return wrong(f"your cached {name} have the H = {H} repeated heads: store the H_kv = {H_kv} key/value "
                          f"heads and repeat them only for the attention itself; the repeated copy costs {H // H_kv}x the memory.")
         if not close(got, exp):
+            if isinstance(got, Tensor) and tuple(got.shape) == tuple(exp.shape):
+                return wrong(f"the returned {name} have the right shape but other numbers: they should be the cache "
+                             f"with the new positions appended after the cached ones, [B, H_kv, S_past + S_new, D_k].")
             shape = tuple(got.shape) if isinstance(got, Tensor) else describe(got)
             return wrong(f"the returned {name} should be the cache with the new positions appended, shape {tuple(exp.shape)} "
                          f"([B, H_kv, S_past + S_new, D_k]); got {shape}.")
@@ -856,3 +880,125 @@ def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
         return diagnose(got, MERGE_MISTAKES, outs, lses) or wrong(
             f"the merged output differs from attention over all {sum(sizes)} keys (expected shape {tuple(expected.shape)}).")
     return correct("the merge is exact: the partial results of any split combine into attention over all keys.")
+
+
+# ---- diagrams (drawn from the chapter's constants; tools/build_diagrams.py writes them) ----------
+
+from .diagrams import MUTED, Diagram, diagram  # noqa: E402
+
+#: the decoding example of section 10.1: a prompt of 4 tokens, then one token per step
+PROMPT_TOKENS, GQA_HEADS, GQA_KV_HEADS = 4, 8, 2
+#: the sliding window of the generation slider
+WINDOW = 4
+
+
+@diagram
+def cache_growth_diagram() -> Diagram:
+    """The cache after the prefill and after two decode steps: one new key/value row per step."""
+    steps = [("prefill", PROMPT_TOKENS, PROMPT_TOKENS), ("step 1", PROMPT_TOKENS + 1, 1),
+             ("step 2", PROMPT_TOKENS + 2, 1)]
+    d = Diagram("ch10_cache_growth", 440, 330, title="The KV cache grows by one row per step",
+                alt=f"Three snapshots of one layer's KV cache. After the prefill it holds {PROMPT_TOKENS} rows, "
+                    f"one key and value per prompt token, written in one pass by {PROMPT_TOKENS} queries. "
+                    "Each decode step appends one new row (highlighted) and uses one new query, which "
+                    "attends over every row in the cache; no query is kept.")
+    row_h, w, top = 26, 110, 60
+    for i, (name, held, new) in enumerate(steps):
+        x = 20 + i * 150
+        d.text(x + w / 2, 30, name, size=15, weight="bold")
+        d.text(x + w / 2, 50, f"{new} new " + ("queries" if new > 1 else "query"), size=14, color=MUTED)
+        for p in range(held):
+            fresh = p >= held - new
+            d.rect(x, top + p * row_h, w, row_h - 4, fill="orange" if fresh else "blue", tint=True,
+                   stroke="orange" if fresh else "blue", width=2)
+            d.text(x + w / 2, top + p * row_h + 16, f"k{p}, v{p}", size=14)
+        d.text(x + w / 2, top + held * row_h + 20, f"[B, H_kv, {held}, D_k]", size=14, color=MUTED)
+        if i < 2:
+            d.arrow(x + w + 6, top + 40, x + 144, top + 40)
+    d.rect(20, 290, 14, 14, fill="orange", tint=True, stroke="orange", width=2)
+    d.text(40, 302, "written this step", size=14, anchor="start")
+    d.rect(200, 290, 14, 14, fill="blue", tint=True, stroke="blue", width=2)
+    d.text(220, 302, "cached, read every step", size=14, anchor="start")
+    return d
+
+
+@diagram
+def gqa_heads_diagram() -> Diagram:
+    """Grouped-query attention: H query heads share H_kv cached key/value heads."""
+    H, H_kv = GQA_HEADS, GQA_KV_HEADS
+    group = H // H_kv
+    d = Diagram("ch10_gqa_heads", 440, 250, title="Grouped-query attention: query heads share cached heads",
+                alt=f"{H} query heads in a row above {H_kv} key/value heads. Lines join each group of {group} "
+                    f"query heads to the one key/value head they share. Only the {H_kv} key/value heads are "
+                    f"cached, so the cache is {group} times smaller than with {H} key/value heads.")
+    w, gap, x0 = 40, 10, 20
+    d.text(x0, 28, f"H = {H} query heads (not cached)", size=14, anchor="start")
+    for h in range(H):
+        d.box(x0 + h * (w + gap), 40, w, 34, f"q{h}", color="sky", size=14)
+    span = group * (w + gap) - gap
+    for g in range(H_kv):
+        gx = x0 + g * group * (w + gap)
+        kx, kw = gx + span / 2 - 60, 120
+        for h in range(group):
+            cx = gx + h * (w + gap) + w / 2
+            d.line(cx, 74, kx + kw / 2, 140, color=MUTED)
+        d.box(kx, 140, kw, 44, f"k{g}, v{g}", color="orange", size=15)
+    d.text(x0, 214, f"cached: H_kv = {H_kv} key/value heads,", size=14, anchor="start")
+    d.text(x0, 234, f"{group}x smaller than one per query head", size=14, anchor="start")
+    return d
+
+
+@diagram
+def sliding_window_diagram() -> Diagram:
+    """A causal mask with a sliding window: each query sees itself and the W - 1 positions before it."""
+    S, W = 8, WINDOW
+    fills = [["green" if i - W < j <= i else ("grey" if j > i else "none") for j in range(S)] for i in range(S)]
+    labels = [["" if i - W < j <= i or j > i else "x" for j in range(S)] for i in range(S)]
+    d = Diagram("ch10_sliding_window", 440, 370, title=f"A sliding window of W = {W}",
+                alt=f"An {S} by {S} grid of queries (rows) against keys (columns). Each row is shaded green over "
+                    f"its own position and the {W - 1} before it; later keys are masked (grey) and keys more than "
+                    f"{W - 1} positions back are crossed out, since they have left the window. The cache needs "
+                    f"only the last {W} positions.")
+    cell, x, y = 28, 96, 70
+    d.text(x + S * cell / 2, 24, "keys (cached positions)", size=14)
+    d.grid(x, y, fills, cell=cell, labels=labels, size=14,
+           col_labels=[str(j) for j in range(S)], row_labels=[str(i) for i in range(S)])
+    d.text(12, y - 6, "queries", size=14, anchor="start")
+    lx = x + S * cell + 16
+    d.text(lx, y + 20, "the cache", size=14, anchor="start")
+    d.text(lx, y + 40, f"holds the", size=14, anchor="start")
+    d.text(lx, y + 60, f"last W = {W}", size=14, anchor="start")
+    d.text(lx, y + 80, "positions", size=14, anchor="start")
+    ly = y + S * cell + 22
+    for k, (c, s_) in enumerate((("green", "seen"), ("grey", "future (masked)"), ("none", "x dropped"))):
+        lx_ = (20, 110, 300)[k]
+        d.rect(lx_, ly, 16, 16, fill=c, tint=c != "none", stroke="#1A1A1A", width=1)
+        d.text(lx_ + 22, ly + 13, s_, size=14, anchor="start")
+    d.text(x + S * cell / 2, ly + 44, f"row i sees keys i - {W - 1} .. i", size=14)
+    return d
+
+
+@diagram
+def latent_cache_diagram() -> Diagram:
+    """Multi-head latent attention: one latent per token is cached; every head's key and value are rebuilt from it."""
+    ds = DEEPSEEK_V2
+    L, R, H, Dk = ds["kv_lora_rank"], ds["rope_dim"], ds["heads"], ds["head_dim"]
+    d = Diagram("ch10_latent_cache", 440, 280, title="Latent attention caches one compressed vector per token",
+                alt=f"A token's input x is compressed by W_DKV into a latent c of width {L}, which is cached "
+                    f"together with a rotary key of width {R}. Every one of the {H} heads rebuilds its key and "
+                    f"value from the latent with its own up-projections W_UK and W_UV. The cache holds {L + R} "
+                    f"numbers per token and layer instead of 2 x {H} x {Dk} = {2 * H * Dk:,d}.")
+    d.box(16, 70, 58, 50, "x", sub="[D]", color="sky", size=16)
+    d.arrow(76, 95, 134, 95, label="W_{DKV}", size=17, label_side=-15)
+    d.rect(138, 40, 118, 130, fill="none", stroke="orange", dash=True, width=2)
+    d.text(197, 32, "cached", size=14, color="orange", weight="bold")
+    d.box(148, 52, 98, 50, "latent c", sub=f"[{L}]", color="orange", size=16)
+    d.box(148, 110, 98, 50, "rope key", sub=f"[{R}]", color="orange", size=16)
+    d.arrow(258, 74, 314, 60, label="W_{UK}", size=17, label_side=-16)
+    d.arrow(258, 92, 314, 130, label="W_{UV}", size=17, label_side=34)
+    d.box(318, 36, 108, 48, "keys", sub=f"[{H}, {Dk}]", color="blue", size=16)
+    d.box(318, 108, 108, 48, "values", sub=f"[{H}, {Dk}]", color="blue", size=16)
+    d.text(372, 178, "rebuilt per head", size=14, color=MUTED)
+    d.text(20, 222, f"cached per token and layer: {L} + {R} = {L + R} numbers,", size=14, anchor="start")
+    d.text(20, 244, f"instead of 2 x {H} heads x {Dk} = {2 * H * Dk:,d} (MHA)", size=14, anchor="start")
+    return d

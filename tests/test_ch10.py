@@ -181,3 +181,24 @@ def test_number_checker_mistakes_are_distinct(cases, reference, mistakes) -> Non
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             assert not same(got[a], got[b]), f"mistakes {a!r} and {b!r} collide"
+
+
+def test_append_checker_names_the_mask_width_and_the_swapped_return() -> None:
+    """A square mask is a mask mistake, not a grouped-heads one; a swapped return is named as such."""
+    import torch.nn.functional as F
+
+    def attend(mask_of, swap=False):
+        def fn(q, kc, vc, kn, vn):
+            keys, values = torch.cat([kc, kn], 2), torch.cat([vc, vn], 2)
+            H = q.shape[1]
+            out = F.scaled_dot_product_attention(q, ch10.repeat_kv(keys, H), ch10.repeat_kv(values, H),
+                                                 attn_mask=mask_of(q.shape[2], keys.shape[2]))
+            return (out, values, keys) if swap else (out, keys, values)
+        return fn
+
+    fb = ch10.check_append_and_attend(attend(lambda s, k: ch10.causal_mask(s)))
+    assert fb.status == "wrong" and "S_k=S_k" in fb.message and "repeat_kv" not in fb.message, fb
+    fb = ch10.check_append_and_attend(attend(lambda s, k: ch10.causal_mask(s, S_k=k), swap=True))
+    assert "swapped" in fb.message, fb
+    fb = ch10.check_append_and_attend(attend(lambda s, k: ~ch10.causal_mask(s, S_k=k)))
+    assert "inverted" in fb.message, fb

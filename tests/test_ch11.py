@@ -405,3 +405,82 @@ def test_quantize_and_arrivals_refuse_what_they_cannot_represent() -> None:
         ch11.quantize(torch.tensor([[1.0, float("inf")]]), "int8-token")
     with pytest.raises(ValueError, match=r"rate_per_s = 1e-320 is too small"):
         ch11.poisson_arrivals(5, 1e-320, [(1, 1)] * 5, 0)
+
+
+def test_cow_table_checker_accepts_the_reference_and_names_every_mistake() -> None:
+    assert ch11.check_cow_table(ch11.reference_cow_table).passed
+    for m in ch11.COW_MISTAKES:
+        fb = ch11.check_cow_table(lambda *a, m=m: m.compute(*a))
+        assert fb.status == "wrong" and fb.message == m.hint, (m.name, fb)
+    as_tensor = lambda *a: torch.tensor(ch11.reference_cow_table(*a))
+    assert ch11.check_cow_table(as_tensor).passed
+    fb = ch11.check_cow_table(lambda *a: [float(x) for x in ch11.reference_cow_table(*a)])
+    assert fb.status == "wrong" and "whole numbers" in fb.message
+
+
+def test_cow_table_checker_is_not_fooled_by_a_reader_who_changes_the_lists() -> None:
+    def pops(table, length, block_size, free, n):  # right, but changes its arguments as it goes
+        free.sort()
+        for p in range(length, length + n):
+            i = p // block_size
+            if i == len(table):
+                table.append(free.pop(0))
+            elif p == length:
+                table[i] = free.pop(0)
+        return table
+
+    assert ch11.check_cow_table(pops).passed
+    assert ch11.COW_CASES[0][0] == [7, 2, 5]  # the checker's own cases are unchanged
+
+
+def test_outlier_key_channels_hurt_per_token_scales_only() -> None:
+    text = toy_lm.load_text()
+    data = toy_lm.CharVocab(text).encode(text)
+    tiny, _ = toy_lm.load_trained("target")
+    outlier = ch11.with_key_outliers(tiny, channels=(5, 21), factor=20.0)
+    with torch.no_grad():
+        ids = data[None, :64]
+        assert (outlier(ids, causal=True) - tiny(ids, causal=True)).abs().max() < 1e-4  # the same function
+    err = {m: {s: ch11.quantized_cache_errors(model, data, s, batch=16)["attention_rel_error"]
+               for s in ("int8-token", "int8-channel")} for m, model in (("plain", tiny), ("outlier", outlier))}
+    assert err["outlier"]["int8-token"] > 2 * err["plain"]["int8-token"]
+    assert abs(err["outlier"]["int8-channel"] / err["plain"]["int8-channel"] - 1) < 0.1
+    with pytest.raises(ValueError, match="channels"):
+        ch11.with_key_outliers(tiny, channels=(64,))
+
+
+def test_a_sink_lets_a_head_attend_to_nothing() -> None:
+    res = ch11.nothing_to_attend(trials=50)
+    assert res["softmax"]["absent"] > 20 * res["sink token"]["absent"]
+    assert abs(res["sink token"]["absent"] - res["sink logit"]["absent"]) < 1e-9
+    assert res["softmax"]["present"] < res["sink token"]["present"] < 0.05  # the sink costs a little when the marker is there
+
+
+def test_speculative_counts_the_draft_calls() -> None:
+    text = toy_lm.load_text()
+    vocab = toy_lm.CharVocab(text)
+    tiny, _ = toy_lm.load_trained("target")
+    draft, _ = toy_lm.load_trained("draft")
+    _, stats = ch11.speculative_generate(tiny, draft, vocab.encode("The books "), 20, k=3)
+    rounds = stats["target_passes"] - 1
+    assert stats["draft_calls"] >= 1 + stats["proposed"] and stats["draft_calls"] <= 1 + stats["proposed"] + rounds
+
+
+def test_sink_and_int8_checkers_name_the_leftover_mistakes() -> None:
+    def wrong_axis(s, k):
+        return torch.exp(s - torch.logaddexp(torch.logsumexp(s, -1, keepdim=True), k.view(1, 1, -1)))
+
+    assert "sink.view(-1, 1, 1)" in ch11.check_sink_softmax(wrong_axis).message
+
+    def unshifted_sink(s, k):
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        return e / (e.sum(-1, keepdim=True) + torch.exp(k.view(-1, 1, 1)))
+
+    assert "not from the sink" in ch11.check_sink_softmax(unshifted_sink).message
+
+    def asymmetric(x):
+        lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+        step = (hi - lo) / 255
+        return torch.round((x - lo) / step) * step + lo
+
+    assert "asymmetric" in ch11.check_int8_per_token(asymmetric).message

@@ -1,4 +1,5 @@
-"""Chapter 11's exercises: blocks a request needs, int8 per-token quantisation, softmax with a sink logit."""
+"""Chapter 11's exercises: blocks a request needs, a forked sequence's block table after copy-on-write,
+int8 per-token quantisation, softmax with a sink logit."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ..feedback import (Feedback, Mistake, MistakeTable, call_reader, check_number_cases, close, correct, diagnose, exercise,
-                        wrong)
+from ..feedback import (Feedback, Mistake, MistakeTable, as_index, call_reader, check_number_cases, close, correct, describe,
+                        diagnose, exercise, wrong)
 from ._common import float_tensor, positive_int
 
 # ---- exercise 1: blocks a request needs -----------------------------------------------------------
@@ -113,6 +114,10 @@ INT8_MISTAKES = (
     Mistake("ceil", lambda x: torch.ceil(x / (x.abs().amax(-1, keepdim=True) / 127)).clamp(-127, 127) * (x.abs().amax(-1, keepdim=True) / 127),
             "ceil rounds up, towards +inf, so every value moves up by up to a whole step: round to the nearest "
             "code with torch.round."),
+    Mistake("asymmetric min/max", lambda x: torch.round((x - x.amin(-1, keepdim=True)) / ((x.amax(-1, keepdim=True) - x.amin(-1, keepdim=True)) / 255))
+            * ((x.amax(-1, keepdim=True) - x.amin(-1, keepdim=True)) / 255) + x.amin(-1, keepdim=True),
+            "that is asymmetric quantisation (a scale and a zero point from each position's min and max, as KIVI uses): "
+            "this exercise asks for the symmetric form, s = max|x| / 127 and codes in -127..127 with no zero point."),
     Mistake("per head", lambda x: torch.round(x / (x.abs().amax((-2, -1), keepdim=True) / 127)) * (x.abs().amax((-2, -1), keepdim=True) / 127),
             "that is one scale per head, over all its positions and channels: per token, take the max |x| over "
             "D_k alone, amax(dim=-1, keepdim=True)."),
@@ -164,6 +169,15 @@ def _sink_case(H: int, S_q: int, S_k: int, shift: float, seed: int) -> tuple[Ten
     return scores, sink
 
 
+def _unshifted_sink(s: Tensor, k: Tensor) -> Tensor:
+    """The scores shifted by their max, the sink not: where exp(sink) overflows, the checker's overflow hint speaks."""
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    sink = torch.exp(k.view(-1, 1, 1))
+    if not torch.isfinite(sink).all():
+        raise ValueError("exp(sink) overflows on this case")
+    return e / (e.sum(-1, keepdim=True) + sink)
+
+
 SINK_MISTAKES = (
     Mistake("ordinary softmax", lambda s, k: torch.softmax(s, -1),
             "the weights still sum to 1: the sink adds exp(sink[h]) to every row's denominator, so they sum to less."),
@@ -176,6 +190,14 @@ SINK_MISTAKES = (
     Mistake("sink added to the logsumexp", lambda s, k: torch.exp(s - (torch.logsumexp(s, -1, keepdim=True) + k.view(-1, 1, 1))),
             "adding the sink to the logsumexp multiplies the denominator by exp(sink): the sink's term is added to "
             "the sum of exponentials, so combine the two with torch.logaddexp."),
+    Mistake("sink left out of the max", lambda s, k: _unshifted_sink(s, k),
+            "you subtracted the row's max m from the scores but not from the sink: in the shifted denominator its "
+            "term is exp(sink - m), not exp(sink). Take the max over the scores and the sink together, or use "
+            "torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink)."),
+    Mistake("sink column first, last key dropped",
+            lambda s, k: torch.softmax(torch.cat([k.view(1, -1, 1, 1).expand(*s.shape[:-1], 1), s], -1), -1)[..., :-1],
+            "you put the sink's column first and then dropped the LAST column, a real key: drop the column you added "
+            "(the first one, [..., 1:]), or put the sink last and drop it with [..., :-1]."),
 )
 
 
@@ -191,6 +213,10 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
     for case in SINK_CASES:
         scores, sink = _sink_case(*case)
         got, fb = call_reader(fn, (scores.clone(), sink.clone()), axes=("B", "H", "S_q", "S_k"))
+        if fb is not None and "must match the size" in fb.message and "dimension 3" in fb.message:
+            return wrong("the sink lines up with the key axis S_k, not the head axis H: one sink logit per head must "
+                         "broadcast as [H, 1, 1] against [1, H, S_q, 1], so reshape it with sink.view(-1, 1, 1). "
+                         f"({fb.message.removeprefix('your code raised ')})")
         if fb is not None:
             return fb
         expected = reference_sink_softmax(scores, sink)
@@ -202,3 +228,126 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
         return diagnose(got, SINK_MISTAKES, scores, sink) or wrong(
             f"the weights differ from exp(s_j) / (exp(sink_h) + sum_j exp(s_j)) (expected shape {tuple(expected.shape)}).")
     return correct("each row sums to 1 - sigmoid(sink - logsumexp(scores)): the rest goes to the sink.")
+
+
+# ---- exercise 4: a forked sequence's block table after copy-on-write ------------------------------
+
+def reference_cow_table(table: list[int], length: int, block_size: int, free: list[int], n: int) -> list[int]:
+    """The block table of a forked sequence after it writes ``n`` tokens, one at a time.
+
+    Every block of ``table`` is shared with the other sample of the fork (reference count 2); ``length``
+    positions are held; the pool hands out the lowest-numbered block of ``free`` first. Writing into a
+    shared block first copies it to a new block (copy-on-write); a full table gets a new block.
+    """
+    table, free, owned = list(table), sorted(free), set()
+    for p in range(length, length + n):
+        i = p // block_size
+        if i == len(table):  # the last block is full: a fresh block
+            table.append(free.pop(0))
+            owned.add(i)
+        elif i not in owned:  # the first write into a shared block copies it
+            table[i] = free.pop(0)
+            owned.add(i)
+    return table
+
+
+def _cow(table, length, b, free, n, *, copy=True, copy_all=False, every_write=False, pick=0, shift=0,
+         copy_last=False):
+    """The reference with one thing changed, for the table of mistakes."""
+    table, free, owned = list(table), sorted(free), set()
+    if copy_all:
+        table, owned = [free.pop(0) for _ in table], set(range(len(table)))
+    if copy_last and length % b == 0 and table:
+        table[-1], owned = free.pop(pick), owned | {len(table) - 1}
+    for p in range(length, length + n):
+        i = (p + shift) // b
+        if i >= len(table):
+            table.append(free.pop(pick))
+            owned.add(i)
+        elif copy and (every_write or i not in owned):
+            table[i] = free.pop(pick)
+            owned.add(i)
+    return table
+
+
+# (table, positions held, block size, free blocks, tokens written). The first has a partly filled shared
+# last block; the second a full one (nothing to copy); the third is section 11.1's prompt of 50 tokens in
+# blocks of 16; the fourth writes nothing; in the fifth the one token written lands in the shared last block.
+COW_CASES = (([7, 2, 5], 10, 4, [0, 1, 3, 4, 6, 8, 9], 7), ([3, 1], 8, 4, [0, 2, 5, 6], 3),
+             ([0, 1, 2, 3], 50, 16, [4, 5, 6, 7, 8, 9], 20), ([1, 0], 5, 4, [2, 3], 0), ([5, 2], 7, 4, [0, 1, 3], 1))
+COW_MISTAKES = (
+    Mistake("written in place", lambda *c: _cow(*c, copy=False),
+            "the last block is shared with the other sample: writing into it in place would change what the other "
+            "sample reads. Copy it to a free block first (copy-on-write), and put the copy in this table."),
+    Mistake("every block copied", lambda *c: _cow(*c, copy_all=True),
+            "a fork shares every block, and only a block that is written is copied: the full blocks of the prompt are "
+            "only read, so they stay shared and keep their numbers in the table."),
+    Mistake("copy at every write", lambda *c: _cow(*c, every_write=True),
+            "after the first copy the block is this sample's own (reference count 1): later writes into it go in "
+            "place. Copy a shared block once, then remember that it is owned."),
+    Mistake("highest free block", lambda *c: _cow(*c, pick=-1),
+            "the pool hands out the LOWEST-numbered free block first (free.pop(0) on the sorted list), not the last one."),
+    Mistake("new block one position early", lambda *c: _cow(*c, shift=1),
+            "position p goes to entry p // block_size: a new block is needed when p is a multiple of block_size, "
+            "not one position before."),
+    Mistake("full last block copied", lambda *c: _cow(*c, copy_last=True),
+            "a full last block is never written again: the next token goes to a fresh block, so nothing needs to "
+            "be copied. Copy only a shared block that a write lands in."),
+    Mistake("new blocks only", lambda t, *c: [x for i, x in enumerate(reference_cow_table(t, *c)) if i >= len(t) or x != t[i]],
+            "return the whole block table of the sample, the shared blocks it keeps included, in position order."),
+)
+
+
+def _solution_cow(table: list[int], length: int, block_size: int, free: list[int], n: int) -> list[int]:
+    free, out = sorted(free), list(table)
+    for i in range(length // block_size, (length + n - 1) // block_size + 1 if n else 0):  # the blocks written
+        if i < len(out):
+            out[i] = free.pop(0)  # a shared block is written: copy it (only a partly filled last one can be)
+        else:
+            out.append(free.pop(0))
+    return out
+
+
+def _as_table(value: Any) -> list[int] | None:
+    """A reader's block table as a list of ints (list, tuple, 1-d tensor or array of whole numbers), or None."""
+    if isinstance(value, Tensor):
+        value = value.tolist() if value.dim() == 1 and not value.is_floating_point() else None
+    elif hasattr(value, "tolist") and hasattr(value, "ndim"):  # a NumPy array
+        value = value.tolist() if value.ndim == 1 else None
+    if not isinstance(value, (list, tuple)):
+        return None
+    try:
+        return [as_index(x) for x in value]
+    except TypeError:
+        return None
+
+
+@exercise(solution=_solution_cow,
+          tables=(MistakeTable(COW_MISTAKES, lambda: [tuple(c) for c in COW_CASES], reference_cow_table),),
+          not_generic={"float16": "the answer is a list of block numbers"})
+def check_cow_table(fn: Callable[..., Any]) -> Feedback:
+    """Check ``fn(table, length, block_size, free, n) -> block table`` on every case of ``COW_CASES``."""
+    for case in COW_CASES:
+        table, length, b, free, n = case
+        got, fb = call_reader(fn, (list(table), length, b, list(free), n))
+        if fb is not None:
+            return fb
+        blocks = _as_table(got)
+        if blocks is None:
+            return wrong(f"return the block table as a list of block numbers (whole numbers), got {describe(got)}.")
+        expected = reference_cow_table(*case)
+        if blocks == expected:
+            continue
+        for m in COW_MISTAKES:
+            try:
+                if m.compute(*case) == blocks:
+                    return wrong(m.hint)
+            except IndexError:  # this mistake runs out of free blocks on this case
+                continue
+        if len(blocks) != len(expected):
+            return wrong(f"with {length} positions held, {n} written and blocks of {b}, the table should have one "
+                         f"entry per block the {length + n} positions fill: ceil({length + n} / {b}) entries.")
+        return wrong("the table has the right length but other blocks: keep the blocks that are only read, copy a "
+                     "shared block to the lowest free block at the first write into it, and take the next lowest "
+                     "free block whenever the last block is full.")
+    return correct("only the block a write lands in is copied; the rest of the prompt stays shared.")

@@ -136,3 +136,31 @@ def _copy_cache(keys: Tensor, values: Tensor) -> KVCache:
     fresh = KVCache()
     fresh.update(keys.clone(), values.clone())
     return fresh
+
+
+def with_key_outliers(model: Any, channels: tuple[int, ...] = (5, 21), factor: float = 20.0) -> Any:
+    """A copy of the toy model whose keys have outlier channels, computing exactly the same function.
+
+    Row ``c`` of the key projection (weight and bias) is multiplied by ``factor`` and row ``c`` of the
+    query projection divided by it, so every score ``q . k`` is unchanged (up to float rounding) while
+    channel ``c`` of every cached key is ``factor`` times larger: the pattern KIVI found in the keys of
+    large models, which the toy model does not have by itself.
+    """
+    import copy
+
+    from ..toy_lm import TinyLM
+
+    instance("model", model, TinyLM, "an attnbook.toy_lm.TinyLM")
+    d = model.attention.w_k.out_features
+    if not channels or any(not isinstance(c, int) or not 0 <= c < d for c in channels):
+        raise ValueError(f"channels must be key channels in 0..{d - 1}, got {channels!r}")
+    if not factor > 0:
+        raise ValueError(f"factor must be positive, got {factor!r}")
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for c in channels:
+            for proj, f in ((out.attention.w_k, factor), (out.attention.w_q, 1 / factor)):
+                proj.weight[c] *= f
+                if proj.bias is not None:
+                    proj.bias[c] *= f
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -221,3 +222,54 @@ def load_sink_models() -> dict[str, Any]:
         m.load_state_dict(blob[name])
         models[name] = m.eval()
     return {"models": models, "vocab": vocab, "losses": blob["losses"]}
+
+
+# ---- a head that must sometimes attend to nothing --------------------------------------------------
+
+def nothing_to_attend(*, trials: int = 200, context: int = 32, d_k: int = 16, beta: float = 12.0, margin: float = 4.0,
+                      seed: int = 0) -> dict[str, dict[str, float]]:
+    """A constructed head that copies a marker's value when the marker is in context and should output 0 otherwise.
+
+    Every query is ``beta * u``; the marker's key is ``u`` (a unit vector) and its value ``v*``; the other
+    ``context`` keys and values are random and nearly orthogonal to ``u``. Scores use no 1/sqrt(d_k) here
+    (``scale = 1``), so the marker scores ``beta`` and the others about 0. Three ways to attend:
+
+    * ``"softmax"``: plain attention, the weights sum to 1 over the keys in context;
+    * ``"sink token"``: a token kept at position 0 with key ``(beta - margin) / beta * u``, so it scores
+      ``beta - margin``, and value 0 (what StreamingLLM keeps);
+    * ``"sink logit"``: no token, one more denominator term ``exp(beta - margin)`` (gpt-oss's learned sink).
+
+    Returns, per way, the output's error ``|out - target| / |v*|`` averaged over ``trials`` draws, with the
+    marker present (target ``v*``) and absent (target 0). A window that evicts the sink token turns that
+    row back into the plain softmax.
+    """
+    trials, context, d_k = positive_int("trials", trials), positive_int("context", context), positive_int("d_k", d_k, minimum=2)
+    gen = torch.Generator().manual_seed(seed)
+    ways = ("softmax", "sink token", "sink logit")
+    errors: dict[str, dict[str, list[float]]] = {w: {"present": [], "absent": []} for w in ways}
+    for _ in range(trials):
+        u = F.normalize(torch.randn(d_k, generator=gen, dtype=torch.float64), dim=0)
+        keys = torch.randn(context, d_k, generator=gen, dtype=torch.float64) / math.sqrt(d_k)
+        keys -= (keys @ u)[:, None] * u  # the other keys score exactly 0 against the query
+        values = torch.randn(context, d_k, generator=gen, dtype=torch.float64)
+        target_v = torch.randn(d_k, generator=gen, dtype=torch.float64)
+        q = beta * u
+        for case in ("present", "absent"):
+            k, v = keys.clone(), values.clone()
+            if case == "present":
+                k[-1], v[-1] = u, target_v  # the marker, the newest position
+            target = target_v if case == "present" else torch.zeros(d_k, dtype=torch.float64)
+            for way in ways:
+                kk, vv, extra = k, v, None
+                if way == "sink token":
+                    kk = torch.cat([((beta - margin) / beta * u)[None], k])
+                    vv = torch.cat([torch.zeros(1, d_k, dtype=torch.float64), v])
+                if way == "sink logit":
+                    extra = torch.tensor(beta - margin, dtype=torch.float64)
+                scores = kk @ q  # [S]
+                if extra is not None:
+                    scores = torch.cat([scores, extra[None]])
+                    vv = torch.cat([vv, torch.zeros(1, d_k, dtype=torch.float64)])
+                out = torch.softmax(scores, 0) @ vv
+                errors[way][case].append(float((out - target).norm() / target_v.norm()))
+    return {w: {c: float(np.mean(e)) for c, e in by.items()} for w, by in errors.items()}

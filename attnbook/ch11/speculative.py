@@ -21,7 +21,9 @@ def speculative_generate(target: Any, draft: Any, prompt: Tensor, max_new_tokens
     exactly the target's greedy output.
 
     ``prompt [S0]`` holds at least 2 token ids, and ``S0 + max_new_tokens`` fits both models' ``max_len``.
-    Returns ``(ids [S0 + max_new_tokens], stats)`` with the target's forward passes and the tokens accepted.
+    Returns ``(ids [S0 + max_new_tokens], stats)`` with the target's forward passes, the tokens proposed and
+    accepted, and the draft's forward calls (its prefill, one per proposed token, and the catch-up calls
+    that feed it the target's corrections).
     """
     from ..toy_lm import TinyLM
 
@@ -45,12 +47,13 @@ def _speculative(target: Any, draft: Any, prompt: Tensor, max_new_tokens: int, k
     ids = prompt.clone()
     t_logits = target(ids[None, :-1], causal=True, cache=t_cache)  # prefill all but the last prompt token
     draft(ids[None, :-1], causal=True, cache=d_cache)
-    stats = {"target_passes": 1, "accepted": 0, "proposed": 0}
+    stats = {"target_passes": 1, "accepted": 0, "proposed": 0, "draft_calls": 1}
     while ids.numel() - prompt.numel() < max_new_tokens:
         n = min(k, max_new_tokens - (ids.numel() - prompt.numel()))
         proposal, feed = [], ids[-1:]
         for _ in range(n):  # the draft's greedy guesses
             nxt = draft(feed[None], causal=True, cache=d_cache)[0, -1].argmax()[None]  # [1]
+            stats["draft_calls"] += 1
             proposal.append(nxt)
             feed = nxt
         proposal = torch.cat(proposal)  # [n]
@@ -68,4 +71,5 @@ def _speculative(target: Any, draft: Any, prompt: Tensor, max_new_tokens: int, k
         d_cache.truncate(min(d_cache.length, ids.numel() - 1))
         if d_cache.length < ids.numel() - 1:  # the draft has not seen the target's correction yet
             draft(ids[None, d_cache.length : -1], causal=True, cache=d_cache)
+            stats["draft_calls"] += 1
     return ids, stats

@@ -1,0 +1,266 @@
+"""Chapter 11's explanatory diagrams, drawn from the chapter's own code and constants.
+
+The block tables and the copy-on-write fork come from :class:`attnlib.paged.BlockPool` runs, the
+batching timelines from :func:`batching_timeline`, so a picture cannot drift from the code it shows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlib.paged import BlockPool, PagedKVCache
+
+from ..diagrams import INK, MUTED, Diagram, diagram
+
+#: the block-table picture: blocks of 4 positions; A writes 6, B 5, then A grows to 10
+TABLE_BLOCK, TABLE_POOL = 4, 8
+#: the copy-on-write picture: section 11.1's prompt of 50 tokens in blocks of 16, forked once
+COW_PROMPT, COW_BLOCK = 50, 16
+#: the batching timeline: (name, arrival step, decode steps) for three slots
+TIMELINE_SLOTS = 3
+TIMELINE_REQUESTS = (("A", 0, 3), ("B", 0, 6), ("C", 0, 2), ("D", 1, 4), ("E", 2, 3))
+#: the speculative round: the running example, a prompt, four drafted words, the target's own choices
+SPEC_PROMPT = "The books on"
+SPEC_DRAFT = ("the", "shelf", "is", "new")
+SPEC_TARGET = ("the", "shelf", "are", "old", ".")
+
+
+def _listed(xs: list[int]) -> str:
+    return ", ".join(map(str, xs[:-1])) + f" and {xs[-1]}" if len(xs) > 1 else str(xs[0])
+
+
+def _write(cache: PagedKVCache, n: int) -> None:
+    cache.append(torch.zeros(1, n, 1), torch.zeros(1, n, 1))
+
+
+def block_table_example() -> dict[str, list[int]]:
+    """Two sequences in one pool, allocated as a server does it (A 6 positions, B 5, then A up to 10)."""
+    pool = BlockPool(TABLE_POOL, TABLE_BLOCK, 1, 1)
+    a, b = PagedKVCache(pool), PagedKVCache(pool)
+    _write(a, 6), _write(b, 5), _write(a, 4)
+    return {"A": list(a.block_table), "B": list(b.block_table), "lengths": [a.length, b.length]}
+
+
+def cow_example() -> dict[str, object]:
+    """A prompt forked into two samples that then write one token each: tables, reference counts, copies."""
+    pool = BlockPool(8, COW_BLOCK, 1, 1)
+    first = PagedKVCache(pool)
+    _write(first, COW_PROMPT)
+    second = first.fork()
+    before = list(pool.ref_count)
+    _write(first, 1), _write(second, 1)
+    return {"before": before, "after": list(pool.ref_count), "first": list(first.block_table),
+            "second": list(second.block_table), "copies": pool.copies}
+
+
+def batching_timeline(policy: str) -> list[list[str]]:
+    """Which request each slot decodes at every step: ``[slot][step]``, ``""`` for an idle slot.
+
+    ``"static"`` admits a new batch only when every request of the last one has finished;
+    ``"continuous"`` gives a finished request's slot to the next waiting one at the next step.
+    """
+    if policy not in ("static", "continuous"):
+        raise ValueError(f"policy must be 'static' or 'continuous', got {policy!r}")
+    waiting = list(TIMELINE_REQUESTS)
+    slots: list[list | None] = [None] * TIMELINE_SLOTS
+    rows: list[list[str]] = [[] for _ in range(TIMELINE_SLOTS)]
+    step = 0
+    while waiting or any(slots):
+        if policy == "continuous" or not any(slots):
+            for i in range(TIMELINE_SLOTS):
+                if slots[i] is None and waiting and waiting[0][1] <= step:
+                    name, _, n = waiting.pop(0)
+                    slots[i] = [name, n]
+        for i, s in enumerate(slots):
+            rows[i].append(s[0] if s else "")
+            if s:
+                s[1] -= 1
+                if s[1] == 0:
+                    slots[i] = None
+        step += 1
+    return rows
+
+
+@diagram
+def block_table_diagram() -> Diagram:
+    ex = block_table_example()
+    b = TABLE_BLOCK
+    A, B = (_listed(ex[n]) for n in ("A", "B"))
+    alt = (f"Two sequences share one pool of {TABLE_POOL} blocks of {b} positions. Sequence A holds {ex['lengths'][0]} "
+           f"positions; its block table lists blocks {A}. Sequence B holds {ex['lengths'][1]}; its table lists blocks {B}. "
+           "Arrows go from each table entry to its block, whose filled slots are shaded; the other blocks are free. "
+           f"Position p lives in entry p // {b} of its block table, at slot p % {b}.")
+    d = Diagram("ch11_block_table", 440, 330, title="A block table maps a sequence's positions to blocks in a pool", alt=alt)
+    colour = {"A": "blue", "B": "orange"}
+    d.text(20, 30, "block tables", size=15, weight="bold", anchor="start")
+    px, py, row = 290, 44, 32
+    d.text(px + 2 * 24, 30, "pool", size=15, weight="bold")
+    owner = {blk: n for n in ("A", "B") for blk in ex[n]}
+    fill = {}
+    for n, length in zip(("A", "B"), ex["lengths"]):
+        for i, blk in enumerate(ex[n]):
+            fill[blk] = min(b, length - i * b)
+    for blk in range(TABLE_POOL):
+        y = py + blk * row
+        d.text(px - 8, y + 19, str(blk), size=14, anchor="end", color=MUTED)
+        for s in range(b):
+            used = blk in owner and s < fill[blk]
+            d.rect(px + s * 24, y, 24, 26, fill=colour[owner[blk]] if used else "none", tint=used, stroke=INK,
+                   rx=0, width=1)
+        if blk not in owner:
+            d.text(px + b * 24 + 8, y + 19, "free", size=14, anchor="start", color=MUTED)
+    y = 50
+    for n in ("A", "B"):
+        d.text(30, y + 20, n, size=15, weight="bold", anchor="start")
+        for i, blk in enumerate(ex[n]):
+            d.box(60, y, 40, 28, str(blk), color=colour[n], size=15)
+            d.arrow(100, y + 14, px - 26, py + blk * row + 13, color=colour[n])
+            y += 34
+        y += 26
+    d.text(20, 290, f"position p: block table[p // {b}],", size=14, anchor="start")
+    d.text(20, 310, f"slot p % {b}", size=14, anchor="start")
+    return d
+
+
+@diagram
+def copy_on_write_diagram() -> Diagram:
+    ex = cow_example()
+    b, full = COW_BLOCK, COW_PROMPT // COW_BLOCK
+    last = ex["first"][-1]
+    alt = (f"A prompt of {COW_PROMPT} tokens fills {full} blocks of {b} and {COW_PROMPT % b} positions of a fourth. "
+           "Forking it into two samples copies the block table, not the blocks: all four blocks have a reference "
+           "count of 2. The first sample to write into the shared, partly filled last block gets its own copy "
+           f"(block {last}); the other, now its only owner, writes in place. The {full} full prompt blocks stay "
+           "shared.")
+    d = Diagram("ch11_copy_on_write", 440, 300, title="Copy-on-write: a fork shares blocks until one is written", alt=alt)
+    d.text(20, 30, f"prompt of {COW_PROMPT} tokens, blocks of {b}, forked into two samples", size=14, anchor="start")
+    for r, name in enumerate(("first", "second")):
+        y = 60 + r * 100
+        d.text(20, y + 20, f"sample {r + 1}", size=15, anchor="start")
+        for i, blk in enumerate(ex[name]):
+            x = 120 + i * 60
+            own = i >= full
+            d.box(x, y, 50, 30, str(blk), color="orange" if own else "blue", size=15)
+    d.arrow(120 + 3 * 60 + 25, 160, 120 + 3 * 60 + 25, 92, color="vermillion", label="copy", label_side=0)
+    for i in range(full):
+        d.text(120 + i * 60 + 25, 130, f"x{ex['after'][ex['first'][i]]}", size=14, color=MUTED)
+    d.rect(20, 210, 14, 14, fill="blue", tint=True, stroke="blue", width=2)
+    d.text(40, 222, "shared (reference count 2)", size=14, anchor="start")
+    d.rect(20, 236, 14, 14, fill="orange", tint=True, stroke="orange", width=2)
+    d.text(40, 248, "the sample's own block", size=14, anchor="start")
+    d.text(20, 280, f"blocks: {len(set(ex['first']) | set(ex['second']))} shared and copied, "
+                    f"{len(ex['first']) + len(ex['second'])} in two private caches", size=14, anchor="start")
+    return d
+
+
+@diagram
+def batching_timeline_diagram() -> Diagram:
+    rows = {p: batching_timeline(p) for p in ("static", "continuous")}
+    steps = max(len(r) for rs in rows.values() for r in rs)
+    names = [r[0] for r in TIMELINE_REQUESTS]
+    colour = dict(zip(names, ("blue", "orange", "green", "purple", "sky")))
+    arrivals = ", ".join(f"{n} arrives at step {a}" for n, a, _ in TIMELINE_REQUESTS if a)
+    cell = 26
+    alt = (f"Two timelines of {TIMELINE_SLOTS} batch slots (rows) over decode steps (columns). Requests A, B and C start "
+           f"at step 0; {arrivals}. With static batching the slots of A and C idle until B, the longest, finishes, and D "
+           f"and E wait for the next batch: the work ends after {len(rows['static'][0])} steps. With continuous batching a "
+           f"finished request's slot goes to the next waiting one at once: it ends after {len(rows['continuous'][0])} steps.")
+    d = Diagram("ch11_batching_timeline", 440, 334, title="Static and continuous batching over time", alt=alt)
+    x0 = 120
+    for k, (policy, rs) in enumerate(rows.items()):
+        y = 44 + k * 140
+        d.text(20, y - 10, policy, size=15, weight="bold", anchor="start")
+        fills = [[colour[c] if c else "none" for c in r] + ["none"] * (steps - len(r)) for r in rs]
+        labels = [[c for c in r] + [""] * (steps - len(r)) for r in rs]
+        d.grid(x0, y, fills, cell=cell, labels=labels, size=14, row_labels=[f"slot {i}" for i in range(len(rs))])
+    d.text(20, 296, f"{arrivals}; empty cell: idle slot", size=14, anchor="start")
+    d.text(20, 318, f"columns: decode steps 0 .. {steps - 1}", size=14, anchor="start")
+    return d
+
+
+@diagram
+def speculative_diagram() -> Diagram:
+    k = len(SPEC_DRAFT)
+    agree = 0
+    while agree < k and SPEC_DRAFT[agree] == SPEC_TARGET[agree]:
+        agree += 1
+    kept = list(SPEC_DRAFT[:agree]) + [SPEC_TARGET[agree]]
+    d = Diagram("ch11_speculative", 440, 300, title="Speculative decoding: one target pass checks k drafted tokens",
+                alt=f"After the prompt '{SPEC_PROMPT}', a draft model proposes {k} words: "
+                    f"{', '.join(SPEC_DRAFT)}. The target model runs once over all of them and gives its own next "
+                    f"word after every prefix: {', '.join(SPEC_TARGET)}. The first {agree} drafted words agree and "
+                    f"are kept; at the first disagreement the target's word '{SPEC_TARGET[agree]}' is kept instead, "
+                    f"so the round yields {len(kept)} words from one target pass, and the cache is rolled back over "
+                    f"the rejected drafted positions.")
+    x0, w = 124, 60
+    d.text(20, 30, f"prompt: \"{SPEC_PROMPT}\"", size=15, anchor="start")
+    rows = (("draft", SPEC_DRAFT), ("target", SPEC_TARGET))
+    for r, (label, words) in enumerate(rows):
+        y = 56 + r * 70
+        d.text(20, y + 20, label, size=15, anchor="start", weight="bold")
+        for i, wd in enumerate(words):
+            rejected = label == "draft" and i >= agree
+            d.box(x0 + i * w, y, w - 6, 30, wd, color="grey" if rejected else ("sky" if label == "draft" else "blue"),
+                  size=14, dash=rejected)
+    for i in range(k):
+        ok = i < agree
+        d.text(x0 + i * w + (w - 6) / 2, 112, "=" if ok else "x", size=16, color="green" if ok else "vermillion",
+               weight="bold")
+    y = 210
+    d.text(20, y + 20, "kept", size=15, anchor="start", weight="bold")
+    for i, wd in enumerate(kept):
+        d.box(x0 + i * w, y, w - 6, 30, wd, color="green", size=14)
+    d.text(20, 180, "target: one pass over all drafted positions", size=14, anchor="start", color=MUTED)
+    d.text(20, 276, f"{len(kept)} tokens for one target pass; roll the cache back", size=14, anchor="start")
+    d.text(20, 294, f"over the {k - agree} rejected positions", size=14, anchor="start")
+    return d
+
+
+#: the prefix-sharing picture: three requests in blocks of 3 words, the running example first
+PREFIX_BLOCK = 3
+PREFIX_REQUESTS = (
+    "The books on the shelf are old . Dust",
+    "The books on the shelf are old . Nobody",
+    "The books on the desk are new . We",
+)
+
+
+def prefix_example() -> list[list[tuple[str, str]]]:
+    """Each request's full blocks as (words, short chained hash), from :func:`ch11.block_hashes`."""
+    from .paging import block_hashes
+
+    vocab: dict[str, int] = {}
+    out = []
+    for text in PREFIX_REQUESTS:
+        words = text.split()
+        ids = [vocab.setdefault(w, len(vocab)) for w in words]
+        hashes = block_hashes(ids, PREFIX_BLOCK)
+        out.append([(" ".join(words[i * PREFIX_BLOCK:(i + 1) * PREFIX_BLOCK]), h[:4]) for i, h in enumerate(hashes)])
+    return out
+
+
+@diagram
+def prefix_sharing_diagram() -> Diagram:
+    rows = prefix_example()
+    alt = (f"Three requests cut into blocks of {PREFIX_BLOCK} words; each block is named by a hash of its words and of "
+           "the previous block's hash. Requests A and B begin 'The books on the shelf are old .', so their first two "
+           "blocks have the same names and are stored once; their third blocks differ. Request C shares only its "
+           "first block: its second holds other words, so its name, and every later one, differs.")
+    d = Diagram("ch11_prefix_sharing", 440, 320, title="Prefix sharing: blocks named by chained hashes", alt=alt)
+    colours = ("blue", "orange", "green", "purple", "sky", "yellow", "vermillion")
+    seen: dict[str, int] = {}
+    w, h, x0 = 120, 52, 40
+    for r, blocks in enumerate(rows):
+        y = 30 + r * 76
+        d.text(14, y + 32, "ABC"[r], size=16, weight="bold", anchor="start")
+        for i, (words, hsh) in enumerate(blocks):
+            first = hsh not in seen
+            colour = colours[seen.setdefault(hsh, len(seen)) % len(colours)]
+            x = x0 + i * (w + 8)
+            d.rect(x, y, w, h, fill=colour, tint=True, stroke=colour, width=2, dash=not first)
+            d.text(x + w / 2, y + 22, words, size=14)
+            d.text(x + w / 2, y + 42, f"#{hsh}" + ("" if first else " shared"), size=14, color=MUTED)
+    d.text(20, 268, "same name = same words up to the block's end:", size=14, anchor="start")
+    d.text(20, 290, "the block is stored and computed once (dashed:", size=14, anchor="start")
+    d.text(20, 310, "a later request's table points at it)", size=14, anchor="start")
+    return d
