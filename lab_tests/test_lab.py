@@ -245,6 +245,24 @@ def test_run_all_without_errors(chapter: tuple[Any, Notebook]) -> None:
         assert not static.locator(".attnlib-frame").is_visible(), f"{where}: the figure shows twice (live and static)"
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "JupyterLab's Run All renders every markdown cell and sets inputHidden = false on it "
+    "(@jupyterlab/notebook runCell), which unfolds a solution's markdown cells: its fences show "
+    "'Start of Solution to Exercise N' and an empty box, and its written part shows in full. "
+    "Only a fold that survives a re-render (a closed dropdown in the cell's own text) keeps them shut."))
+def test_solutions_stay_folded_after_run_all(chapter: tuple[Any, Notebook]) -> None:
+    nb, opened = chapter
+    page = opened.page
+    shown = []
+    for i, role in _solution_cells(nb):
+        if nb.cells[i].cell_type != "markdown":
+            continue
+        placeholder = _cell(page, i).locator(".jp-InputPlaceholder")
+        if not (placeholder.count() and placeholder.is_visible()):
+            shown.append(f"cell {i} ({role})")
+    assert not shown, f"{opened.name}: solution cells unfolded by Run All: {shown}"
+
+
 def _unfold_twin(slider: Any) -> None:
     """Open a static slider that is folded because its live twin is on the page."""
     if slider.evaluate("s => s.classList.contains('attnlib-twin') && !s.classList.contains('attnlib-open')"):
