@@ -37,6 +37,7 @@ from typing import Any, Iterator
 import nbformat
 import pytest
 from attnbook.quiz import visible_text
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from attnbook.slider import LIVE_NOTE, TWIN_SHOW
 from labkit import DIRTY, OUTPUTS, ROOT, RUN_ALL, Lab, Notebook, open_notebook, record, toc_notebooks
 
@@ -240,7 +241,10 @@ def test_run_all_without_errors(chapter: tuple[Any, Notebook]) -> None:
         live.locator(".attnlib-frame[data-setting]").wait_for()
         where = f"{opened.name} cells {live_index} and {static_index}"
         button = static.locator(".attnlib-twin-label")
-        button.wait_for(timeout=10_000)
+        try:
+            button.wait_for(timeout=10_000)
+        except PlaywrightTimeout:
+            pytest.fail(f"{where}: the figure shows twice (the static twin of a drawn live slider is not folded)")
         assert button.inner_text() == TWIN_SHOW, f"{where}: the static twin's fold says {button.inner_text()!r}"
         assert not static.locator(".attnlib-frame").is_visible(), f"{where}: the figure shows twice (live and static)"
 
