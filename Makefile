@@ -14,8 +14,10 @@ help:
 	@echo "make test-site  build the website, then open every page in headless Chromium, offline"
 	@echo "make colab      write the Colab edition (colab/: each chapter with its MyST translated for Colab)"
 	@echo "make test-colab the Colab edition checked as Colab renders it, then run as in Colab's CPU runtime"
-	@echo "make test-lab   every chapter in JupyterLab in headless Chromium: Run All, sliders, quiz, folded solutions"
-	@echo "make lab        open the book in JupyterLab"
+	@echo "make test-lab   every chapter in JupyterLab in headless Chromium: opening, Run All, sliders, quiz, solutions"
+	@echo "make lab        open your own copy of the chapters in JupyterLab: $(LAB_DIR)/, made from book/ on"
+	@echo "                the first run (later runs add new chapters and keep your edits; delete a file"
+	@echo "                there to get the book's current version). Autosave writes only there, never to book/"
 	@echo "make bench      attention benchmark (timings and memory on this machine)"
 	@echo "make bench-explorer  the attention explorer's load and run times in headless Chromium"
 
@@ -98,15 +100,27 @@ test-colab: setup colab-check $(COLAB_STAMP)
 
 # Every chapter of _toc.yml in JupyterLab, driven by headless Chromium (lab_tests/, not part of
 # `make test`): a server of its own on 127.0.0.1 with a random token, on a temporary copy of book/,
-# stopped by its process id. Run All with no error, every live control moved by keyboard and its
-# redraw compared with the static slider's frame, the quiz answered, MyST rendered, solutions
-# folded. Seconds per chapter: _build/lab-report.json.
+# stopped by its process id. Opening changes nothing, the Colab cell folded, MyST rendered, glossary
+# links resolved (console errors counted), solutions folded under named lines with no gate titles or
+# empty boxes, a live slider's note (not a widget repr) before it runs; Run All with no error and no
+# solution output, each slider once; every live control moved by keyboard and its redraw compared
+# with the static slider's frame, the quiz answered; `make lab` serving a working copy.
+# Seconds and console errors per chapter: _build/lab-report.json.
 test-lab: setup
 	$(BIN)/python -m pytest lab_tests -q
 
+# A reader's working copy: JupyterLab saves a notebook every two minutes, so serving book/ would
+# write the reader's attempts into the tracked notebooks. The copy (git-ignored) is made on the
+# first run; later runs copy only files it does not have yet, so nothing the reader changed is
+# overwritten. lab_tests/test_make_lab.py checks this with JUPYTER_LAB set to a stand-in.
 # Jupyter refuses to run as root unless told to; containers often run as root.
+LAB_DIR     ?= my-book
+JUPYTER_LAB ?= $(BIN)/jupyter lab
 lab: setup
-	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) book
+	$(BIN)/python -c 'import os, shutil, sys; shutil.copytree("book", sys.argv[1], dirs_exist_ok=True, \
+	  ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "_ext", "_static"), \
+	  copy_function=lambda src, dst: None if os.path.exists(dst) else shutil.copy2(src, dst))' $(LAB_DIR)
+	$(JUPYTER_LAB) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_DIR)
 
 bench: setup
 	$(BIN)/python benchmarks/bench_attention.py && $(BIN)/python benchmarks/bench_decode.py && $(BIN)/python benchmarks/bench_serving.py

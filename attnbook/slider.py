@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 from IPython.display import HTML
 
-__all__ = ["Panel", "Frame", "frame_html", "frame_setting", "static_slider", "live_slider", "redraw_ms", "contrast_ratio"]
+__all__ = ["Panel", "Frame", "frame_html", "frame_setting", "static_slider", "live_slider", "redraw_ms", "contrast_ratio",
+           "LIVE_NOTE"]
 
 
 @dataclass
@@ -365,10 +366,25 @@ def static_slider(
     return HTML(markup)
 
 
+#: What a live slider's cell shows before it has run (its stored output: the text form of the
+#: widget, which a notebook without the widget's state cannot draw). ``tools/sync_notebooks.py``
+#: keeps only this note in a live-slider cell's stored outputs.
+LIVE_NOTE = "Run this cell to use the live slider (it needs a running kernel)."
+
+#: The fold of a static slider whose live twin is on the page (see _LIVE_KEYS): its button's text.
+TWIN_SHOW = "Show the same figure, precomputed for reading without a kernel"
+TWIN_HIDE = "Hide the precomputed copy"
+
 # Arrow, Page, Home and End keys pressed in a live slider's controls move the control and nothing
 # else: JupyterLab's command mode takes them from a dropdown (a <select>) to move between cells.
 # A listener on the document, in the capture phase (before the control sees the key), stops the
 # key on its way back up at the slider's box, after the control has used it. Installed once per page.
+#
+# Then the static twin: in a notebook where a live slider has been drawn (JupyterLab, after its
+# cell ran), the first static slider after it (the twin: the same frames, precomputed for the
+# website) is folded behind one button, so the figure shows once. Cells are scanned whenever the
+# notebook's DOM changes (a cell ran). Colab draws each output in a frame of its own, which this
+# script cannot see into, and the website has no live slider: both show the static slider as it is.
 _LIVE_KEYS = (
     "<script>(function(){if(window.attnlibLiveKeys)return;window.attnlibLiveKeys=true;"
     'document.addEventListener("keydown",function(e){'
@@ -376,7 +392,23 @@ _LIVE_KEYS = (
     "if(!box||!/^(Arrow|Page|Home$|End$)/.test(e.key))return;"
     "function stop(ev){ev.stopPropagation();}"
     'box.addEventListener("keydown",stop);setTimeout(function(){box.removeEventListener("keydown",stop);},0);'
-    "},true);})();</script>"
+    "},true);"
+    'var css=document.createElement("style");css.textContent=".attnlib-slider.attnlib-twin:not(.attnlib-open)>'
+    ':not(.attnlib-twin-label){display:none}.attnlib-twin-label{font:inherit;color:inherit;background:none;'
+    'border:1px solid currentColor;border-radius:4px;padding:2px 8px;margin:4px 0;cursor:pointer}";'
+    "document.head.appendChild(css);"
+    "function fold(s){s.classList.add(\"attnlib-twin\");var b=document.createElement(\"button\");"
+    'b.type="button";b.className="attnlib-twin-label";b.setAttribute("aria-expanded","false");'
+    f'b.textContent="{TWIN_SHOW}";'
+    'b.onclick=function(){var o=s.classList.toggle("attnlib-open");b.setAttribute("aria-expanded",String(o));'
+    f'b.textContent=o?"{TWIN_HIDE}":"{TWIN_SHOW}";}};s.insertBefore(b,s.firstChild);}}'
+    'function scan(){document.querySelectorAll(".jp-Notebook").forEach(function(nb){var live=false;'
+    'nb.querySelectorAll(".jp-Cell").forEach(function(c){if(c.querySelector(".attnlib-live")){live=true;return;}'
+    'var s=c.querySelector(".attnlib-slider");if(!s)return;'
+    'if(live&&!s.classList.contains("attnlib-twin"))fold(s);live=false;});});}'
+    "var t=null;new MutationObserver(function(){if(t===null)t=setTimeout(function(){t=null;scan();},50);})"
+    ".observe(document.body,{childList:true,subtree:true});scan();"
+    "})();</script>"
 )
 
 
@@ -404,7 +436,9 @@ def live_slider(frame: Callable[..., Frame], *, fmt: str = "{:.2f}", cmap: str =
     widget = ipywidgets.interactive(draw, **controls)
     widget.add_class("attnlib-live")
     display(HTML(_LIVE_KEYS))
-    display(widget)
+    # The widget's text form is what a notebook shows where the widget cannot be drawn (before
+    # the cell has run, the stored output): a note, not the widget's repr.
+    display({**widget._repr_mimebundle_(), "text/plain": LIVE_NOTE}, raw=True)
     return widget
 
 

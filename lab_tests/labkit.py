@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -170,6 +170,9 @@ RUN_ALL = """async () => {
   return cells.length;
 }"""
 
+#: True while the notebook has changes that File > Save would write (the dot on its tab).
+DIRTY = "() => window.jupyterapp.shell.currentWidget.context.model.dirty"
+
 #: Each code cell's outputs, as the notebook model holds them (what File > Save would write).
 OUTPUTS = """() => window.jupyterapp.shell.currentWidget.content.widgets.map(
   c => c.model.type === 'code' ? c.model.outputs.toJSON() : null)"""
@@ -182,6 +185,7 @@ class Notebook:
     name: str
     page: Any
     errors: list[str]  # uncaught exceptions of the page's scripts
+    console: list[str] = field(default_factory=list)  # what the page logged as console errors
 
 
 def open_notebook(browser: Any, lab: Lab, name: str) -> Notebook:
@@ -191,6 +195,7 @@ def open_notebook(browser: Any, lab: Lab, name: str) -> Notebook:
     page = context.new_page()
     opened = Notebook(name, page, [])
     page.on("pageerror", lambda e: opened.errors.append(e.message))
+    page.on("console", lambda m: opened.console.append(m.text) if m.type == "error" else None)
     page.goto(lab.notebook_url(name), wait_until="load")
     page.wait_for_function("() => window.jupyterapp !== undefined")
     assert page.evaluate(NOTEBOOK_READY) > 0

@@ -3,16 +3,24 @@
 Each chapter is opened once (a module-scoped fixture per chapter), untrusted, as a fresh download
 is; the tests below then look at it in order:
 
-1. the markdown is rendered as MyST (no raw ``:::{`` fences or ``{term}`` roles on screen);
-2. every solution starts folded;
-3. before anything has run, the quiz and the static sliders say "Run this cell" and their
-   controls are disabled rather than dead;
-4. Run All finishes with no error and nothing on stderr (the time it takes is recorded);
-5. the static sliders now work and move with the arrow keys, which JupyterLab's command mode
+1. opening it changes nothing (JupyterLab marks no change to save);
+2. the Colab install cell is folded to one line above the chapter's title;
+3. the markdown is rendered as MyST (no raw ``:::{`` fences or ``{term}`` roles on screen);
+4. glossary links resolve: every ``{term}`` link points at a definition on the page, and no
+   console error comes from a reference (console errors are counted per chapter);
+5. every solution starts folded and reads as a solution: each of its cells folded under a line
+   that names it, no "Start of"/"End of" gate titles and no empty boxes;
+6. before anything has run, the quiz and the static sliders say "Run this cell" and their
+   controls are disabled rather than dead, and a live slider shows its note, not a widget repr;
+7. Run All finishes with no error and nothing on stderr (the time it takes is recorded), shows no
+   solution output, and each slider once: the static twin of a live slider is folded;
+8. the static sliders now work and move with the arrow keys, which JupyterLab's command mode
    would otherwise take;
-6. every live control (ipywidgets slider or dropdown) moves with the keyboard, redraws, and each
+9. every live control (ipywidgets slider or dropdown) moves with the keyboard, redraws, and each
    redraw for a setting that the static slider after it also shows is exactly that frame;
-7. the quiz answers from the keyboard.
+10. the quiz answers from the keyboard.
+
+``lab_tests/test_make_lab.py`` checks that ``make lab`` serves a working copy, not ``book/``.
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ from typing import Any, Iterator
 import nbformat
 import pytest
 from attnbook.quiz import visible_text
-from labkit import OUTPUTS, ROOT, RUN_ALL, Lab, Notebook, open_notebook, record, toc_notebooks
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+from attnbook.slider import LIVE_NOTE, TWIN_SHOW
+from labkit import DIRTY, OUTPUTS, ROOT, RUN_ALL, Lab, Notebook, open_notebook, record, toc_notebooks
 
 NOTEBOOKS: list[Path] = toc_notebooks()
 SOLUTION_START = re.compile(r"^:{3,}\{solution-start\}", re.M)
@@ -73,6 +83,30 @@ def _solution_cells(nb: Any) -> list[tuple[int, str]]:
     return cells
 
 
+def test_opening_changes_nothing(chapter: tuple[Any, Notebook]) -> None:
+    """A notebook opened and left alone has nothing to save (JupyterLab marked every chapter
+    modified two seconds after opening when the stored metadata differed from what it writes)."""
+    _, opened = chapter
+    time.sleep(4)
+    assert not opened.page.evaluate(DIRTY), (
+        f"{opened.name}: marked modified right after opening; compare the notebook model with the file "
+        "(tools/sync_notebooks.py: kernelspec, collapsed)")
+
+
+def test_colab_cell_is_folded_above_the_title(chapter: tuple[Any, Notebook]) -> None:
+    nb, opened = chapter
+    page = opened.page
+    assert nb.cells[0].cell_type == "code" and nb.cells[0].source.startswith("# Colab only:")
+    cell = _cell(page, 0)
+    placeholder = cell.locator(".jp-InputPlaceholder")
+    assert placeholder.count() and placeholder.is_visible(), f"{opened.name}: the Colab cell is not folded"
+    assert placeholder.inner_text().strip().startswith("# Colab only:"), placeholder.inner_text()
+    editor = cell.locator(".jp-InputArea-editor")
+    assert not (editor.count() and editor.first.is_visible()), f"{opened.name}: the Colab cell's code shows"
+    title = _cell(page, 1).locator("h1")
+    assert title.count() and re.match(r"\d+\. ", title.first.inner_text()), f"{opened.name}: no chapter title after the Colab cell"
+
+
 def test_markdown_is_rendered_as_myst(chapter: tuple[Any, Notebook]) -> None:
     nb, opened = chapter
     page = opened.page
@@ -97,35 +131,65 @@ def test_markdown_is_rendered_as_myst(chapter: tuple[Any, Notebook]) -> None:
     assert exercises.count() >= 2, f"{opened.name}: the exercises are not drawn as exercise boxes (is jupyterlab-myst installed?)"
 
 
-def test_solutions_start_folded(chapter: tuple[Any, Notebook]) -> None:
+#: Console errors that come from a reference jupyterlab-myst could not resolve ({term}, {ref}, ...).
+REFERENCE_ERROR = re.compile(r"Cross reference target was not found|reference target", re.I)
+#: The titles jupyterlab-myst gives a solution-start or solution-end gate it cannot join.
+GATE_TITLE = re.compile(r"^\s*(Start|End) of (Solution|Exercise)", re.M)
+
+
+def test_glossary_links_resolve(chapter: tuple[Any, Notebook]) -> None:
+    nb, opened = chapter
+    page = opened.page
+    record(opened.name.removesuffix(".ipynb"), console_errors=len(opened.console))
+    unresolved = [e for e in opened.console if REFERENCE_ERROR.search(e)]
+    assert not unresolved, (f"{opened.name}: {len(unresolved)} console errors from unresolved references "
+                            f"(of {len(opened.console)} console errors), e.g. {unresolved[0][:300]!r}")
+    terms = sum(len(re.findall(r"\{term\}`", c.source)) for c in nb.cells if c.cell_type == "markdown")
+    links = page.evaluate("""() => Array.from(document.querySelectorAll('.jp-Notebook .jp-MarkdownCell a.hover-link'))
+        .filter(a => (a.getAttribute('href') || '').startsWith('#term-'))
+        .map(a => [a.textContent, a.getAttribute('href'), document.getElementById(a.getAttribute('href').slice(1)) !== null])""")
+    # Every term shown as a link whose target is on the page (the chapter's glossary cell).
+    assert len(links) >= terms > 0 or terms == 0, f"{opened.name}: {terms} term roles but {len(links)} term links"
+    dead = [f"{text!r} -> {href}" for text, href, found in links if not found]
+    assert not dead, f"{opened.name}: term links with no definition on the page: {dead[:10]}"
+
+
+def test_solutions_are_folded_and_read_as_solutions(chapter: tuple[Any, Notebook]) -> None:
     nb, opened = chapter
     page, problems = opened.page, []
     solutions = _solution_cells(nb)
     assert sum(role == "start" for _, role in solutions) >= 2, f"{opened.name}: fewer than 2 solutions"
     for i, role in solutions:
         cell = _cell(page, i)
-        if role == "start":
-            # jupyterlab-myst draws it as a dropdown "Solution to Exercise N" that starts closed.
-            title = cell.get_by_text(re.compile("Solution to"))
-            if not title.count() or not title.first.is_visible():
-                problems.append(f"cell {i}: the solution's dropdown has no visible title 'Solution to ...'")
-            after = SOLUTION_START.split(nb.cells[i].source, 1)[1].split("\n:::", 1)[-1].strip()
-            words = re.sub(r"[`$*\\{}_]", "", after.split("\n", 1)[0])[:40].strip()
-            if words and cell.get_by_text(words, exact=False).count() and cell.get_by_text(words, exact=False).first.is_visible():
-                problems.append(f"cell {i}: the solution's text {words!r} shows before the dropdown is opened")
-        elif role == "folded":
-            placeholder = cell.locator(".jp-InputPlaceholder")
-            if not placeholder.count() or not placeholder.is_visible():
-                problems.append(f"cell {i}: a solution cell is not folded")
-            elif not re.match(r"(# @title |% )Solution", placeholder.inner_text().strip()):
-                problems.append(f"cell {i}: a folded solution cell shows {placeholder.inner_text()[:60]!r}")
-            if cell.locator(".jp-Cell-outputArea").count() and cell.locator(".jp-Cell-outputArea").first.is_visible():
+        # Every cell of a solution, its start and end fences too, is one folded line that names it.
+        placeholder = cell.locator(".jp-InputPlaceholder")
+        if not placeholder.count() or not placeholder.is_visible():
+            problems.append(f"cell {i} ({role}): a solution cell is not folded")
+        elif not re.match(r"(# @title |% )Solution", placeholder.inner_text().strip()):
+            problems.append(f"cell {i} ({role}): a folded solution cell shows {placeholder.inner_text()[:60]!r}")
+        if cell.locator(".jp-Cell-outputArea").count() and cell.locator(".jp-Cell-outputArea").first.is_visible():
+            if cell.locator(".jp-Cell-outputArea").first.inner_text().strip():
                 problems.append(f"cell {i}: a folded solution's output is visible")
+    # Nowhere a gate's own title ("Start of Solution to Exercise 1") or an empty box.
+    rendered = page.evaluate("""() => Array.from(document.querySelectorAll('.jp-Notebook .jp-Cell')).map((c, i) => {
+        if (!c.classList.contains('jp-MarkdownCell')) return null;
+        const r = c.querySelector('.jp-InputArea > :not(.jp-InputArea-editor):not(.jp-InputArea-prompt):not(.jp-InputPlaceholder)');
+        if (!r || r.offsetParent === null) return null;
+        return [i, r.innerText, r.querySelectorAll('aside, .admonition, details, [class*=admonition]').length,
+                r.querySelectorAll('img, svg, .MathJax, mjx-container, .katex').length]; })""")
+    for item in rendered:
+        if item is None:
+            continue
+        i, text, boxes, pictures = item
+        if GATE_TITLE.search(text):
+            problems.append(f"cell {i}: shows a gate title {GATE_TITLE.search(text).group().strip()!r}")
+        if not text.strip() and not pictures:
+            problems.append(f"cell {i}: a markdown cell renders as an empty box" if boxes else f"cell {i}: renders nothing")
     assert not problems, f"{opened.name}:\n" + "\n".join(problems)
 
 
 def test_before_running_the_quiz_and_sliders_say_run_this_cell(chapter: tuple[Any, Notebook]) -> None:
-    _, opened = chapter
+    nb, opened = chapter
     page = opened.page
     boxes = page.locator(".attnlib-slider, .attnbook-quiz")
     assert page.locator(".attnbook-quiz").count() == 1, f"{opened.name}: no quiz on the page"
@@ -137,6 +201,13 @@ def test_before_running_the_quiz_and_sliders_say_run_this_cell(chapter: tuple[An
         assert note.inner_text().startswith("Run this cell"), note.inner_text()
         enabled = box.locator("input:enabled, button:enabled")
         assert enabled.count() == 0, f"{opened.name}: widget {k} shows {enabled.count()} live-looking controls that do nothing yet"
+    # A live slider's stored output is its note, never the widget's repr.
+    reprs = page.locator(".jp-Notebook .jp-OutputArea-output").filter(has_text=re.compile(r"interactive\(children=|\w+Slider\(value="))
+    assert reprs.count() == 0, f"{opened.name}: a stored widget repr is shown: {reprs.first.inner_text()[:120]!r}"
+    for live_index, _ in _live_cells(nb):
+        output = _cell(page, live_index).locator(".jp-OutputArea-output")
+        assert output.count() == 1 and output.first.inner_text().strip() == LIVE_NOTE, (
+            f"{opened.name} cell {live_index}: the live slider shows {output.all_inner_texts()!r} before it has run")
 
 
 def test_run_all_without_errors(chapter: tuple[Any, Notebook]) -> None:
@@ -158,6 +229,48 @@ def test_run_all_without_errors(chapter: tuple[Any, Notebook]) -> None:
     assert page.locator(".attnlib-note, .aq-note").count() == 0, f"{opened.name}: a 'Run this cell' note stayed after Run All"
     assert page.locator(".attnbook-quiz button:disabled, .attnlib-slider input:disabled").count() == 0
     assert not opened.errors, f"{opened.name}: uncaught errors in the page: {opened.errors}"
+    # Run All ran the solutions too, and shows none of their outputs (a printed answer would sit
+    # right under its exercise).
+    outputs = page.evaluate(OUTPUTS)
+    shown = [f"cell {i}: {json.dumps(outputs[i])[:200]}" for i, role in _solution_cells(nb)
+             if nb.cells[i].cell_type == "code" and outputs[i]]
+    assert not shown, f"{opened.name}: solution output after Run All:\n" + "\n".join(shown)
+    # Each slider once: a static slider whose live twin is drawn is folded behind one button.
+    for live_index, static_index in _live_cells(nb):
+        live, static = _cell(page, live_index), _cell(page, static_index).locator(".attnlib-slider")
+        live.locator(".attnlib-frame[data-setting]").wait_for()
+        where = f"{opened.name} cells {live_index} and {static_index}"
+        button = static.locator(".attnlib-twin-label")
+        try:
+            button.wait_for(timeout=10_000)
+        except PlaywrightTimeout:
+            pytest.fail(f"{where}: the figure shows twice (the static twin of a drawn live slider is not folded)")
+        assert button.inner_text() == TWIN_SHOW, f"{where}: the static twin's fold says {button.inner_text()!r}"
+        assert not static.locator(".attnlib-frame").is_visible(), f"{where}: the figure shows twice (live and static)"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "JupyterLab's Run All renders every markdown cell and sets inputHidden = false on it "
+    "(@jupyterlab/notebook runCell), which unfolds a solution's markdown cells: its fences show "
+    "'Start of Solution to Exercise N' and an empty box, and its written part shows in full. "
+    "Only a fold that survives a re-render (a closed dropdown in the cell's own text) keeps them shut."))
+def test_solutions_stay_folded_after_run_all(chapter: tuple[Any, Notebook]) -> None:
+    nb, opened = chapter
+    page = opened.page
+    shown = []
+    for i, role in _solution_cells(nb):
+        if nb.cells[i].cell_type != "markdown":
+            continue
+        placeholder = _cell(page, i).locator(".jp-InputPlaceholder")
+        if not (placeholder.count() and placeholder.is_visible()):
+            shown.append(f"cell {i} ({role})")
+    assert not shown, f"{opened.name}: solution cells unfolded by Run All: {shown}"
+
+
+def _unfold_twin(slider: Any) -> None:
+    """Open a static slider that is folded because its live twin is on the page."""
+    if slider.evaluate("s => s.classList.contains('attnlib-twin') && !s.classList.contains('attnlib-open')"):
+        slider.locator(".attnlib-twin-label").click()
 
 
 def _active_cell(page: Any) -> int:
@@ -172,6 +285,7 @@ def test_static_sliders_move_with_the_arrow_keys(chapter: tuple[Any, Notebook]) 
         pytest.skip("no static slider in this chapter")
     for k in range(sliders.count()):
         slider = sliders.nth(k)
+        _unfold_twin(slider)
         page.wait_for_function("s => s.dataset.ready === '1'", arg=slider.element_handle())
         rng, box = slider.locator("input[type=range]"), slider.locator(".attnlib-frame")
         start, top = int(rng.input_value()), int(rng.get_attribute("max"))
@@ -241,6 +355,7 @@ def test_live_controls_follow_the_keyboard_and_match_the_static_frames(chapter: 
     report = []
     for live_index, static_index in pairs:
         live, static = _cell(page, live_index), _cell(page, static_index).locator(".attnlib-slider")
+        _unfold_twin(static)
         frames = _static_frames(page, static)
         rng, static_box = static.locator("input[type=range]"), static.locator(".attnlib-frame")
         start = rng.input_value()

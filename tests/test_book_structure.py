@@ -94,39 +94,40 @@ SOLUTION_START = re.compile(r"^:{3,}\{solution-start\}", re.M)
 SOLUTION_END = re.compile(r"^:{3,}\{solution-end\}", re.M)
 
 
-def _only_the_end_fence(source: str) -> bool:
-    return not SOLUTION_END.sub("", source).replace(":", "").strip()
+def _without_comments(source: str) -> str:
+    """``source`` without its MyST comment lines (``% ...``, not rendered anywhere)."""
+    return "\n".join(line for line in source.split("\n") if not line.startswith("%"))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=str)
 def test_solutions_start_folded_in_jupyterlab_and_colab(path: Path) -> None:
-    """Every cell of a solution after its ``solution-start`` cell is folded where the reader opens it.
+    """Every cell of a solution, from its ``solution-start`` cell to its ``solution-end`` cell, is
+    folded where the reader opens it, under a first line that names it.
 
     JupyterLab folds a cell with ``jupyter.source_hidden`` (and its output with ``outputs_hidden``)
     and shows the first line of what it folds; Colab shows a code cell with ``cellView: form`` as
-    its ``# @title`` line and a "Show code" link. The ``solution-start`` cell itself is a dropdown
-    (jupyterlab-myst; sphinx-exercise on the website), so it holds no text before the fence.
+    its ``# @title`` line and a "Show code" link. The fences are folded too: jupyterlab-myst renders
+    each cell alone, so an unfolded ``solution-start`` shows "Start of Solution to Exercise N" and a
+    ``solution-end`` an empty box. A folded markdown cell starts with a ``% Solution`` comment, which
+    the website and jupyterlab-myst do not render.
     """
     nb = nbformat.read(ROOT / path, as_version=4)
     inside, problems, solutions = False, [], 0
     for i, cell in enumerate(nb.cells):
         where = f"cell {i} ({cell.get('id')})"
-        if cell.cell_type == "markdown" and SOLUTION_START.search(cell.source) and not inside:
+        is_start = cell.cell_type == "markdown" and SOLUTION_START.search(cell.source) and not inside
+        if is_start:
             solutions += 1
-            if cell.source[:SOLUTION_START.search(cell.source).start()].strip():
+            if _without_comments(cell.source[:SOLUTION_START.search(cell.source).start()]).strip():
                 problems.append(f"{where}: text before solution-start shares the cell (it would be folded with it)")
-            inside = not SOLUTION_END.search(cell.source)
-            continue
+            inside = True
         if not inside:
             continue
-        is_end = cell.cell_type == "markdown" and bool(SOLUTION_END.search(cell.source))
-        if is_end:
+        if cell.cell_type == "markdown" and SOLUTION_END.search(cell.source):
             inside = False
             after = cell.source[SOLUTION_END.search(cell.source).end():].split("\n", 2)[2:]  # after the fence's closing line
             if "".join(after).strip():
                 problems.append(f"{where}: text after solution-end shares the cell (it would be folded with the solution)")
-            if _only_the_end_fence(cell.source):
-                continue
         jupyter = cell.metadata.get("jupyter", {})
         if not jupyter.get("source_hidden"):
             problems.append(f"{where}: a solution cell without jupyter.source_hidden (JupyterLab shows it unfolded)")
@@ -140,6 +141,41 @@ def test_solutions_start_folded_in_jupyterlab_and_colab(path: Path) -> None:
     assert not inside, f"{path}: a solution-start has no solution-end"
     assert solutions >= 2, f"{path}: {solutions} solutions found"
     assert not problems, f"{path}: run tools/sync_notebooks.py\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=str)
+def test_notebook_opens_unmodified_in_jupyterlab(path: Path) -> None:
+    """JupyterLab writes ipykernel's kernelspec when its kernel starts, and ``collapsed: true`` beside
+    ``jupyter.outputs_hidden``: stored otherwise, a notebook is marked modified as soon as it opens."""
+    nb = nbformat.read(ROOT / path, as_version=4)
+    spec = nb.metadata.get("kernelspec")
+    assert spec == {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}, spec
+    odd = [i for i, c in enumerate(nb.cells)
+           if bool(c.metadata.get("jupyter", {}).get("outputs_hidden")) != bool(c.metadata.get("collapsed"))]
+    assert not odd, f"{path}: cells {odd} differ in jupyter.outputs_hidden and collapsed; run tools/sync_notebooks.py"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=str)
+def test_jupyterlab_shows_the_chapter_not_the_website_scaffolding(path: Path) -> None:
+    """The Colab cell is folded; a live slider stores its note, not the widget (whose repr JupyterLab
+    would show before the cell runs); the glossary terms the chapter uses are defined in its last cell
+    (for jupyterlab-myst; removed on the website)."""
+    from attnbook.slider import LIVE_NOTE
+
+    nb = nbformat.read(ROOT / path, as_version=4)
+    assert nb.cells[0].metadata.get("jupyter", {}).get("source_hidden"), f"{path}: the Colab cell is not folded"
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and "live_slider(" in cell.source and cell.outputs:
+            shown = [o.get("data", {}).get("text/plain", o.get("text", "")) for o in cell.outputs]
+            assert shown[-1] == LIVE_NOTE, f"{path} cell {i}: a live slider stores {shown!r}"
+            assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in cell.outputs)
+    used = {t.lower() for c in nb.cells[:-1] if c.cell_type == "markdown"
+            for t in re.findall(r"\{term\}`(?:[^`<]*<)?([^`<>]+?)>?`", c.source)}
+    if used:
+        last = nb.cells[-1]
+        assert last.cell_type == "markdown" and "remove-cell" in last.metadata.get("tags", []), f"{path}: no glossary cell"
+        defined = {t.lower() for t in re.findall(r"^([^\s:].*)\n: ", last.source, re.M)}
+        assert used <= defined, f"{path}: terms without a definition in the glossary cell: {sorted(used - defined)}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=str)
@@ -226,3 +262,16 @@ def test_sync_notebooks_rewrites_a_stale_code_block(tmp_path: Path) -> None:
     assert sync_notebooks.sync_code_from(synced, tmp_path) == synced  # idempotent
     with pytest.raises(ValueError, match="no line containing"):
         sync_notebooks.sync_code_from(cell.replace("y = x", "w = x", 1), tmp_path)
+
+
+def test_live_slider_stores_its_note_not_the_widget_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a live slider's cell stores as the widget's text form is its note (JupyterLab shows the
+    text form of a widget it cannot draw, e.g. ``interactive(children=(FloatLogSlider(...``)."""
+    from attnbook import Frame, Panel, live_slider
+    from attnbook.slider import LIVE_NOTE
+
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, *a, **k: shown.append((obj, k)))
+    live_slider(lambda t: Frame(f"t = {t}", [Panel([[t]])]), t=(1, 3))
+    bundles = [obj for obj, k in shown if k.get("raw") and "application/vnd.jupyter.widget-view+json" in obj]
+    assert len(bundles) == 1 and bundles[0]["text/plain"] == LIVE_NOTE, shown

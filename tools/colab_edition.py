@@ -566,6 +566,8 @@ def edition(path: Path, book: Book | None = None) -> Any:
         if cell.cell_type != "markdown":
             cells.append(cell)
             continue
+        if "remove-cell" in cell.metadata.get("tags", []):
+            continue  # JupyterLab's own cells (the chapter's glossary), which the website drops too
         source = cell.source
         if role == "start":
             match = sync_notebooks.START.search(source)

@@ -48,7 +48,9 @@ def execute(path: Path) -> None:
         if cell.cell_type == "code":
             cell.outputs = merge_streams(cell.outputs)
     nb.metadata.pop("widgets", None)
-    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    # ipykernel's own kernelspec, which JupyterLab writes when its kernel starts (a notebook that
+    # stored another would be marked modified on opening; tools/sync_notebooks.py checks it too).
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
     nbformat.write(nb, path)
     print(f"executed {path} in {time.perf_counter() - start:.1f} s")
 

@@ -51,6 +51,28 @@ The rules:
    comment is invisible on the website (MyST passes it through as an HTML comment), in JupyterLab
    and in Colab. A marker whose file, start or end text is not found is an error, so a change to the
    library that moves or renames the lines stops the sync instead of leaving stale code.
+
+4. **JupyterLab shows the chapter, not the website's scaffolding.**
+
+   * The Colab install cell (the first cell, ``# Colab only: ...``) is folded
+     (``jupyter.source_hidden``): JupyterLab shows its first line above the title, not its code.
+   * Every cell of a solution is folded, its ``solution-start`` and ``solution-end`` cells too,
+     each with a first line that names it (``% Solution: <title>`` and ``% Solution: <title>, end``,
+     MyST comments that the website does not render): jupyterlab-myst renders each cell alone, so it
+     draws an unjoined gate as a box titled "Start of Solution to Exercise N" and an empty box.
+   * A notebook opens unmodified: a cell whose output is folded also carries the old
+     ``collapsed: true`` (JupyterLab writes it on opening otherwise), and the kernelspec is the
+     one ``ipykernel`` installs (``Python 3 (ipykernel)``, which JupyterLab writes when its kernel
+     starts). Either difference marked every notebook modified two seconds after it was opened.
+   * A live slider's cell stores only the note ``attnbook.slider.LIVE_NOTE`` in place of the
+     widget (its state is not stored, so the widget cannot be drawn before the cell runs and
+     JupyterLab would show its text form, ``interactive(children=(FloatLogSlider(...``). This is
+     the one rule that touches outputs; those cells are ``nbval-ignore-output`` and
+     ``remove-output`` (nbval and the website ignore them).
+   * ``{term}`` roles resolve in JupyterLab: the last cell holds this chapter's terms of
+     ``glossary.md`` as a MyST glossary (as a definition list, jupyterlab-myst's syntax) inside a
+     dropdown "Glossary: the terms of this chapter", so a term's link shows its definition. The cell
+     is tagged ``remove-cell``: the website links the terms to its own glossary page.
 """
 
 from __future__ import annotations
@@ -86,11 +108,16 @@ def _fence_end(text: str, start: int, colons: int) -> int:
     raise ValueError(f"the fence at {text[start:start + 40]!r} is never closed")
 
 
+def _has_text(text: str) -> bool:
+    """True when ``text`` holds more than blank lines and this tool's own ``% Solution`` comment."""
+    return any(line.strip() and not line.startswith(COMMENT) for line in text.split("\n"))
+
+
 def split_points(text: str) -> list[int]:
     """Where a markdown cell must be split so that no cell holds both solution and other text."""
     points = []
     for match in START.finditer(text):
-        if text[:match.start()].strip():
+        if _has_text(text[:match.start()]):
             points.append(match.start())
     for match in END.finditer(text):
         after = _fence_end(text, match.start(), len(match.group(1)))
@@ -132,7 +159,8 @@ def solution_roles(nb: Any) -> list[str | None]:
             roles.append("start")
         elif inside and is_md and END.search(cell.source):
             inside = False
-            only_fence = not END.sub("", cell.source).replace(":", "").strip()
+            text = "\n".join(line for line in cell.source.split("\n") if not line.startswith(COMMENT))
+            only_fence = not END.sub("", text).replace(":", "").strip()
             roles.append("end-fence" if only_fence else "end")
         else:
             roles.append("body" if inside else None)
@@ -197,6 +225,114 @@ def _drop(mapping: Any, key: str) -> bool:
     return mapping.pop(key, None) is not None
 
 
+#: The kernelspec that ``ipykernel`` installs, which JupyterLab writes into a notebook when its
+#: kernel starts: stored as is, opening a notebook changes nothing.
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+COLAB_MARKER = "# Colab only:"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+GLOSSARY_ID = "jupyterlab-glossary"
+GLOSSARY_TITLE = "Glossary: the terms of this chapter"
+TERM = re.compile(r"\{term\}`([^`]*)`")
+
+
+def _live_note() -> str:
+    sys.path.insert(0, str(ROOT))
+    from attnbook.slider import LIVE_NOTE
+
+    return LIVE_NOTE
+
+
+def live_slider_outputs(outputs: list[Any]) -> list[Any]:
+    """A live-slider cell's stored outputs with the widget (and its key-handling script) replaced
+    by one note: the widget's state is not stored, so no notebook can draw it before the cell runs."""
+    if not any(WIDGET_VIEW in out.get("data", {}) for out in outputs):
+        return outputs
+    kept = []
+    for out in outputs:
+        data = out.get("data", {})
+        if WIDGET_VIEW in data or "attnlibLiveKeys" in data.get("text/html", ""):
+            continue
+        kept.append(out)
+    note = nbformat.v4.new_output("display_data", data={"text/plain": _live_note()})
+    return [*kept, note]
+
+
+def glossary_entries(path: Path = ROOT / "book" / "glossary.md") -> dict[str, tuple[str, list[str]]]:
+    """``{term (lower case): (the term as written, its definition's lines)}`` of the glossary in ``path``.
+
+    A term listed on several lines before one definition (synonyms) gets that definition each."""
+    text = path.read_text(encoding="utf-8")
+    block = text.split(":::{glossary}", 1)[1].split("\n:::", 1)[0]
+    entries: dict[str, tuple[str, list[str]]] = {}
+    names: list[str] = []
+    for line in block.split("\n"):
+        if line.startswith(":") and not line.startswith(": "):
+            continue  # the directive's options (:sorted:)
+        if line.strip() and not line[0].isspace():
+            if names and entries[names[-1].lower()][1]:
+                names = []  # a new entry
+            names.append(line.strip())
+            entries[line.strip().lower()] = (line.strip(), [])
+        elif names:
+            for name in names:
+                entries[name.lower()][1].append(line)
+    return {k: v for k, v in entries.items() if "".join(v[1]).strip()}
+
+
+def terms_used(text: str) -> list[str]:
+    """The glossary terms (lower case) that ``{term}`` roles in ``text`` point at."""
+    found = []
+    for match in TERM.finditer(text):
+        role = match.group(1)
+        target = re.match(r".*<([^<>]+)>\s*$", role, re.S)
+        found.append(" ".join((target.group(1) if target else role).split()).lower())
+    return found
+
+
+def glossary_cell_source(terms: list[str], entries: dict[str, tuple[str, list[str]]]) -> str:
+    """A dropdown holding a MyST glossary of ``terms`` (and every term their definitions use)."""
+    wanted, queue = set(), [t for t in terms if t in entries]
+    while queue:
+        term = queue.pop()
+        if term not in wanted:
+            wanted.add(term)
+            queue += [t for t in terms_used("\n".join(entries[term][1])) if t in entries]
+    parts = []
+    for term in sorted(wanted):
+        name, definition = entries[term]
+        lines = [line[2:] if line.startswith("  ") else line.strip() for line in definition]
+        while lines and not lines[-1].strip():
+            lines.pop()
+        body = "\n".join(["  " + line if line.strip() else "" for line in lines]).strip("\n")
+        # {doc} roles point at the website's pages, which a notebook does not have: plain text.
+        body = re.sub(r"\{doc\}`([^`]*)`", r"\1", body)
+        parts.append(f"{name}\n: {body.lstrip()}")
+    return (f"::::{{admonition}} {GLOSSARY_TITLE}\n:class: dropdown\n\n:::{{glossary}}\n"
+            + "\n\n".join(parts) + "\n:::\n::::")
+
+
+def _sync_glossary(nb: Any, entries: dict[str, tuple[str, list[str]]]) -> bool:
+    last = nb.cells[-1] if nb.cells else None
+    has_cell = last is not None and last.get("id") == GLOSSARY_ID
+    cells = nb.cells[:-1] if has_cell else nb.cells
+    terms = [t for c in cells if c.cell_type == "markdown" for t in terms_used(c.source)]
+    if not terms:
+        if has_cell:
+            nb.cells.pop()
+        return has_cell
+    source = glossary_cell_source(terms, entries)
+    metadata = {"tags": ["remove-cell"]}
+    if has_cell and last.cell_type == "markdown" and last.source == source and dict(last.metadata) == metadata:
+        return False
+    cell = nbformat.v4.new_markdown_cell(source, metadata=metadata)
+    cell.id = GLOSSARY_ID
+    if has_cell:
+        nb.cells[-1] = cell
+    else:
+        nb.cells.append(cell)
+    return True
+
+
 def sync(nb: Any, folder: Path = ROOT / "book") -> bool:
     """Apply the rules to ``nb`` (a notebook in ``folder``) in place; True when anything changed."""
     changed = _split_markdown(nb)
@@ -205,14 +341,21 @@ def sync(nb: Any, folder: Path = ROOT / "book") -> bool:
             new = sync_code_from(cell.source, folder)
             changed |= new != cell.source
             cell.source = new
+    glossary = folder / "glossary.md"
+    if glossary.is_file():
+        changed |= _sync_glossary(nb, glossary_entries(glossary))
+    if nb.metadata.get("kernelspec") != KERNELSPEC:
+        nb.metadata["kernelspec"] = dict(KERNELSPEC)
+        changed = True
     roles, titles = solution_roles(nb), exercise_titles(nb)
-    for cell, role, title in zip(nb.cells, roles, titles):
+    for index, (cell, role, title) in enumerate(zip(nb.cells, roles, titles)):
         meta = cell.metadata
         jupyter = dict(meta.get("jupyter", {}))
-        hidden = role in ("body", "end")
+        colab = index == 0 and cell.cell_type == "code" and cell.source.startswith(COLAB_MARKER)
+        hidden = role is not None or colab
         if hidden:
             jupyter["source_hidden"] = True
-            if cell.cell_type == "code":
+            if cell.cell_type == "code" and not colab:
                 jupyter["outputs_hidden"] = True
         else:
             jupyter.pop("source_hidden", None)
@@ -221,13 +364,20 @@ def sync(nb: Any, folder: Path = ROOT / "book") -> bool:
             changed |= _set(meta, "jupyter", jupyter)
         else:
             changed |= _drop(meta, "jupyter")
+        # JupyterLab writes the old form of a folded output, collapsed: true, when it opens a notebook.
+        if jupyter.get("outputs_hidden"):
+            changed |= _set(meta, "collapsed", True)
+        else:
+            changed |= _drop(meta, "collapsed")
         lines = cell.source.split("\n")
         if cell.cell_type == "markdown":
             # A folded cell shows its first line; for prose, a MyST comment (invisible when rendered)
             # names what it holds instead of giving the solution's first words away.
             has_comment = lines[0].startswith(COMMENT)
             if hidden:
-                comment = f"{COMMENT}{title or 'exercise'}, continued"
+                name = title or "exercise"
+                comment = {"start": f"{COMMENT}{name}", "end-fence": f"{COMMENT}{name}, end"}.get(
+                    role, f"{COMMENT}{name}, continued")
                 if lines[0] != comment:
                     cell.source = "\n".join([comment, *(lines[1:] if has_comment else lines)])
                     changed = True
@@ -236,6 +386,11 @@ def sync(nb: Any, folder: Path = ROOT / "book") -> bool:
                 changed = True
         if cell.cell_type != "code":
             continue
+        if "live_slider(" in cell.source and cell.outputs:
+            outputs = live_slider_outputs(cell.outputs)
+            if outputs is not cell.outputs:
+                cell.outputs = outputs
+                changed = True
         has_title = lines[0].startswith(TITLE)
         if role == "body":
             heading = f"{TITLE}Solution: {title or 'exercise'}"
