@@ -589,7 +589,8 @@ def check_serial_cap(fn: Callable[[int, float, float], float]) -> Feedback:
 
 #: The sliding-window exercise's runs ``(S, D, window, BLOCK_Q, BLOCK_K)``: a window wider than a query
 #: block, and one narrower, where a row's first tile can hide all its keys (the -inf guard of section 8.4).
-WINDOW_RUNS: tuple[tuple[int, int, int, int, int], ...] = ((40, 8, 10, 8, 4), (37, 16, 5, 16, 8))
+#: Every block is at least 16 wide, the smallest ``tl.dot`` a compiled Triton kernel accepts.
+WINDOW_RUNS: tuple[tuple[int, int, int, int, int], ...] = ((160, 16, 36, 16, 16), (75, 16, 10, 32, 16))
 
 
 def reference_visible(rows: Tensor, cols: Tensor, window: int) -> Tensor:
@@ -745,7 +746,7 @@ def _visible_cases() -> list[tuple[Tensor, Tensor, int]]:
     hold both the future of some query and keys too far behind another, so that every mistake shows."""
     S, _, W, bq, bk = WINDOW_RUNS[1]
     return [(torch.arange(q0, min(q0 + bq, S))[:, None], torch.arange(k0, min(k0 + bk, S))[None, :], W)
-            for q0, k0 in ((0, 0), (16, 16), (16, 24))]
+            for q0, k0 in ((0, 0), (32, 32), (32, 48))]
 
 
 def _first_key_cases() -> list[tuple[int, int]]:
@@ -896,8 +897,12 @@ def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, 
                          "arguments they are given, not globals of your notebook.")
         computed += sum(tiles)
         causal_tiles += sum(math.ceil(min(S, q0 + bq) / bk) for q0 in range(0, S, bq))
+    import importlib.util
+
+    off = ("Triton is not installed here" if importlib.util.find_spec("triton") is None else
+           "Triton's interpreter is off here: TRITON_INTERPRET=1 must be set before Triton is first imported")
     where = {"cuda": "compiled by Triton on your GPU", "interpreter": "in Triton's interpreter on your CPU",
-             None: "in the same tiled loop written in PyTorch (Triton is not installed here)"}[mode]
+             None: f"in the same tiled loop written in PyTorch ({off})"}[mode]
     return correct(f"the windowed kernel ran {where} and equals SDPA with the same mask. It computed {computed} "
                    f"tiles where a causal kernel computes {causal_tiles}: a window makes the work per query block "
                    "constant, so the cost grows like S, not S^2.")
