@@ -270,6 +270,28 @@ _ONLINE_BROADCAST = (
 )
 
 
+_RESCALED_AFTER_ADDING = (
+    "l_new is 0 after the first tile: you multiplied by exp(m_old - m_new), which is 0 there (m_old = -inf), after "
+    "adding the tile's terms. Rescale what was summed before, then add the new tile: "
+    "l * exp(m_old - m_new) + sum(exp(s - m_new)), and the same for acc."
+)
+
+_INVERTED_RESCALE = (
+    "your rescale factor is upside down: exp(m_new - m_old) grows (and is inf on the first tile, where m_old = -inf). "
+    "What was summed against m_old shrinks when the maximum rises: multiply it by exp(m_old - m_new), at most 1."
+)
+
+
+def _inverted_rescale(fn: Callable[..., Any], state: tuple[Tensor, Tensor, Tensor], s2: Tensor, v2: Tensor) -> bool:
+    """Whether ``fn``, started from the right state after the first tile, rescales by exp(m_new - m_old)."""
+    result, fb = run_reader_code(fn, *(t.clone() for t in state), s2.clone(), v2.clone())
+    if fb is not None or _triple(result) is not None:
+        return False
+    m_old, l_old, _ = state
+    m_new = torch.maximum(m_old, s2.amax(-1, keepdim=True))
+    return close(result[1], l_old * torch.exp(m_new - m_old) + torch.exp(s2 - m_new).sum(-1, keepdim=True))
+
+
 def _online_call(fn: Callable[..., Any], *args: Tensor) -> tuple[Any, Feedback | None]:
     result, fb = run_reader_code(fn, *args)
     if fb is not None and "must match the size" in fb.message:
@@ -304,6 +326,8 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
                 "new maximum first and exponentiate against it: exp(s - m_new), and rescale by exp(m_old - m_new)."
             )
         if torch.isnan(got).any():
+            if _inverted_rescale(fn, ref1, s[:, split:], v[split:]):
+                return wrong(_INVERTED_RESCALE)
             return wrong(
                 f"{name} contains NaN on the first tile, where m = -inf: compute the new maximum first and "
                 "exponentiate against m_new (exp(m - m_new) = exp(-inf) = 0 is fine; -inf - (-inf) is not)."
@@ -314,6 +338,8 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     if close(l1, ref1[1]) and not close(acc1, ref1[2]) and close(acc1, ref1[2] / ref1[1]):
         return wrong(_NORMALISED_ACC)
     if not close(l1, ref1[1]):
+        if not l1.abs().any():
+            return wrong(_RESCALED_AFTER_ADDING)
         return wrong("after the first tile, l_new should be sum(exp(s - m_new)) per row.")
     if not close(acc1, ref1[2]):
         return wrong("l_new is right, but acc_new is not: after the first tile acc_new should be exp(s - m_new) @ v.")

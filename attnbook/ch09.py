@@ -411,6 +411,10 @@ _MERGE_MISTAKES = (
             "exp(lse_part - lse_total)."),
     Mistake("weights by lse", lambda oa, la, ob, lb, na, nb: (la[..., None] * oa + lb[..., None] * ob) / (la + lb)[..., None],
             "you weighted by lse itself; the denominators are exp(lse), so weight by exp(lse_part - lse_total)."),
+    Mistake("weights swapped", lambda oa, la, ob, lb, na, nb: (
+                torch.exp(lb - torch.logaddexp(la, lb))[..., None] * oa + torch.exp(la - torch.logaddexp(la, lb))[..., None] * ob),
+            "the weights are swapped: out_a gets the share of its own part, exp(lse_a - lse), and out_b "
+            "exp(lse_b - lse)."),
     Mistake("weights by key counts", _merge_by_counts,
             "you weighted the parts by how many keys each has: what matters is how much of the softmax denominator "
             "each part holds, exp(lse_part - lse_total), which depends on the scores, not on the counts."),
