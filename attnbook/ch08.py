@@ -36,6 +36,7 @@ from .feedback import (
     run_reader_code,
     wrong,
 )
+from .diagrams import INK, MUTED, Diagram, diagram
 from .slider import Frame, Panel
 
 __all__ = [
@@ -269,6 +270,28 @@ _ONLINE_BROADCAST = (
 )
 
 
+_RESCALED_AFTER_ADDING = (
+    "l_new is 0 after the first tile: you multiplied by exp(m_old - m_new), which is 0 there (m_old = -inf), after "
+    "adding the tile's terms. Rescale what was summed before, then add the new tile: "
+    "l * exp(m_old - m_new) + sum(exp(s - m_new)), and the same for acc."
+)
+
+_INVERTED_RESCALE = (
+    "your rescale factor is upside down: exp(m_new - m_old) grows (and is inf on the first tile, where m_old = -inf). "
+    "What was summed against m_old shrinks when the maximum rises: multiply it by exp(m_old - m_new), at most 1."
+)
+
+
+def _inverted_rescale(fn: Callable[..., Any], state: tuple[Tensor, Tensor, Tensor], s2: Tensor, v2: Tensor) -> bool:
+    """Whether ``fn``, started from the right state after the first tile, rescales by exp(m_new - m_old)."""
+    result, fb = run_reader_code(fn, *(t.clone() for t in state), s2.clone(), v2.clone())
+    if fb is not None or _triple(result) is not None:
+        return False
+    m_old, l_old, _ = state
+    m_new = torch.maximum(m_old, s2.amax(-1, keepdim=True))
+    return close(result[1], l_old * torch.exp(m_new - m_old) + torch.exp(s2 - m_new).sum(-1, keepdim=True))
+
+
 def _online_call(fn: Callable[..., Any], *args: Tensor) -> tuple[Any, Feedback | None]:
     result, fb = run_reader_code(fn, *args)
     if fb is not None and "must match the size" in fb.message:
@@ -303,6 +326,8 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
                 "new maximum first and exponentiate against it: exp(s - m_new), and rescale by exp(m_old - m_new)."
             )
         if torch.isnan(got).any():
+            if _inverted_rescale(fn, ref1, s[:, split:], v[split:]):
+                return wrong(_INVERTED_RESCALE)
             return wrong(
                 f"{name} contains NaN on the first tile, where m = -inf: compute the new maximum first and "
                 "exponentiate against m_new (exp(m - m_new) = exp(-inf) = 0 is fine; -inf - (-inf) is not)."
@@ -313,6 +338,8 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     if close(l1, ref1[1]) and not close(acc1, ref1[2]) and close(acc1, ref1[2] / ref1[1]):
         return wrong(_NORMALISED_ACC)
     if not close(l1, ref1[1]):
+        if not l1.abs().any():
+            return wrong(_RESCALED_AFTER_ADDING)
         return wrong("after the first tile, l_new should be sum(exp(s - m_new)) per row.")
     if not close(acc1, ref1[2]):
         return wrong("l_new is right, but acc_new is not: after the first tile acc_new should be exp(s - m_new) @ v.")
@@ -451,3 +478,47 @@ def check_tile_weights(fn: Callable[..., Any]) -> Feedback:
     return correct("exp(s - lse) gives the tile's weights exactly, with no other tile in sight: "
                    "this is how the backward pass recomputes P one tile at a time.")
 
+
+
+# ---- diagram: the tile loop --------------------------------------------------------------------
+
+#: The diagram's sizes: the tile slider's sequence length and attnlib's default block size.
+DIAGRAM_S, DIAGRAM_BLOCK = 1024, 256
+
+
+@diagram
+def tile_loop_diagram() -> Diagram:
+    """One query block's walk over the causal tile grid, and the three running statistics it updates."""
+    from attnlib.flash import BLOCK_K, BLOCK_Q
+
+    assert BLOCK_Q == BLOCK_K == DIAGRAM_BLOCK, "draw the diagram with attnlib's default blocks"
+    n = DIAGRAM_S // DIAGRAM_BLOCK
+    walker = n - 2  # the query block whose walk is numbered
+    d = Diagram(
+        "ch08_tile_loop", 380, 466, title="The tile loop of tiled attention",
+        alt=(f"A {n} by {n} grid of score tiles for S = {DIAGRAM_S} with {DIAGRAM_BLOCK}-blocks, causal: tiles below "
+             f"the diagonal are computed, tiles on the diagonal are masked inside, tiles above it are skipped. "
+             f"Query block {walker} walks key blocks 0 to {walker} in order (steps 1 to {walker + 1}); after each "
+             f"tile it updates its running max m, running sum \u2113 and accumulator acc, rescaling the last two by "
+             f"\u03b1 = exp(old m \u2212 new m), and after the last tile it writes out = acc / \u2113 and lse = m + log \u2113."))
+    d.text(190, 28, "One query block walks its key blocks", size=16, weight="bold")
+    cell, x0, y0 = 44, 44, 80
+    fills = [["green" if j < i else "orange" if j == i else "grey" for j in range(n)] for i in range(n)]
+    labels = [[str(j + 1) if i == walker and j <= i else "" for j in range(n)] for i in range(n)]
+    d.text(x0 + n * cell / 2, 52, "key blocks \u2192", size=14, color=MUTED)
+    d.grid(x0, y0, fills, cell=cell, labels=labels, row_labels=[f"q{i}" for i in range(n)], size=15)
+    d.rect(x0 - 3, y0 + walker * cell - 3, (walker + 1) * cell + 6, cell + 6, stroke="blue", width=3, rx=2)
+    for k, (colour, what) in enumerate((("green", "computed"), ("orange", "masked inside"), ("grey", "skipped"))):
+        y = y0 + 14 + k * 34
+        d.rect(x0 + n * cell + 16, y, 20, 20, fill=colour, tint=True, stroke=INK, rx=0, width=1)
+        d.text(x0 + n * cell + 44, y + 15, what, size=14, anchor="start")
+    top = y0 + n * cell
+    d.arrow(x0 + (walker + 1) * cell / 2, top + 4, x0 + (walker + 1) * cell / 2, top + 36, color="blue")
+    d.rect(20, top + 40, 340, 152, fill="sky", tint=True, stroke="blue", width=2)
+    d.text(34, top + 64, "after each tile, per query row:", size=14, anchor="start", color=MUTED)
+    d.text(34, top + 90, "m \u2190 max(m, row max of the tile)", size=15, anchor="start")
+    d.text(34, top + 114, "\u03b1 = e^{old m \u2212 new m}", size=15, anchor="start")
+    d.text(34, top + 138, "\u2113 \u2190 \u2113 \u00b7 \u03b1 + \u03a3 e^{s \u2212 m}", size=15, anchor="start")
+    d.text(34, top + 162, "acc \u2190 acc \u00b7 \u03b1 + e^{s \u2212 m} V", size=15, anchor="start")
+    d.text(34, top + 184, "then out = acc / \u2113, lse = m + log \u2113", size=14, anchor="start", color=MUTED)
+    return d

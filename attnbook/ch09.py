@@ -1,6 +1,7 @@
 """Counts, figures and checkers for chapter 9, *FlashAttention on a GPU*.
 
-* :data:`GPUS`: datasheet numbers of two GPUs (not measurements), with their sources.
+* :data:`GPUS`: datasheet numbers of three GPUs (not measurements), with their sources;
+  :func:`sram_bytes_per_s` and :func:`memory_hierarchy_diagram` (the A100's memory levels).
 * :func:`standard_attention_io`, :func:`flash_v1_io`, :func:`fused_forward_io`: exact HBM traffic
   (the first and the last are chapter 8's, re-exported here).
 * :func:`loop_order_figure`: the tile orders of FlashAttention-1 and -2, and what each keeps on chip.
@@ -11,6 +12,9 @@
 * :func:`check_serial_cap`: the share of the matmul peak a kernel reaches when it runs its matmuls
   and its exponentials in turn.
 * :func:`check_merge_partials`: Flash-Decoding's merge of two partial results through their logsumexps.
+* :func:`check_sliding_window`: a sliding window added to a fused kernel (the mask inside a tile and
+  the first key block a query block visits), run in Triton where it is installed, else in the same
+  tiled loop in PyTorch (:func:`windowed_tiled_attention`).
 
 The checkers diagnose the usual mistakes: one matmul counted instead of two, the exponentials'
 share or a ratio of times returned instead of the matmuls' share; partial results averaged or
@@ -27,7 +31,9 @@ import torch
 from torch import Tensor
 
 from .ch08 import fused_forward_io, standard_attention_io
+from .diagrams import MUTED, Diagram, diagram
 from .feedback import (
+    as_index,
     Feedback,
     Mistake,
     MistakeTable,
@@ -58,6 +64,13 @@ __all__ = [
     "check_serial_cap",
     "reference_merge_partials",
     "check_merge_partials",
+    "WINDOW_RUNS",
+    "reference_visible",
+    "reference_first_key",
+    "windowed_tiled_attention",
+    "triton_mode",
+    "check_sliding_window",
+    "sram_bytes_per_s",
 ]
 
 
@@ -66,21 +79,34 @@ __all__ = [
 GPUS: dict[str, dict[str, Any]] = {
     "A100 SXM4 80GB": dict(
         hbm_bytes_per_s=2039e9, smem_kib=164, l1_smem_kib=192, sms=108, fp16_flops=312e12, boost_hz=1.41e9,
+        hbm_gb=80, l2_mb=40, regs_kib=256,
         source="NVIDIA A100 Tensor Core GPU datasheet (2,039 GB/s; FP16 and BF16 Tensor Core 312 TFLOPS, "
                "624 with sparsity); NVIDIA Ampere GPU Architecture Tuning Guide (up to 164 KB shared memory "
-               "of a 192 KB L1/shared memory per SM; 108 SMs; boost clock 1,410 MHz)",
+               "of a 192 KB L1/shared memory per SM; 108 SMs; boost clock 1,410 MHz; 40 MB of L2 cache; 64K 32-bit "
+               "registers, 256 KB, per SM)",
     ),
     "H100 SXM5 80GB": dict(
         hbm_bytes_per_s=3.35e12, smem_kib=228, l1_smem_kib=256, sms=132, fp16_flops=989.4e12, boost_hz=1.83e9,
+        hbm_gb=80, l2_mb=50, regs_kib=256,
         source="NVIDIA H100 Tensor Core GPU datasheet (3.35 TB/s; FP16 and BF16 Tensor Core 1,979 TFLOPS "
                "with sparsity, i.e. 989.4 dense, the figure of the NVIDIA H100 architecture whitepaper); "
-               "NVIDIA Hopper Tuning Guide (up to 228 KB shared memory of a 256 KB L1/shared memory per SM; 132 SMs); "
+               "NVIDIA Hopper Tuning Guide (up to 228 KB shared memory of a 256 KB L1/shared memory per SM; 132 SMs; "
+               "50 MB of L2 cache; 64K 32-bit registers, 256 KB, per SM); "
                "boost clock 1,830 MHz (the clock at which 132 SMs give 989.4 TFLOP/s)",
+    ),
+    "B200": dict(
+        hbm_bytes_per_s=8e12, smem_kib=228, l1_smem_kib=256, sms=148, fp16_flops=2.25e15, boost_hz=1.856e9,
+        source="NVIDIA HGX B200 datasheet (HBM3e 8 TB/s per GPU; FP16 and BF16 Tensor Core 4.5 PFLOPS "
+               "with sparsity, i.e. 2.25 dense, per GPU); NVIDIA Blackwell architecture (148 SMs); CUDA C++ "
+               "Programming Guide, compute capability 10.0 (up to 228 KB shared memory of a 256 KB "
+               "L1/shared memory per SM); boost clock 1,856 MHz (the clock at which 148 SMs, at twice the "
+               "H100's 4,096 dense FLOP per clock, give 2.25 PFLOP/s)",
     ),
 }
 
 #: Exponentials (``exp2``, the special-function units' ``MUFU.EX2``) per clock per SM on compute
-#: capability 8.0 and 9.0: the arithmetic-instruction throughput table of the CUDA C++ Programming Guide.
+#: capability 8.0 and 9.0: the arithmetic-instruction throughput table of the CUDA C++ Programming Guide;
+#: unchanged on the B200 (compute capability 10.0), as the FlashAttention-4 paper's analysis assumes.
 SFU_OPS_PER_CLOCK_PER_SM = 16
 
 
@@ -93,6 +119,58 @@ def exp_per_s(gpu: dict[str, Any]) -> float:
     3.86
     """
     return gpu["sms"] * SFU_OPS_PER_CLOCK_PER_SM * gpu["boost_hz"]
+
+
+#: Bytes each SM's shared memory delivers per clock (32 banks of 4 bytes), on compute capability 8.0 and 9.0.
+SMEM_BYTES_PER_CLOCK_PER_SM = 128
+
+
+def sram_bytes_per_s(gpu: dict[str, Any]) -> float:
+    """Shared-memory bandwidth of all SMs together: SMs x 128 bytes per clock x boost clock (datasheet-derived).
+
+    >>> round(sram_bytes_per_s(GPUS["A100 SXM4 80GB"]) / 1e12, 1)
+    19.5
+    """
+    return gpu["sms"] * SMEM_BYTES_PER_CLOCK_PER_SM * gpu["boost_hz"]
+
+
+#: The GPU the memory-hierarchy diagram draws.
+DIAGRAM_GPU = "A100 SXM4 80GB"
+
+
+@diagram
+def memory_hierarchy_diagram() -> Diagram:
+    """The A100's memory levels, fast and small on top, large and slow below, with datasheet sizes and bandwidths."""
+    g = GPUS[DIAGRAM_GPU]
+    name = DIAGRAM_GPU.split()[0]
+    sram_tb, hbm_tb = sram_bytes_per_s(g) / 1e12, g["hbm_bytes_per_s"] / 1e12
+    d = Diagram(
+        "ch09_memory_hierarchy", 380, 430, title=f"The memory levels of an {name}",
+        alt=(f"Three levels of memory on an {name}, fastest on top. Each of its {g['sms']} SMs has its own SRAM: up to "
+             f"{g['smem_kib']} KB of shared memory and {g['regs_kib']} KB of registers, about {sram_tb:.1f} TB/s for all "
+             f"SMs together; the tiles of scores stay here. Below them an L2 cache of {g['l2_mb']} MB that all SMs "
+             f"share. At the bottom {g['hbm_gb']} GB of HBM at {hbm_tb:.2f} TB/s, where Q, K, V and the output live."))
+    d.text(190, 28, f"The memory levels of an {name}", size=16, weight="bold")
+    d.rect(20, 44, 340, 150, fill="green", tint=True, stroke="green", width=2)
+    d.text(34, 66, f"{g['sms']} SMs, each with its own SRAM", size=15, anchor="start", weight="bold")
+    for k, label in enumerate(("SM 1", "SM 2", "\u2026", f"SM {g['sms']}")):
+        x = 34 + k * 80
+        if label == "\u2026":
+            d.text(x + 33, 100, label, size=16)
+            continue
+        d.rect(x, 78, 66, 34, fill="#FFFFFF", stroke="green", width=1.5)
+        d.text(x + 33, 100, label, size=14)
+    d.text(34, 136, f"{g['smem_kib']} KB shared memory + {g['regs_kib']} KB registers", size=14, anchor="start")
+    d.text(34, 158, f"per SM; about {sram_tb:.1f} TB/s for all SMs", size=14, anchor="start")
+    d.text(34, 182, "tiles of scores, m, \u2113, acc stay here", size=14, anchor="start", color=MUTED, italic=True)
+    d.arrow(190, 196, 190, 232)
+    d.arrow(190, 232, 190, 196)
+    d.box(20, 236, 340, 56, f"L2 cache: {g['l2_mb']} MB", sub="shared by all SMs", color="sky")
+    d.arrow(190, 294, 190, 330)
+    d.arrow(190, 330, 190, 294)
+    d.text(200, 318, f"{hbm_tb:.2f} TB/s", size=14, anchor="start", color=MUTED)
+    d.box(20, 334, 340, 80, f"HBM: {g['hbm_gb']} GB", sub="Q, K, V and the output live here", color="orange")
+    return d
 
 
 def flash_v1_io(N: int, d: int, M: int | None = None, *, block_k: int | None = None) -> int:
@@ -202,8 +280,9 @@ def lazy_online_softmax(s: Tensor, v: Tensor, block: int, threshold: float = 8.0
 
 #: What :func:`triton_demo_lines` printed in Triton's interpreter on a CPU (float32), for readers without Triton.
 TRITON_INTERPRETER_RUN: tuple[str, ...] = (
-    "grid of program instances: (4, 2) | output (1, 2, 50, 32) torch.float32",
-    "equal to SDPA within 1e-05: True",
+    "grid of program instances: (4, 2) | output (1, 2, 50, 32) torch.float16",
+    "float16: equal to SDPA (float32, TF32 off) within 0.002 + 0.002 x |SDPA|: True",
+    "float32: equal to SDPA (float32, TF32 off) within 1e-05 + 1e-05 x |SDPA|: True",
     "float32, (S_q, S_k, D_k) = (20, 45, 8, causal), (33, 33, 128), (17, 40, 40): equal to SDPA within 1e-05: True",
 )
 
@@ -232,24 +311,23 @@ def triton_demo_runs(device: torch.device | str) -> list[tuple[torch.dtype, floa
     """The dtypes :func:`triton_demo_lines` runs on ``device``, each with ``(atol, rtol)`` for
     ``torch.allclose`` against SDPA in float32.
 
-    On CUDA: float16, and float32, whose products ``input_precision="ieee"`` keeps in full float32
-    (within ``1e-5`` of SDPA with TF32 off). Elsewhere (Triton's interpreter): float32 only. The
-    float16 tolerance covers three roundings to float16: the inputs, the weights ``p`` before
+    float16, and float32, whose products ``input_precision="ieee"`` keeps in full float32 (within
+    ``1e-5`` of SDPA with TF32 off), on CUDA and in Triton's interpreter alike (the interpreter has
+    float16 ``tl.dot``; it lacks only bfloat16). The float16 tolerance covers three roundings to float16: the inputs, the weights ``p`` before
     ``p @ v`` and the output itself (float16 numbers in [2, 4) lie 2**-9 ~ 2e-3 apart), so it is
     relative as well as absolute: ``2e-3 + 2e-3 * |reference|``, about four units of float16's
     relative rounding error 2**-11.
     """
-    if torch.device(device).type == "cuda":
-        return [(torch.float16, 2e-3, 2e-3), (torch.float32, 1e-5, 1e-5)]
-    return [(torch.float32, 1e-5, 1e-5)]
+    torch.device(device)  # the same dtypes on every device; the argument is kept for callers
+    return [(torch.float16, 2e-3, 2e-3), (torch.float32, 1e-5, 1e-5)]
 
 
 def triton_demo_lines(device: torch.device | str) -> list[str]:
     """Run :func:`attnlib.triton_flash_attention` on a tiny causal example and describe the result.
 
     ``[1, 2, 50, 32]`` inputs with 16-blocks: a grid of ``(ceil(50 / 16), 1 * 2) = (4, 2)`` program
-    instances, in each dtype of :func:`triton_demo_runs` (float32 on the CPU, in Triton's
-    interpreter, ``TRITON_INTERPRET=1``; float16 and float32 on CUDA). Each result is compared with
+    instances, in each dtype of :func:`triton_demo_runs` (float16 and float32, in Triton's
+    interpreter on the CPU, ``TRITON_INTERPRET=1``, or compiled on CUDA). Each result is compared with
     ``F.scaled_dot_product_attention`` in float32, computed with TF32 off
     (:class:`full_float32_matmuls`). Then, in float32, the shapes of :data:`TRITON_DEMO_SHAPES`: partial
     blocks, ``S_q != S_k`` with the bottom-right causal mask, and head widths 8, 40 and 128. Raises
@@ -271,11 +349,8 @@ def triton_demo_lines(device: torch.device | str) -> list[str]:
         assert same, f"triton_flash_attention in {dtype} differs from SDPA by {worst:.2e}"
         if not lines:
             lines.append(f"grid of program instances: {(math.ceil(50 / 16), 1 * 2)} | output {tuple(out.shape)} {out.dtype}")
-        if len(triton_demo_runs(device)) == 1:
-            lines.append(f"equal to SDPA within {atol:g}: {same}")
-        else:
-            lines.append(f"{str(dtype).removeprefix('torch.')}: equal to SDPA (float32, TF32 off) within "
-                         f"{atol:g} + {rtol:g} x |SDPA|: {same}")
+        lines.append(f"{str(dtype).removeprefix('torch.')}: equal to SDPA (float32, TF32 off) within "
+                     f"{atol:g} + {rtol:g} x |SDPA|: {same}")
     from attnlib import causal_mask
 
     shapes = []
@@ -333,6 +408,10 @@ _MERGE_MISTAKES = (
             "exp(lse_part - lse_total)."),
     Mistake("weights by lse", lambda oa, la, ob, lb, na, nb: (la[..., None] * oa + lb[..., None] * ob) / (la + lb)[..., None],
             "you weighted by lse itself; the denominators are exp(lse), so weight by exp(lse_part - lse_total)."),
+    Mistake("weights swapped", lambda oa, la, ob, lb, na, nb: (
+                torch.exp(lb - torch.logaddexp(la, lb))[..., None] * oa + torch.exp(la - torch.logaddexp(la, lb))[..., None] * ob),
+            "the weights are swapped: out_a gets the share of its own part, exp(lse_a - lse), and out_b "
+            "exp(lse_b - lse)."),
     Mistake("weights by key counts", _merge_by_counts,
             "you weighted the parts by how many keys each has: what matters is how much of the softmax denominator "
             "each part holds, exp(lse_part - lse_total), which depends on the scores, not on the counts."),
@@ -505,3 +584,333 @@ def check_serial_cap(fn: Callable[[int, float, float], float]) -> Feedback:
             return wrong(m.hint)
     return wrong("per score the forward pass does 4 d matmul FLOPs and one exponential: t_matmul = 4 d / matmul_flops, "
                  "t_exp = 1 / exps_per_s, and the cap is t_matmul / (t_matmul + t_exp).")
+
+
+# ---- exercise: a sliding window in the fused kernel -------------------------------------------------
+
+#: The sliding-window exercise's runs ``(S, D, window, BLOCK_Q, BLOCK_K)``: a window wider than a query
+#: block, and one narrower, where a row's first tile can hide all its keys (the -inf guard of section 8.4).
+#: Every block is at least 16 wide, the smallest ``tl.dot`` a compiled Triton kernel accepts.
+WINDOW_RUNS: tuple[tuple[int, int, int, int, int], ...] = ((160, 16, 36, 16, 16), (75, 16, 10, 32, 16))
+
+
+def reference_visible(rows: Tensor, cols: Tensor, window: int) -> Tensor:
+    """Which keys each query of a tile may see under a causal sliding window of ``window`` keys.
+
+    ``rows`` is a column ``[BLOCK_Q, 1]`` of query positions, ``cols`` a row ``[1, BLOCK_K]`` of key
+    positions; query ``i`` sees keys ``i - window + 1 .. i``. Only comparisons and ``&``, so the same
+    function runs on PyTorch tensors and, through ``triton.jit``, inside a Triton kernel.
+    """
+    return (cols <= rows) & (rows - cols < window)
+
+
+def reference_first_key(q_start: int, window: int) -> int:
+    """The first key a block of queries starting at ``q_start`` may see (negative means key 0)."""
+    return q_start - window + 1
+
+
+def _clamped(x: int) -> int:
+    return max(0, x)
+
+
+def windowed_tiled_attention(q: Tensor, k: Tensor, v: Tensor, visible: Callable[..., Any],
+                             first_key: Callable[[int, int], Any], window: int, block_q: int,
+                             block_k: int) -> tuple[Tensor, list[int]]:
+    """The sliding-window kernel's loop in PyTorch, for ``[BH, S, D]`` tensors: the same tiles, the same
+    skip (each query block starts at the key block holding ``first_key``) and the same mask inside.
+
+    Returns the output and the number of tiles each query block computed.
+    """
+    BH, S, D = q.shape
+    out, tiles = torch.empty_like(q), []
+    scale = D ** -0.5
+    for q0 in range(0, S, block_q):
+        rows = torch.arange(q0, min(q0 + block_q, S))[:, None]  # [r, 1]
+        m = torch.full((BH, len(rows), 1), float("-inf"), dtype=q.dtype)
+        l = torch.zeros(BH, len(rows), 1, dtype=q.dtype)
+        acc = torch.zeros(BH, len(rows), D, dtype=q.dtype)
+        k_start = _clamped(int(first_key(q0, window))) // block_k * block_k
+        n = 0
+        for k0 in range(k_start, min(S, q0 + block_q), block_k):
+            cols = torch.arange(k0, min(k0 + block_k, S))[None, :]  # [1, c]
+            s = (q[:, q0:q0 + len(rows)] @ k[:, k0:k0 + cols.shape[1]].transpose(-2, -1)) * scale
+            s = s.masked_fill(~visible(rows, cols, window), float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            m_ref = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # a tile hiding a whole row
+            p = torch.exp(s - m_ref)
+            alpha = torch.exp(m - m_ref)
+            l = l * alpha + p.sum(-1, keepdim=True)
+            acc = acc * alpha + p @ v[:, k0:k0 + cols.shape[1]]
+            m, n = m_new, n + 1
+        out[:, q0:q0 + len(rows)] = acc / l
+        tiles.append(n)
+    return out, tiles
+
+
+_WINDOW_KERNEL: list[Any] = []
+
+
+def _window_kernel() -> Any:
+    """The Triton kernel of the exercise, decorated on first use (TRITON_INTERPRET is read then)."""
+    if _WINDOW_KERNEL:
+        return _WINDOW_KERNEL[0]
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def window_kernel(Q, K, V, Out, KStart, Tiles, S, D, scale, window, VISIBLE: tl.constexpr,
+                      BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+        bh = tl.program_id(1).to(tl.int64)
+        rows = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # [BLOCK_Q] this program's queries
+        dk = tl.arange(0, BLOCK_D)
+        q = tl.load(Q + bh * S * D + rows[:, None] * D + dk[None, :],
+                    mask=(rows[:, None] < S) & (dk[None, :] < D), other=0.0)
+        m = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_Q], tl.float32)
+        acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+        k_start = tl.load(KStart + tl.program_id(0))  # the reader's first_key, rounded down to a key block
+        k_end = tl.minimum(S, (tl.program_id(0) + 1) * BLOCK_Q)  # causal: no key after the last row
+        n = 0
+        for k0 in range(k_start, k_end, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            kt = tl.load(K + bh * S * D + cols[None, :] * D + dk[:, None],
+                         mask=(cols[None, :] < S) & (dk[:, None] < D), other=0.0)
+            s = tl.dot(q, kt, input_precision="ieee") * scale
+            seen = (cols[None, :] < S) & VISIBLE(rows[:, None], cols[None, :], window)  # the reader's mask
+            s = tl.where(seen, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # guard: a tile that hides a whole row
+            p = tl.exp(s - m_ref[:, None])
+            alpha = tl.exp(m - m_ref)
+            l = l * alpha + tl.sum(p, 1)
+            v = tl.load(V + bh * S * D + cols[:, None] * D + dk[None, :],
+                        mask=(cols[:, None] < S) & (dk[None, :] < D), other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            m = m_new
+            n += 1
+        l = tl.where(l == 0.0, 1.0, l)  # the padding rows past S see no key: 0, not 0 / 0
+        tl.store(Out + bh * S * D + rows[:, None] * D + dk[None, :], acc / l[:, None],
+                 mask=(rows[:, None] < S) & (dk[None, :] < D))
+        tl.store(Tiles + tl.program_id(0), n)
+
+    _WINDOW_KERNEL.append(window_kernel)
+    return window_kernel
+
+
+def triton_mode() -> str | None:
+    """How the exercise can run its Triton kernel here: ``"cuda"``, ``"interpreter"`` or ``None``."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("triton") is None:
+        return None
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        return "cuda"
+    return "interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else None
+
+
+def _with_triton_language(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with ``tl`` (triton.language) among its globals, which Triton requires of a jitted function;
+    a reader's function defined in a notebook that never imports Triton lacks it."""
+    import types
+
+    import triton.language as tl
+
+    fn = getattr(fn, "__func__", fn)
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    new = types.FunctionType(fn.__code__, {**fn.__globals__, "tl": tl}, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__, new.__qualname__, new.__module__ = fn.__kwdefaults__, fn.__qualname__, fn.__module__
+    return new
+
+
+def triton_windowed_attention(q: Tensor, k: Tensor, v: Tensor, visible: Callable[..., Any], starts: list[int],
+                              window: int, block_q: int, block_k: int) -> tuple[Tensor, list[int]]:
+    """Run the exercise's Triton kernel on float32 ``[BH, S, D]`` tensors with ``visible`` compiled by
+    ``triton.jit`` and the query blocks' first keys ``starts``; returns the output and the tiles per block."""
+    import triton
+
+    BH, S, D = q.shape
+    where = "cuda" if triton_mode() == "cuda" else "cpu"
+    q, k, v = (t.to(where, torch.float32).contiguous() for t in (q, k, v))
+    out = torch.empty_like(q)
+    tiles = torch.zeros(len(starts), dtype=torch.int32, device=where)
+    kstart = torch.tensor(starts, dtype=torch.int32, device=where)
+    _window_kernel()[(len(starts), BH)](q, k, v, out, kstart, tiles, S, D, D ** -0.5, window,
+                                        VISIBLE=triton.jit(_with_triton_language(visible)), BLOCK_Q=block_q, BLOCK_K=block_k,
+                                        BLOCK_D=max(16, triton.next_power_of_2(D)))
+    return out.cpu(), tiles.cpu().tolist()
+
+
+def _visible_cases() -> list[tuple[Tensor, Tensor, int]]:
+    """Tiles ``(rows, cols, window)`` the checker asks ``visible`` about directly: tiles of the second run that
+    hold both the future of some query and keys too far behind another, so that every mistake shows."""
+    S, _, W, bq, bk = WINDOW_RUNS[1]
+    return [(torch.arange(q0, min(q0 + bq, S))[:, None], torch.arange(k0, min(k0 + bk, S))[None, :], W)
+            for q0, k0 in ((0, 0), (32, 32), (32, 48))]
+
+
+def _first_key_cases() -> list[tuple[int, int]]:
+    return [(q0, W) for S, _, W, bq, _ in WINDOW_RUNS for q0 in range(0, S, bq)]
+
+
+VISIBLE_MISTAKES = (
+    Mistake("causal only", lambda r, c, w: c <= r,
+            "that is the causal mask alone: the window also hides every key more than window - 1 positions "
+            "before the query, (rows - cols < window)."),
+    Mistake("window only", lambda r, c, w: r - c < w,
+            "your tile lets a query see keys after it: the window sits behind the query, so combine it with the "
+            "causal part (cols <= rows)."),
+    Mistake("one key too many", lambda r, c, w: (c <= r) & (r - c <= w),
+            "each query sees window keys, itself and the window - 1 before it: rows - cols <= window lets it see one "
+            "more. Use rows - cols < window."),
+    Mistake("one key too few", lambda r, c, w: (c <= r) & (r - c < w - 1),
+            "each query sees window keys, itself and the window - 1 before it: yours sees one fewer."),
+    Mistake("rows and cols swapped", lambda r, c, w: (r <= c) & (c - r < w),
+            "rows and cols are swapped: rows holds the query positions (a column), cols the key positions (a row), "
+            "and query i sees keys i - window + 1 .. i."),
+    Mistake("or for and", lambda r, c, w: (c <= r) | (r - c < w),
+            "a key is visible when both conditions hold: combine them with &, not |."),
+    Mistake("strictly causal", lambda r, c, w: (c < r) & (r - c < w),
+            "a query also sees itself (cols == rows): use cols <= rows."),
+)
+
+FIRST_KEY_MISTAKES = (
+    Mistake("no skip", lambda q0, w: 0,
+            "starting every query block at key 0 gives the right output but computes every tile left of the "
+            "diagonal: the point is to skip the key blocks entirely before the window of the block's first row."),
+    Mistake("one key early", lambda q0, w: q0 - w,
+            "one key too early: the first row, q_start, sees keys q_start - window + 1 .. q_start."),
+    Mistake("one key late", lambda q0, w: q0 - w + 2,
+            "one key too late: the first row, q_start, also sees key q_start - window + 1, so the kernel would "
+            "miss it."),
+    Mistake("the query itself", lambda q0, w: q0,
+            "the block's queries look back: its first row sees keys from q_start - window + 1 on, not from q_start."),
+    Mistake("the window length", lambda q0, w: w,
+            "the first key depends on where the block starts: its first row, q_start, sees keys from "
+            "q_start - window + 1 on."),
+)
+
+
+def _first_key_same(a: Any, b: Any) -> bool:
+    try:
+        return _clamped(int(a)) == _clamped(int(b))
+    except Exception:
+        return False
+
+
+def _visible_one(fn: Callable[..., Any], rows: Tensor, cols: Tensor, window: int) -> Feedback | None:
+    got, fb = run_reader_code(fn, rows, cols, window)
+    if fb is not None:
+        return fb
+    expected = reference_visible(rows, cols, window)
+    if isinstance(got, tuple):
+        return wrong(f"`visible` returned a tuple of {len(got)} items: return one boolean tile, shape "
+                     f"{tuple(expected.shape)} (write `return a & b`, not `return a, b`).")
+    if not isinstance(got, Tensor):
+        return wrong(f"`visible` should return a boolean tensor (comparisons combined with &), got {describe(got)}.")
+    if tuple(got.shape) != tuple(expected.shape):
+        return wrong(f"`visible` returned shape {tuple(got.shape)} for rows {tuple(rows.shape)} and cols "
+                     f"{tuple(cols.shape)}: compare the column `rows` with the row `cols` so that they broadcast to "
+                     f"[BLOCK_Q, BLOCK_K] = {list(expected.shape)}.")
+    if got.dtype != torch.bool:
+        return wrong(f"`visible` returned {got.dtype}: return the comparisons themselves, a torch.bool tile "
+                     "(True where the query may see the key), combined with &.")
+    if torch.equal(got, expected):
+        return None
+    return diagnose(got, VISIBLE_MISTAKES, rows, cols, window) or wrong(
+        f"on the tile of queries {rows[0, 0].item()}..{rows[-1, 0].item()} and keys {cols[0, 0].item()}.."
+        f"{cols[0, -1].item()} with window = {window}, your tile differs: query i sees keys i - window + 1 .. i.")
+
+
+def _first_key_one(fn: Callable[..., Any], q0: int, window: int) -> Feedback | None:
+    got, fb = run_reader_code(fn, q0, window)
+    if fb is not None:
+        return fb
+    if isinstance(got, tuple):
+        return wrong(f"`first_key` returned a tuple of {len(got)} items: return one whole number, a key position.")
+    try:
+        value = as_index(_first_key_value(got))
+    except Exception:
+        return wrong(f"`first_key` should return one whole number (an int), a key position, got {describe(got)}.")
+    expected = reference_first_key(q0, window)
+    if _first_key_same(value, expected):
+        return None
+    for m in FIRST_KEY_MISTAKES:
+        if _first_key_same(value, m.compute(q0, window)):
+            return wrong(m.hint)
+    return wrong(f"for q_start = {q0} and window = {window} your first key is not the first key the block's "
+                 "first row sees; that row, q_start, sees keys q_start - window + 1 .. q_start.")
+
+
+def _solution_visible(rows: Tensor, cols: Tensor, window: int) -> Tensor:
+    return (cols <= rows) & (rows - cols < window)
+
+
+def _solution_first_key(q_start: int, window: int) -> int:
+    return q_start - window + 1
+
+
+@exercise(solution=(_solution_visible, _solution_first_key), kind="functions",
+          tables=(MistakeTable(VISIBLE_MISTAKES, _visible_cases, reference_visible),
+                  MistakeTable(FIRST_KEY_MISTAKES, _first_key_cases, reference_first_key, same=_first_key_same)),
+          not_generic={"float16": "the answers are a boolean tile and a key position"})
+def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, int], Any]) -> Feedback:
+    """Check a sliding window added to a fused kernel: ``visible(rows, cols, window)`` (the mask inside a
+    tile) and ``first_key(q_start, window)`` (where a query block's walk starts, so the key blocks before
+    the window are skipped).
+
+    Both are checked directly on the tiles and blocks of :data:`WINDOW_RUNS`; then the kernel runs with them
+    and must equal SDPA with ``attnlib.causal_mask(S, window=W)``: in Triton (compiled on CUDA, or in
+    Triton's interpreter when ``TRITON_INTERPRET=1``), else in :func:`windowed_tiled_attention`, the same
+    loop in PyTorch.
+    """
+    from attnlib import causal_mask
+    import torch.nn.functional as F
+
+    for rows, cols, window in _visible_cases():
+        problem = _visible_one(visible, rows, cols, window)
+        if problem is not None:
+            return problem
+    for q0, window in _first_key_cases():
+        problem = _first_key_one(first_key, q0, window)
+        if problem is not None:
+            return problem
+    mode = triton_mode()
+    computed = causal_tiles = 0
+    for run, (S, D, W, bq, bk) in enumerate(WINDOW_RUNS):
+        gen = torch.Generator().manual_seed(90 + run)
+        q, k, v = (torch.randn(2, S, D, generator=gen) for _ in range(3))  # [BH, S, D]
+        starts = [_clamped(as_index(_first_key_value(first_key(q0, W)))) // bk * bk for q0 in range(0, S, bq)]
+        if mode is None:
+            out, tiles = windowed_tiled_attention(q, k, v, visible, first_key, W, bq, bk)
+        else:
+            try:
+                out, tiles = triton_windowed_attention(q, k, v, visible, starts, W, bq, bk)
+            except Exception as err:  # the reader's visible may use what Triton cannot compile
+                return wrong(f"Triton could not run your `visible` inside the kernel ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0][:160] if str(err) else 'no message'}): write it with "
+                             "comparisons (<, <=), arithmetic and & only, no torch functions.")
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(S, window=W))
+        if not close(out, ref, atol=1e-5, rtol=1e-5):
+            return wrong("the kernel's output differs from SDPA with the same sliding-window mask, although "
+                         "`visible` and `first_key` gave the right answers on their own: check that both use the "
+                         "arguments they are given, not globals of your notebook.")
+        computed += sum(tiles)
+        causal_tiles += sum(math.ceil(min(S, q0 + bq) / bk) for q0 in range(0, S, bq))
+    import importlib.util
+
+    off = ("Triton is not installed here" if importlib.util.find_spec("triton") is None else
+           "Triton's interpreter is off here: TRITON_INTERPRET=1 must be set before Triton is first imported")
+    where = {"cuda": "compiled by Triton on your GPU", "interpreter": "in Triton's interpreter on your CPU",
+             None: f"in the same tiled loop written in PyTorch ({off})"}[mode]
+    return correct(f"the windowed kernel ran {where} and equals SDPA with the same mask. It computed {computed} "
+                   f"tiles where a causal kernel computes {causal_tiles}: a window makes the work per query block "
+                   "constant, so the cost grows like S, not S^2.")
+
+
+def _first_key_value(got: Any) -> Any:
+    """A one-element integer tensor as an int (other values unchanged, for :func:`as_index` to judge)."""
+    if isinstance(got, Tensor) and got.numel() == 1 and not got.is_floating_point() and got.dtype != torch.bool:
+        return int(got.item())
+    return got

@@ -380,3 +380,24 @@ def test_online_update_wrong_l_or_acc_on_the_first_tile_names_the_one_that_is_wr
     assert "l_new is right, but acc_new is not" in fb.message and "unnormalised" not in fb.message, fb.message
 
 
+
+
+def test_rescaling_after_adding_and_an_inverted_factor_get_their_own_hints() -> None:
+    """Two mistakes a reader makes in the online update: rescale the sums after adding the tile, and
+    exp(m_new - m_old) for exp(m_old - m_new)."""
+    from attnbook.ch08 import check_online_softmax_update
+
+    def after(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p, alpha = torch.exp(s - m_new), torch.exp(m - m_new)
+        return m_new, (l + p.sum(-1, keepdim=True)) * alpha, (acc + p @ v) * alpha
+
+    def inverted(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p, alpha = torch.exp(s - m_new), torch.exp(m_new - m)
+        return m_new, l * alpha + p.sum(-1, keepdim=True), acc * alpha + p @ v
+
+    fb = check_online_softmax_update(after)
+    assert fb.status == "wrong" and "after adding" in fb.message, fb
+    fb = check_online_softmax_update(inverted)
+    assert fb.status == "wrong" and "upside down" in fb.message, fb

@@ -227,12 +227,11 @@ def test_full_float32_matmuls_turns_tf32_off_and_restores_it() -> None:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def test_triton_demo_checks_float32_on_cuda_and_only_float32_elsewhere() -> None:
+def test_triton_demo_checks_float16_and_float32_on_cuda_and_in_the_interpreter() -> None:
     from attnbook.ch09 import triton_demo_runs
 
-    assert triton_demo_runs("cuda") == [(torch.float16, 2e-3, 2e-3), (torch.float32, 1e-5, 1e-5)]
-    assert triton_demo_runs("cpu") == [(torch.float32, 1e-5, 1e-5)]
-    assert triton_demo_runs(torch.device("cpu")) == [(torch.float32, 1e-5, 1e-5)]
+    both = [(torch.float16, 2e-3, 2e-3), (torch.float32, 1e-5, 1e-5)]
+    assert triton_demo_runs("cuda") == triton_demo_runs("cpu") == triton_demo_runs(torch.device("cpu")) == both
 
 
 def _float16_kernel_model(q, k, v, mask):  # type: ignore[no-untyped-def]
@@ -277,7 +276,11 @@ def _numeric_questions() -> list:
 def test_quiz_accepts_every_rounding_of_the_right_answer(number: int, question: dict) -> None:
     from test_attnbook import _grade
 
-    exact = {3: 1 / (1 + math.exp(-2)), 5: 2}[number]  # worked out by hand
+    from attnbook.ch09 import reference_serial_cap
+
+    h100 = GPUS["H100 SXM5 80GB"]
+    exact = {3: 1 / (1 + math.exp(-2)), 5: 2,  # worked out by hand
+             6: reference_serial_cap(128, h100["fp16_flops"], exp_per_s(h100))}[number]
     assert _grade(question, repr(exact))[0], question["question"]
     digits = 2 if exact != round(exact) else len(str(round(exact)))
     for d in range(digits, 7):
@@ -343,3 +346,103 @@ def test_serial_cap_mistakes_get_their_own_hint() -> None:
         hints.add(fb.message)
     assert len(hints) == len(CAP_MISTAKES)
     assert "4 d" in check_serial_cap(lambda *a: 0.3).message
+
+
+# --- the sliding-window exercise: Triton kernel, PyTorch twin, mistakes -------------------------------
+
+from attnbook.ch09 import (  # noqa: E402
+    FIRST_KEY_MISTAKES,
+    VISIBLE_MISTAKES,
+    WINDOW_RUNS,
+    check_sliding_window,
+    reference_first_key,
+    reference_visible,
+    sram_bytes_per_s,
+    windowed_tiled_attention,
+)
+
+
+def test_sliding_window_solution_passes_and_reports_the_tiles_the_text_quotes() -> None:
+    fb = check_sliding_window(reference_visible, reference_first_key)
+    assert fb.status == "correct", fb
+    assert "computed 41 tiles where a causal kernel computes 66" in fb.message  # quoted in the solution's prose
+    assert "PyTorch" in fb.message  # no TRITON_INTERPRET in this process: the PyTorch twin ran, and says so
+
+
+def test_sliding_window_also_accepts_a_clamped_first_key() -> None:
+    assert check_sliding_window(reference_visible, lambda q0, w: max(0, q0 - w + 1)).passed
+
+
+@pytest.mark.parametrize("mistake", VISIBLE_MISTAKES, ids=[m.name for m in VISIBLE_MISTAKES])
+def test_sliding_window_mask_mistakes_get_their_hint(mistake) -> None:
+    fb = check_sliding_window(mistake.compute, reference_first_key)
+    assert fb.status == "wrong" and fb.message == mistake.hint
+
+
+@pytest.mark.parametrize("mistake", FIRST_KEY_MISTAKES, ids=[m.name for m in FIRST_KEY_MISTAKES])
+def test_sliding_window_first_key_mistakes_get_their_hint(mistake) -> None:
+    fb = check_sliding_window(reference_visible, mistake.compute)
+    assert fb.status == "wrong" and fb.message == mistake.hint
+
+
+def test_sliding_window_refuses_a_float_mask_and_a_torch_function_is_fine_in_pytorch() -> None:
+    fb = check_sliding_window(lambda r, c, w: ((c <= r) & (r - c < w)).float(), reference_first_key)
+    assert fb.status == "wrong" and "torch.bool" in fb.message
+    fb = check_sliding_window(lambda r, c, w: torch.logical_and(c <= r, r - c < w), reference_first_key)
+    assert fb.passed  # without Triton the PyTorch twin runs it; Triton refuses it with a named message (below)
+
+
+def test_windowed_twin_skips_the_tiles_before_the_window_and_equals_sdpa() -> None:
+    import torch.nn.functional as F
+
+    from attnlib import causal_mask
+
+    S, D, W, bq, bk = WINDOW_RUNS[0]
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, S, D, generator=gen) for _ in range(3))
+    out, tiles = windowed_tiled_attention(q, k, v, reference_visible, reference_first_key, W, bq, bk)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(S, window=W)))
+    # query block i starts at the key block holding i * bq - W + 1 and ends after its own last row
+    assert tiles == [math.ceil((min(S, q0 + bq) - max(0, q0 - W + 1) // bk * bk) / bk) for q0 in range(0, S, bq)]
+    _, every = windowed_tiled_attention(q, k, v, reference_visible, lambda q0, w: 0, W, bq, bk)
+    assert sum(tiles) < sum(every)
+
+
+def test_sliding_window_in_the_triton_interpreter() -> None:
+    """The same checker in a process with TRITON_INTERPRET=1 runs the Triton kernel, and names a `visible`
+    that Triton cannot compile."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    code = ("import torch\nfrom attnbook.ch09 import check_sliding_window, reference_visible, reference_first_key\n"
+            "print(check_sliding_window(reference_visible, reference_first_key).message)\n"
+            "print(check_sliding_window(lambda r, c, w: torch.logical_and(c <= r, r - c < w), "
+            "reference_first_key).message)\n")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr
+    right, torch_fn = done.stdout.strip().splitlines()
+    assert "in Triton's interpreter" in right and "41 tiles" in right
+    assert torch_fn.startswith("Triton could not run your `visible`")
+    assert "RuntimeWarning" not in done.stderr  # the padding rows are guarded: no 0 / 0
+
+
+def test_sram_bandwidth_is_the_figure_the_text_quotes() -> None:
+    assert round(sram_bytes_per_s(GPUS["A100 SXM4 80GB"]) / 1e12, 1) == 19.5  # FlashAttention-1 paper: ~19 TB/s
+
+
+def test_quiz_serial_cap_and_total_traffic_answers_get_their_own_feedback() -> None:
+    from test_attnbook import _grade
+
+    cap = dict(_numeric_questions())[6]
+    for typed, words in (("0.5", "d = 64"), ("0.333", "exponentials"), ("2", "t_mat / t_exp"),
+                         ("66.7", "percentage")):
+        ok, feedback = _grade(cap, typed)
+        assert not ok and words in feedback, (typed, feedback)
+    traffic = dict(_numeric_questions())[5]
+    ok, feedback = _grade(traffic, f"{34_082_816 / 17_305_600:.2f}")  # the total traffic's ratio, 1.97
+    assert not ok and "total traffic" in feedback, feedback
