@@ -413,16 +413,16 @@ def softmax_row_diagram() -> Diagram:
     t_lo, t_hi = DIAGRAM_TEMPS
     rows = [
         ("softmax(s)", "unscaled", 1.0, "vermillion"),
-        ("softmax(s / 8)", "÷ √D\u2096, T = 1", root, "blue"),
-        (f"softmax(s / 8 / {t_lo:g})", f"T = {t_lo:g}: sharper", root * t_lo, "orange"),
-        (f"softmax(s / 8 / {t_hi:g})", f"T = {t_hi:g}: flatter", root * t_hi, "green"),
+        (f"softmax(s / {root:g})", f"÷ √D\u2096 = {root:g}, T = 1", root, "blue"),
+        (f"softmax(s / {root:g} / {t_lo:g})", f"T = {t_lo:g}: sharper", root * t_lo, "orange"),
+        (f"softmax(s / {root:g} / {t_hi:g})", f"T = {t_hi:g}: flatter", root * t_hi, "green"),
     ]
     raw = ", ".join(f"{s:g}".replace("-", "−") for s in DIAGRAM_SCORES)
     d = Diagram(
         "ch03_softmax_row", 420, 448, title="What the scale and a temperature do to one softmax row",
         alt=(f"One query's raw dot products with four keys, {raw}, in a head of width D_k = {DIAGRAM_DK}. "
              "Four bar rows show the weights the softmax makes of them: unscaled, almost all weight goes "
-             f"to the first key ({_softmax_list(DIAGRAM_SCORES, 1.0)[0]:.2f}); divided by sqrt(D_k) = 8 "
+             f"to the first key ({_softmax_list(DIAGRAM_SCORES, 1.0)[0]:.2f}); divided by sqrt(D_k) = {root:g} "
              f"the weights are {', '.join(f'{w:.2f}' for w in _softmax_list(DIAGRAM_SCORES, root))}; a "
              f"temperature T = {t_lo:g} on top sharpens them and T = {t_hi:g} flattens them towards 1/4."))
     x0, bw, gap, top = 186, 44, 12, 22
