@@ -124,6 +124,10 @@ def _split_problem(got: Tensor, x: Tensor, H: int) -> str | None:
         if shape == (B, H, d_k, S):
             return (f"the result has shape {shape} = [B, H, D_k, S]: positions and features are swapped; "
                     "transpose axes 1 and 2 of the [B, S, H, D_k] view, not the last two.")
+        if shape == (B, S, d_k, H):
+            return (f"the result has shape {shape} = [B, S, D_k, H]: you transposed the last two axes of the "
+                    "[B, S, H, D_k] view (transpose(2, 3)); the head axis has to move in front of the positions, "
+                    "transpose(1, 2).")
         return f"the result has shape {shape}, expected [B, H, S, D_k] = {(B, H, S, d_k)} for x of shape {tuple(x.shape)} and H = {H}."
     if got.is_complex():
         return f"the result is complex ({got.dtype}); split_heads only moves numbers."

@@ -531,3 +531,14 @@ def test_repeat_kv_by_indexing_gets_the_copy_note() -> None:
 
     fb = check_repeat_kv(by_index)
     assert fb.passed and "copied at once" in fb.message, fb.message
+
+
+def test_split_with_the_last_two_axes_transposed_is_named() -> None:
+    from attnbook.ch06 import check_split_merge
+
+    def split_23(x: Tensor, num_heads: int) -> Tensor:
+        B, S, D = x.shape
+        return x.view(B, S, num_heads, D // num_heads).transpose(2, 3)
+
+    fb = check_split_merge(split_23, merge_heads)
+    assert not fb.passed and "transpose(2, 3)" in fb.message, fb.message
