@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
+from .diagrams import MUTED, Diagram, diagram
 from .feedback import (
     Feedback,
     Mistake,
@@ -33,7 +34,7 @@ from .feedback import (
     wrong,
 )
 
-__all__ = ["check_scaled_weights", "check_entropy", "entropy", "WEIGHT_MISTAKES", "ENTROPY_MISTAKES", "TEMPERATURE"]
+__all__ = ["train_marker_scaling", "TRAIN_LR", "check_scaled_weights", "check_entropy", "entropy", "WEIGHT_MISTAKES", "ENTROPY_MISTAKES", "TEMPERATURE"]
 
 #: The temperature the weights checker uses (not 1, so that ignoring it shows).
 TEMPERATURE = 2.5
@@ -335,3 +336,113 @@ def check_entropy(fn: Callable[[Tensor], Tensor]) -> Feedback:
         if problem is not None:
             return problem
     return correct("-sum p ln p per row, with 0 ln 0 = 0; it runs from 0 (one-hot) to ln S (uniform).")
+
+
+# --- does the scale matter in training? ---------------------------------------------------------
+
+#: Learning rates of the training comparison (the review's settings: Adam 0.01, plain SGD 0.5).
+TRAIN_LR = {"Adam": 0.01, "SGD": 0.5}
+
+
+def train_marker_scaling(optimiser: str, scaled: bool, *, seed: int = 0, d_k: int = 1024, steps: int = 150,
+                         every: int = 50, batch: int = 32, S: int = 8, d_content: int = 6) -> list[float]:
+    """Train one head on chapter 2's "find the marked token" task, with or without the 1/sqrt(D_k) scale.
+
+    The head is ``softmax(x W^Q (x W^K)^T * scale) x W^V`` with weights drawn N(0, 1/D_in), so query and
+    key entries have roughly unit variance and unscaled scores spread like sqrt(D_k). It trains in
+    float64 on one thread (small tensors; the printed losses then hold across CPUs), seeded from
+    ``seed``, with ``optimiser`` "Adam" or "SGD" at :data:`TRAIN_LR`. Returns the loss on one fixed
+    batch of 512 held-out sequences after every ``every`` steps.
+
+    >>> len(train_marker_scaling("SGD", True, d_k=16, steps=4, every=2))
+    2
+    """
+    from .ch02 import marker_batch  # chapter 2's task
+
+    g = torch.Generator().manual_seed(seed)
+    d_in = d_content + 2
+    params = [(torch.randn(d_in, n, generator=g, dtype=torch.float64) / math.sqrt(d_in)).requires_grad_()
+              for n in (d_k, d_k, d_content)]  # W^Q [D, D_k], W^K [D, D_k], W^V [D, D_c]
+    opt_cls = {"Adam": torch.optim.Adam, "SGD": torch.optim.SGD}[optimiser]
+    opt = opt_cls(params, lr=TRAIN_LR[optimiser])
+    data = torch.Generator().manual_seed(seed + 100)
+    scale = 1 / math.sqrt(d_k) if scaled else 1.0
+    x_eval, target_eval, _ = marker_batch(512, S, d_content, torch.Generator().manual_seed(10_000 + seed))
+
+    def loss_of(x: Tensor, target: Tensor) -> Tensor:
+        x, target = x.double(), target.double()  # [B, S, D], [B, S, D_c]
+        q, k, v = (x @ w for w in params)  # [B, S, D_k], [B, S, D_k], [B, S, D_c]
+        weights = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1)  # [B, S, S]
+        return torch.nn.functional.mse_loss(weights @ v, target)
+
+    losses: list[float] = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for step in range(1, steps + 1):
+            loss = loss_of(*marker_batch(batch, S, d_content, data)[:2])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step % every == 0:
+                with torch.no_grad():
+                    losses.append(loss_of(x_eval, target_eval).item())
+    finally:
+        torch.set_num_threads(threads)
+    return losses
+
+
+# --- diagram: what the scale and a temperature do to one softmax row ----------------------------
+
+#: The diagram's row of raw dot products q . k_j for four keys of a head of width DIAGRAM_DK.
+DIAGRAM_SCORES = (16.0, 8.0, 0.0, -8.0)
+DIAGRAM_DK = 64
+DIAGRAM_TEMPS = (0.5, 4.0)
+
+
+def _softmax_list(scores: tuple[float, ...], divide: float) -> list[float]:
+    top = max(scores)
+    e = [math.exp((s - top) / divide) for s in scores]
+    return [v / sum(e) for v in e]
+
+
+@diagram
+def softmax_row_diagram() -> Diagram:
+    """One row of four raw scores, its softmax unscaled, divided by sqrt(D_k), and at two temperatures."""
+    root = math.sqrt(DIAGRAM_DK)
+    t_lo, t_hi = DIAGRAM_TEMPS
+    rows = [
+        ("softmax(s)", "unscaled", 1.0, "vermillion"),
+        (f"softmax(s / {root:g})", f"÷ √D\u2096 = {root:g}, T = 1", root, "blue"),
+        (f"softmax(s / {root:g} / {t_lo:g})", f"T = {t_lo:g}: sharper", root * t_lo, "orange"),
+        (f"softmax(s / {root:g} / {t_hi:g})", f"T = {t_hi:g}: flatter", root * t_hi, "green"),
+    ]
+    raw = ", ".join(f"{s:g}".replace("-", "−") for s in DIAGRAM_SCORES)
+    d = Diagram(
+        "ch03_softmax_row", 420, 448, title="What the scale and a temperature do to one softmax row",
+        alt=(f"One query's raw dot products with four keys, {raw}, in a head of width D_k = {DIAGRAM_DK}. "
+             "Four bar rows show the weights the softmax makes of them: unscaled, almost all weight goes "
+             f"to the first key ({_softmax_list(DIAGRAM_SCORES, 1.0)[0]:.2f}); divided by sqrt(D_k) = {root:g} "
+             f"the weights are {', '.join(f'{w:.2f}' for w in _softmax_list(DIAGRAM_SCORES, root))}; a "
+             f"temperature T = {t_lo:g} on top sharpens them and T = {t_hi:g} flattens them towards 1/4."))
+    x0, bw, gap, top = 186, 44, 12, 22
+    d.text(16, top + 14, f"raw scores s = q·k (D\u2096 = {DIAGRAM_DK})", size=14, anchor="start", weight="bold")
+    for j, s in enumerate(DIAGRAM_SCORES):
+        cx = x0 + j * (bw + gap)
+        d.box(cx, top + 26, bw, 30, f"{s:g}".replace("-", "−"), color="grey", size=15)
+        d.text(cx + bw / 2, top + 74, f"key {j + 1}", size=13, color=MUTED)
+    y = top + 96
+    row_h, bar_max = 84, 46
+    for label, note, divide, colour in rows:
+        w = _softmax_list(DIAGRAM_SCORES, divide)
+        d.text(16, y + 30, label, size=14, anchor="start")
+        d.text(16, y + 50, note, size=13, anchor="start", color=MUTED)
+        base = y + 62
+        d.line(x0 - 6, base, x0 + 4 * (bw + gap) - gap + 6, base, color=MUTED, width=1)
+        for j, v in enumerate(w):
+            cx = x0 + j * (bw + gap)
+            h = max(bar_max * v, 1.0)
+            d.rect(cx, base - h, bw, h, fill=colour, stroke=colour, rx=1, width=1)
+            d.text(cx + bw / 2, base - h - 5, f"{v:.2f}", size=13)
+        y += row_h
+    return d

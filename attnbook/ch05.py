@@ -27,6 +27,8 @@ from attnlib.cost import attention_weights_bytes, mha_param_count
 from attnlib.heads import merge_heads, split_heads
 from attnlib.multihead import MultiHeadSelfAttention
 
+from .diagrams import MUTED, Diagram, diagram
+from .examples import THEY_SENTENCE
 from .feedback import (
     Feedback,
     Mistake,
@@ -55,8 +57,8 @@ __all__ = [
 def relation_subspaces(generator: torch.Generator, d: int = 12, r: int = 6) -> tuple[Tensor, Tensor]:
     """Two orthonormal bases ``U, W: [d, r]`` of orthogonal subspaces, in a random rotation of ``R^d``.
 
-    Relation A ("which noun is meant") needs the part of the antecedent's content in ``span(U)``;
-    relation B ("what is said about it") needs the part of the predicate's content in ``span(W)``.
+    The first relation needs the part of one target token's content in ``span(U)``, the second the
+    part of the other target's content in ``span(W)``.
     """
     if 2 * r > d:
         raise ValueError(f"two orthogonal {r}-dimensional subspaces need d >= {2 * r}, got d = {d}")
@@ -245,6 +247,8 @@ def _loop(module: MultiHeadSelfAttention, x: Tensor, *, scale: float | None = No
         merged = torch.cat(heads, dim=-1)  # [B, S, D]
     elif merge == "reverse":
         merged = torch.cat(heads[::-1], dim=-1)  # [B, S, D], heads in reverse order
+    elif merge == "stack heads":  # stack(1).reshape: the head axis is not moved back behind the positions
+        merged = torch.stack(heads, dim=1).reshape(x.shape[0], x.shape[1], -1)  # [B, H, S, D_k] -> [B, S, D]
     else:  # "stack": stack(-1).flatten(-2) interleaves the heads' features
         merged = torch.stack(heads, dim=-1).flatten(-2)  # [B, S, D_k, H] -> [B, S, D]
     if not use_wo:
@@ -269,6 +273,10 @@ LOOP_MISTAKES: tuple[Mistake, ...] = (
     Mistake("stack + flatten", lambda m, x: _loop(m, x, merge="stack"),
             "you merged the heads with torch.stack(heads, -1).flatten(-2): that interleaves them (feature 0 of every head, then "
             "feature 1, ...). Head h's output must fill features h·D_k .. (h+1)·D_k - 1: use torch.cat(heads, dim=-1)."),
+    Mistake("stack on the head axis + reshape", lambda m, x: _loop(m, x, merge="stack heads"),
+            "you stacked the heads as [B, H, S, D_k] and reshaped to [B, S, D] without moving the head axis back: "
+            "the reshape then cuts each head's [S, D_k] block into rows, mixing heads and positions (chapter 6's "
+            "silent bug). Transpose to [B, S, H, D_k] first, or concatenate with torch.cat(heads, dim=-1)."),
     Mistake("scaled by sqrt(D)", lambda m, x: _loop(m, x, scale=1.0 / math.sqrt(m.d_model)),
             "you scaled by 1/sqrt(D); each head scales by 1/sqrt(D_k), D_k = D / H."),
     Mistake("scaled by sqrt(H)", lambda m, x: _loop(m, x, scale=1.0 / math.sqrt(m.num_heads)),
@@ -489,3 +497,99 @@ def softmax_block(module: MultiHeadSelfAttention, x: Tensor) -> Tensor:
     """``module``'s computation with :func:`softmax_attention` (``torch.softmax``) as its core: ``[B, S, D] -> [B, S, D]``."""
     q, k, v = (split_heads(lin(x), module.num_heads) for lin in (module.w_q, module.w_k, module.w_v))  # [B, H, S, D_k]
     return module.w_o(merge_heads(softmax_attention(q, k, v)))  # [B, S, D]
+
+
+# --- diagrams ----------------------------------------------------------------------------------
+
+#: The score the opening example gives each target key (the notebook's ``s``).
+OPENING_SCORE = 6.0
+#: Sizes of the split-and-merge walk-through: B, S, D, H (D_k = D / H).
+SPLIT_SIZES = (2, 8, 384, 12)
+
+
+def opening_weights(s: float = OPENING_SCORE, S: int = len(THEY_SENTENCE)) -> tuple[float, float]:
+    """The weight of one target in the opening example: one head with two targets, one head with one."""
+    return math.exp(s) / (2 * math.exp(s) + S - 2), math.exp(s) / (math.exp(s) + S - 1)
+
+
+@diagram
+def one_vs_two_heads_diagram() -> Diagram:
+    """One head: one row of weights and one value map; two heads: a row and a map each, then a sum."""
+    one, two = opening_weights()
+    d = Diagram(
+        "ch05_one_vs_two_heads", 420, 372, title="One head against two heads for the query 'they'",
+        alt=("Two panels for the query 'they'. One head: 'books' and 'dusty' share a single row of weights "
+             f"({one:.2f} each at score s = {OPENING_SCORE:g}), their values are averaged and pass through "
+             "one value map into the new vector of 'they'. Two heads: head 0 gives 'books' "
+             f"{two:.2f}, head 1 gives 'dusty' {two:.2f}; each head passes its result through its own value "
+             "map, and the two results are added."))
+    tok = dict(color="sky", size=15)
+    # one head
+    d.text(14, 26, "one head", size=15, anchor="start", weight="bold")
+    d.box(14, 42, 76, 34, "books", **tok)
+    d.box(14, 100, 76, 34, "dusty", **tok)
+    d.box(150, 68, 80, 40, "average", color="blue", size=15)
+    d.arrow(90, 59, 148, 82, label=f"{one:.2f}", size=14, label_side=-8)
+    d.arrow(90, 117, 148, 96, label=f"{one:.2f}", size=14, label_side=20)
+    d.box(252, 64, 84, 48, "one", sub="value map", color="orange", size=15)
+    d.arrow(230, 88, 250, 88)
+    d.arrow(336, 88, 350, 88)
+    d.box(352, 70, 58, 36, "they′", color="green", size=15)
+    d.text(14, 160, "one row of weights, summing to 1", size=14, anchor="start", color=MUTED)
+    d.line(14, 178, 406, 178, color=MUTED, width=1, dash=True)
+    # two heads
+    d.text(14, 206, "two heads", size=15, anchor="start", weight="bold")
+    d.box(14, 222, 76, 34, "books", **tok)
+    d.box(14, 290, 76, 34, "dusty", **tok)
+    d.box(160, 216, 84, 46, "map 0", sub="head 0", color="orange", size=15)
+    d.box(160, 284, 84, 46, "map 1", sub="head 1", color="orange", size=15)
+    d.arrow(90, 239, 158, 239, label=f"{two:.2f}", size=14)
+    d.arrow(90, 307, 158, 307, label=f"{two:.2f}", size=14)
+    d.box(276, 256, 40, 36, "+", color="grey", size=18)
+    d.arrow(244, 239, 274, 266)
+    d.arrow(244, 307, 274, 284)
+    d.arrow(316, 274, 350, 274)
+    d.box(352, 256, 58, 36, "they′", color="green", size=15)
+    d.text(14, 356, "a row of weights and a value map per head", size=14, anchor="start", color=MUTED)
+    return d
+
+
+@diagram
+def split_merge_diagram() -> Diagram:
+    """The D axis cut into H slices of D_k, attention per head, and the merge back, with shapes."""
+    B, S, D, H = SPLIT_SIZES
+    dk = D // H
+    sentences = [
+        f"A top-to-bottom flow with B = {B}, S = {S}, D = {D}, H = {H}.",
+        f"The query projection (keys and values alike) of shape ({B}, {S}, {D}) is viewed as ({B}, {S}, {H}, {dk}),",
+        f"cutting each position's {D} features into {H} slices of D_k = {dk}, then transposed to ({B}, {H}, {S}, {dk}).",
+        f"Each head attends in its own slice: weights ({B}, {H}, {S}, {S}), output ({B}, {H}, {S}, {dk}).",
+        f"Transposing back and reshaping gives the concatenation ({B}, {S}, {D}), in which each slice still comes",
+        f"from one head; the output projection, ({D}, {D}), mixes them into ({B}, {S}, {D}).",
+    ]
+    d = Diagram("ch05_split_merge", 420, 500, title="Splitting the feature axis into heads and merging it back",
+                alt=" ".join(sentences))
+    cx, w = 140, 240
+    steps = [
+        ("projection Q (K, V alike)", f"[{B}, {S}, {D}]", "blue", None),
+        ("split the features", f"[{B}, {S}, {H}, {dk}]", "sky", ".view"),
+        ("heads in front", f"[{B}, {H}, {S}, {dk}]", "sky", ".transpose(1, 2)"),
+        ("attention per head", f"weights [{B}, {H}, {S}, {S}]", "orange", "q @ kᵀ, softmax"),
+        ("head outputs", f"[{B}, {H}, {S}, {dk}]", "orange", "weights @ V"),
+        ("concatenation", f"[{B}, {S}, {D}]", "sky", ".transpose(1, 2).reshape"),
+        ("heads mixed", f"[{B}, {S}, {D}]", "green", f"output projection [{D}, {D}]"),
+    ]
+    y, h, step = 14, 46, 70
+    for i, (label, shape, colour, how) in enumerate(steps):
+        d.box(cx - w / 2 + 20, y, w, h, label, sub=shape, color=colour, size=15)
+        if i + 1 < len(steps):
+            d.arrow(cx + 20, y + h, cx + 20, y + step - 2)
+            nxt = steps[i + 1][3]
+            d.text(cx + 30, y + h + 17, nxt, size=14, anchor="start", color=MUTED)
+        y += step
+    # the D axis cut into H slices, drawn beside the first box
+    sx, sy, sw = 296, 24, 108
+    for j in range(H):
+        d.rect(sx + j * sw / H, sy, sw / H, 24, fill="sky" if j % 2 else "blue", tint=True, stroke="blue", rx=0, width=1)
+    d.text(sx + sw / 2, sy + 44, f"{H} slices of {dk}", size=14)
+    return d

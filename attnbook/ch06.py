@@ -29,6 +29,7 @@ from torch import Tensor
 
 from attnlib.heads import merge_heads, split_heads
 
+from .diagrams import INK, MUTED, Diagram, diagram
 from .feedback import (
     Feedback,
     Mistake,
@@ -93,8 +94,9 @@ _VIEW_AFTER_TRANSPOSE = (
     "(which copies when it must) or call .contiguous() before view."
 )
 _HARD_CODED = (
-    "your code raised RuntimeError: {error} The sizes in your view/reshape do not fit this input (the checker "
-    "tries two shapes): read B, S and D from x.shape and compute D_k = D // H instead of writing numbers in."
+    "your code raised RuntimeError: {error}. The sizes in your view/reshape do not fit this input (the checker "
+    "tries two shapes): read B, S and D from x.shape, take H from the num_heads argument and use D_k = D // H "
+    "(not numbers written in, nor another axis of x)."
 )
 
 
@@ -104,7 +106,8 @@ def _call(fn: Callable[..., object], *args: object, view_hint: str = _VIEW_AFTER
     if fb is not None and "view size is not compatible" in fb.message:
         return None, wrong(view_hint)
     if fb is not None and "is invalid for input of size" in fb.message:
-        return None, wrong(_HARD_CODED.format(error=fb.message.removeprefix("your code raised RuntimeError: ")))
+        error = fb.message.removeprefix("your code raised RuntimeError: ").rstrip(". ")
+        return None, wrong(_HARD_CODED.format(error=error))
     return result, fb
 
 
@@ -121,6 +124,10 @@ def _split_problem(got: Tensor, x: Tensor, H: int) -> str | None:
         if shape == (B, H, d_k, S):
             return (f"the result has shape {shape} = [B, H, D_k, S]: positions and features are swapped; "
                     "transpose axes 1 and 2 of the [B, S, H, D_k] view, not the last two.")
+        if shape == (B, S, d_k, H):
+            return (f"the result has shape {shape} = [B, S, D_k, H]: you transposed the last two axes of the "
+                    "[B, S, H, D_k] view (transpose(2, 3)); the head axis has to move in front of the positions, "
+                    "transpose(1, 2).")
         return f"the result has shape {shape}, expected [B, H, S, D_k] = {(B, H, S, d_k)} for x of shape {tuple(x.shape)} and H = {H}."
     if got.is_complex():
         return f"the result is complex ({got.dtype}); split_heads only moves numbers."
@@ -358,7 +365,8 @@ SPLIT_ZOO: dict[str, tuple[Callable[[Tensor, int], Tensor], bool, str]] = {
                              "check which features each head holds, not only which positions."),
     "mixes the batch": (_split_mixes_batch, False,
                         "your test accepted a split that is right for B = 1 but mixes the sequences of a batch: "
-                        "test with B >= 2."),
+                        "test with B >= 2 and compare each sequence's values separately (a sum or mean over the "
+                        "batch, or over the heads, cannot see the sequences swapped)."),
     "wrong shape": (_split_wrong_shape, False,
                     "your test accepted a result of shape [B, S, H, D_k]: check the shape too."),
     "heads in reverse order": (_split_heads_reversed, False,
@@ -386,7 +394,7 @@ def _solution_split_test(split_fn: Callable[[Tensor, int], Tensor]) -> bool:
 def check_split_test(test_fn: Callable[[Callable[[Tensor, int], Tensor]], bool]) -> Feedback:
     """Exercise 3: ``test_fn(split_fn)`` must return True for correct splits and False for buggy ones.
 
-    It is called on every implementation in :data:`SPLIT_ZOO` (three correct, four buggy). A test
+    It is called on every implementation in :data:`SPLIT_ZOO` (three correct, seven buggy). A test
     that raises on a buggy split counts as rejecting it; raising on a correct one is a mistake.
     """
     for name, (split_fn, is_right, hint) in SPLIT_ZOO.items():
@@ -543,9 +551,13 @@ def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> Feedback:
         problem = _repeat_kv_one(fn, case)
         if problem is not None:
             return problem
-    with _calls("repeat_interleave", "index_select") as used:
+    with _calls("repeat_interleave", "index_select", "expand") as used:
         run_reader_code(fn, _repeat_kv_input(REPEAT_KV_CASES[0]), REPEAT_KV_CASES[0][4])
-    copies |= used
+    copies |= used - {"expand"}
+    if not copies and "expand" not in used:
+        return correct("the numbers are right. The exercise asks for expand (then reshape): without it (indexing with a "
+                       "tensor of head numbers, kv[:, idx], or torch.cat/stack) every key/value head is copied at once, "
+                       "while kv[:, :, None].expand(B, H_kv, G, S, D_k) is a view (no copy) until the reshape.")
     if copies:
         name = sorted(copies)[0]
         return correct(f"the numbers are right. The exercise asks for expand (then reshape): {name} copies every key/value "
@@ -686,3 +698,110 @@ def memory_layout(seq_len: int = 3, num_heads: int = 2, d_k: int = 2, tokens: Se
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.legend(keys, names, loc="lower center", ncol=S + H, fontsize=9, frameon=False, handlelength=1.6, handleheight=1.2)
     return fig
+
+
+# --- diagrams ----------------------------------------------------------------------------------
+
+#: The chapter's numbered example: three tokens, D = H * D_k = 2 * 2 features each (B = 1).
+LAYOUT_TOKENS = ("books", "are", "old")
+LAYOUT_HEADS, LAYOUT_DK = 2, 2
+_POSITION_COLOURS = ("sky", "orange", "green")
+
+
+def _layout_tensors() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    S, H, dk = len(LAYOUT_TOKENS), LAYOUT_HEADS, LAYOUT_DK
+    x = torch.arange(S * H * dk).view(1, S, H * dk)  # [B, S, D]: position s holds its own numbers
+    x4 = x.view(1, S, H, dk)  # [B, S, H, D_k]
+    return x, x4, x4.transpose(1, 2), x.view(1, H, S, dk)  # ..., right heads, the bug's heads
+
+
+def _fills(t: Tensor) -> list[list[str]]:
+    width = LAYOUT_HEADS * LAYOUT_DK
+    return [[_POSITION_COLOURS[int(v) // width] for v in row] for row in t.tolist()]
+
+
+def _labels(t: Tensor) -> list[list[str]]:
+    return [[str(int(v)) for v in row] for row in t.tolist()]
+
+
+@diagram
+def strides_diagram() -> Diagram:
+    """One block of memory read three ways: x, its view with a head axis, and the transposed view."""
+    x, x4, heads, _ = _layout_tensors()
+    S, H, dk = len(LAYOUT_TOKENS), LAYOUT_HEADS, LAYOUT_DK
+    D = H * dk
+    d = Diagram(
+        "ch06_strides", 420, 484, title="Strides: one block of memory read three ways",
+        alt=(f"The numbers 0 to {S * D - 1} lie in memory in one row, coloured by the token they belong to "
+             f"({', '.join(LAYOUT_TOKENS)}). x reads them as (1, {S}, {D}) with stride {x.stride()}; "
+             f"x.view(1, {S}, {H}, {dk}) reads the same memory as (1, {S}, {H}, {dk}) with stride {x4.stride()}; "
+             f"transpose(1, 2) reads it as (1, {H}, {S}, {dk}) with stride {heads.stride()}: head 0 holds "
+             f"{', '.join(str(v) for v in heads[0, 0].flatten().tolist())}, offsets with jumps, so it is not "
+             "contiguous, and nothing was copied."))
+    cell = 28
+    mem = list(range(S * D))
+    d.text(14, 24, "memory", size=15, anchor="start", weight="bold")
+    d.grid(14, 34, [[_POSITION_COLOURS[v // D] for v in mem]], cell=cell, labels=[[str(v) for v in mem]], size=14)
+    for s, tok in enumerate(LAYOUT_TOKENS):
+        d.text(14 + (s * D + D / 2) * cell, 34 + cell + 18, tok, size=14, color=MUTED)
+    gx, tx = 84, 230
+    # x
+    y = 118
+    d.grid(gx, y, _fills(x[0]), cell=cell, labels=_labels(x[0]), row_labels=list(LAYOUT_TOKENS), size=14)
+    d.text(tx, y + 20, f"x [1, {S}, {D}]", size=15, anchor="start")
+    d.text(tx, y + 42, f"stride {x.stride()}", size=14, anchor="start", color=MUTED)
+    # view
+    y = 226
+    for s in range(S):
+        for h in range(H):
+            d.grid(gx + h * (dk * cell + 10), y + s * (cell + 4), _fills(x4[0, s, h][None]), cell=cell,
+                   labels=_labels(x4[0, s, h][None]), size=14)
+        d.text(gx - 6, y + s * (cell + 4) + cell / 2 + 5, LAYOUT_TOKENS[s], size=14, anchor="end")
+    d.text(tx, y + 20, f".view(1, {S}, {H}, {dk})", size=15, anchor="start")
+    d.text(tx, y + 42, f"stride {x4.stride()}", size=14, anchor="start", color=MUTED)
+    # transpose
+    y = 362
+    for h in range(H):
+        d.grid(gx + h * (dk * cell + 10), y, _fills(heads[0, h]), cell=cell, labels=_labels(heads[0, h]), size=14)
+        d.text(gx + h * (dk * cell + 10) + dk * cell / 2, y - 6, f"head {h}", size=14)
+    d.text(tx, y + 20, ".transpose(1, 2)", size=15, anchor="start")
+    d.text(tx, y + 42, f"stride {heads.stride()}", size=14, anchor="start", color=MUTED)
+    d.text(tx, y + 64, "not contiguous,", size=14, anchor="start", color=MUTED)
+    d.text(tx, y + 84, "nothing copied", size=14, anchor="start", color=MUTED)
+    return d
+
+
+@diagram
+def silent_bug_diagram() -> Diagram:
+    """What each head holds after the right split and after x.view(B, H, S, D_k)."""
+    _, _, heads, bug = _layout_tensors()
+    S, H, dk = len(LAYOUT_TOKENS), LAYOUT_HEADS, LAYOUT_DK
+    D = H * dk
+
+    def owners(t: Tensor) -> str:
+        return ", ".join(LAYOUT_TOKENS[int(r[0]) // D] for r in t.tolist())
+
+    d = Diagram(
+        "ch06_silent_bug", 420, 300, title="The silent bug: reshaping without transposing",
+        alt=(f"Two ways to get a (1, {H}, {S}, {dk}) tensor from the numbers of x, coloured by token. With "
+             f".view(1, {S}, {H}, {dk}).transpose(1, 2), row s of every head is token s: head 0's rows belong "
+             f"to {owners(heads[0, 0])}. With .view(1, {H}, {S}, {dk}) the shape is the same and nothing fails, "
+             f"but head 0's rows belong to {owners(bug[0, 0])} and head 1's to {owners(bug[0, 1])}."))
+    cell = 30
+    for col, (title1, title2, t, x0) in enumerate((
+            (f".view(1, {S}, {H}, {dk})", ".transpose(1, 2)", heads, 72),
+            (f".view(1, {H}, {S}, {dk})", "no transpose", bug, 282))):
+        d.text(x0 + 64, 24, title1, size=15, color=INK)
+        d.text(x0 + 64, 44, title2, size=15, color=INK, weight="bold")
+        for h in range(H):
+            gx = x0 + h * (dk * cell + 8)
+            d.grid(gx, 84, _fills(t[0, h]), cell=cell, labels=_labels(t[0, h]), size=14)
+            d.text(gx + dk * cell / 2, 76, f"head {h}", size=14)
+        for s in range(S):
+            d.text(x0 - 6, 84 + s * cell + cell / 2 + 5, f"row {s}", size=14, anchor="end")
+    d.line(210, 16, 210, 200, color=MUTED, width=1, dash=True)
+    for s, tok in enumerate(LAYOUT_TOKENS):
+        d.rect(40 + s * 120, 222, 22, 22, fill=_POSITION_COLOURS[s], tint=True, stroke=INK, rx=0, width=1)
+        d.text(68 + s * 120, 239, tok, size=14, anchor="start")
+    d.text(210, 280, "same shape, no error: rows are no longer positions", size=14, color=MUTED)
+    return d

@@ -22,13 +22,13 @@ __all__ = ["AttentionOutput", "MultiHeadSelfAttention"]
 
 
 class AttentionOutput(NamedTuple):
-    """What :class:`MultiHeadSelfAttention` returns.
+    """The two results of one :class:`MultiHeadSelfAttention` call.
 
     Attributes:
-        hidden_states: ``[B, S, D]``, the updated token vectors (goes on to residual + LayerNorm).
-        attention_weights: ``[B, H, S, S_k]`` for analysis and plots, or ``None`` when the module
-            was called with ``need_weights=False``. Nothing downstream uses them. ``S_k = S``
-            without a cache; with one, the keys the new queries attended over.
+        hidden_states: ``[B, S, D]``: per position, what its heads gathered, mixed by ``w_o``.
+        attention_weights: ``[B, H, S, S_k]``, every head's weights of every query over the keys,
+            a copy to inspect (``hidden_states`` is computed without reading it), or ``None`` after
+            ``need_weights=False``. ``S_k = S`` without a cache, else every key attended over.
 
     >>> out = MultiHeadSelfAttention(8, 2)(torch.randn(1, 3, 8), need_weights=False)
     >>> out.hidden_states.shape, out.attention_weights

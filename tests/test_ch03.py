@@ -130,3 +130,21 @@ def test_each_entropy_mistake_gets_its_hint(mistake) -> None:
 def test_entropy_fallbacks(fn, hint: str) -> None:
     fb = check_entropy(fn)
     assert fb.status == "wrong" and hint in fb.message, fb
+
+
+def test_training_comparison_is_seeded_and_leaves_threads_alone() -> None:
+    from attnbook.ch03 import train_marker_scaling
+
+    threads = torch.get_num_threads()
+    a = train_marker_scaling("Adam", False, seed=1, d_k=16, steps=20, every=10)
+    b = train_marker_scaling("Adam", False, seed=1, d_k=16, steps=20, every=10)
+    assert a == b and len(a) == 2 and torch.get_num_threads() == threads
+    assert train_marker_scaling("SGD", True, seed=1, d_k=16, steps=20, every=10) != a
+
+
+def test_softmax_row_diagram_uses_the_real_softmax() -> None:
+    from attnbook.ch03 import DIAGRAM_SCORES, _softmax_list, softmax_row_diagram
+
+    expected = torch.softmax(torch.tensor(DIAGRAM_SCORES, dtype=torch.float64) / 8, dim=-1)
+    assert torch.allclose(torch.tensor(_softmax_list(DIAGRAM_SCORES, 8.0), dtype=torch.float64), expected)
+    assert ", ".join(f"{w:.2f}" for w in expected.tolist()) in softmax_row_diagram().alt

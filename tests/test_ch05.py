@@ -295,3 +295,22 @@ def test_per_head_loop_refuses_the_module_forward_however_it_is_reached_and_sdpa
     assert m(x).hidden_states.shape == (1, 3, 8)
     assert F.scaled_dot_product_attention(x, x, x).shape == (1, 3, 8)
     assert check_per_head_loop(loop).passed
+
+
+def test_per_head_loop_names_a_stack_reshape_without_transpose() -> None:
+    def stacked(x: torch.Tensor, m) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        d_k, heads = m.d_k, []
+        for h in range(m.num_heads):
+            rows = slice(h * d_k, (h + 1) * d_k)
+            q, k, v = (x @ lin.weight[rows].T + lin.bias[rows] for lin in (m.w_q, m.w_k, m.w_v))
+            heads.append(torch.softmax(q @ k.transpose(-2, -1) / d_k**0.5, dim=-1) @ v)
+        return m.w_o(torch.stack(heads, 1).reshape(x.shape))  # the head axis never moved back
+
+    fb = check_per_head_loop(stacked)
+    assert fb.status == "wrong" and "without moving the head axis back" in fb.message, fb.message
+
+
+def test_opening_diagram_weights_match_the_hand_set_heads() -> None:
+    one, two = ch05.opening_weights()
+    assert abs(one - 0.4939) < 5e-5 and abs(two - 0.9735) < 5e-5  # the notebook's printed weights
+    assert f"{one:.2f} each" in ch05.one_vs_two_heads_diagram().alt

@@ -512,3 +512,33 @@ def test_transposed_strides_read_numpy_and_tensor_integers() -> None:
         assert check_transposed_strides(answer).passed, answer
     for answer in (np.array([60.0, 3.0, 12.0, 1.0]), np.array([[60, 3, 12, 1]]), torch.tensor([True, False, True, False])):
         assert not check_transposed_strides(answer).passed, answer
+
+
+def test_layout_diagrams_show_real_strides_and_the_bug() -> None:
+    from attnbook.ch06 import LAYOUT_TOKENS, silent_bug_diagram, strides_diagram
+
+    x = torch.arange(12).view(1, 3, 4)
+    assert str(x.view(1, 3, 2, 2).transpose(1, 2).stride()) in strides_diagram().alt
+    bug_alt = silent_bug_diagram().alt
+    assert f"head 0's rows belong to {LAYOUT_TOKENS[0]}, {LAYOUT_TOKENS[0]}, {LAYOUT_TOKENS[1]}" in bug_alt
+
+
+def test_repeat_kv_by_indexing_gets_the_copy_note() -> None:
+    from attnbook.ch06 import check_repeat_kv
+
+    def by_index(kv: Tensor, num_heads: int) -> Tensor:
+        return kv[:, torch.arange(num_heads) // (num_heads // kv.shape[1])]  # advanced indexing: a copy
+
+    fb = check_repeat_kv(by_index)
+    assert fb.passed and "copied at once" in fb.message, fb.message
+
+
+def test_split_with_the_last_two_axes_transposed_is_named() -> None:
+    from attnbook.ch06 import check_split_merge
+
+    def split_23(x: Tensor, num_heads: int) -> Tensor:
+        B, S, D = x.shape
+        return x.view(B, S, num_heads, D // num_heads).transpose(2, 3)
+
+    fb = check_split_merge(split_23, merge_heads)
+    assert not fb.passed and "transpose(2, 3)" in fb.message, fb.message
