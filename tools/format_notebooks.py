@@ -5,7 +5,8 @@ Usage: .venv/bin/python tools/format_notebooks.py [--check] [book/NN_slug.ipynb 
 With no notebook named, every chapter notebook of ``book/`` is formatted. Only the source of code
 cells changes (outputs, metadata and markdown stay as they are), so stored outputs stay valid and
 no notebook needs re-executing. ``--check`` changes nothing and exits 1 when a cell would change;
-``tests/test_code_format.py`` runs the same check. Quotes are left as written
+``tests/test_code_format.py`` runs the same check. The Colab install cell is
+``tools/sync_colab.py``'s and is left as it writes it. Quotes are left as written
 (``string_normalization=False``). black does not split comments or strings: keep those under 88
 characters by hand (the test also counts the lines that are still longer).
 """
@@ -21,6 +22,9 @@ from pathlib import Path
 
 import black
 import nbformat
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sync_colab import MARKER  # noqa: E402  (the Colab install cell, which sync_colab.py writes)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODE = black.Mode(line_length=88, string_normalization=False, is_ipynb=True)
@@ -87,7 +91,7 @@ def format_notebook(path: Path, *, check: bool) -> list[int]:
     nb = nbformat.read(path, as_version=4)
     changed = []
     for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or not cell.source.strip():
+        if cell.cell_type != "code" or not cell.source.strip() or cell.source.startswith(MARKER):
             continue
         new = format_source(cell.source)
         if new != cell.source:
