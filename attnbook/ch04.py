@@ -856,7 +856,9 @@ def padding_mask_diagram() -> Diagram:
                 title="The padding mask",
                 alt=f"The batch of {B} sentences padded to {S} tokens, one row each: real tokens are shaded, "
                     "the padding cells are grey and hidden. The mask has one row per sequence, of shape "
-                    f"(B, 1, 1, S) = ({B}, 1, 1, {S}), shared by every head and every query.")
+                    f"(B, 1, 1, S) = ({B}, 1, 1, {S}), shared by every head and every query: below, sequence {B - 1}'s "
+                    f"row is repeated down its {S} query rows and behind for the H heads, (1, 1, 1, {S}) to "
+                    f"(1, H, {S}, {S}).")
     d.text(x0 + S * cw / 2, 22, "keys of each sequence", size=15, color=MUTED)
     for b, sent in enumerate(PADDED_BATCH):
         for j in range(S):
