@@ -35,6 +35,7 @@ from .feedback import (
     describe,
     diagnose,
     exercise,
+    low_precision,
     run_reader_code,
     todo,
     wrong,
@@ -113,6 +114,12 @@ def _combined_one(fn: Callable[[Tensor], Any], am: Tensor) -> Feedback | None:
         return wrong(f"return a torch.Tensor, got {describe(got)}.")
     expected = combine_masks(causal_mask(S), padding_mask(am))  # [B, 1, S, S]
     assert expected is not None
+    if got.is_floating_point() and bool((got.cpu().float() <= torch.finfo(torch.float32).min).any()):
+        return wrong(
+            f"your mask has dtype {got.dtype} and holds -inf or finfo.min: that is the additive convention "
+            "(0 = keep, -inf = hide), and `.bool()` would turn its hidden cells into True. attnlib's masks are "
+            "torch.bool with True = may attend: build a bool mask, or convert with `attnlib.from_additive_mask`."
+        )
     if got.dtype != torch.bool:
         return wrong(
             f"your mask has dtype {got.dtype}; attnlib's masks are torch.bool with True = may attend. "
@@ -172,12 +179,30 @@ def _nan_as(t: Tensor) -> Tensor:
     return torch.nan_to_num(t, nan=-1.0)
 
 
+#: The masking-order checker's cases ``(B, H, S, D_k, dtype)``: the second differs in every size and the dtype.
+MASKING_ORDER_CASES: tuple[tuple[int, int, int, int, torch.dtype], ...] = ((1, 2, 5, 4, torch.float32), (2, 3, 6, 5, torch.float64))
+
+
+def _masking_order_case(c: int) -> tuple[Tensor, Tensor, Tensor]:
+    B, H, S, D_k, dtype = MASKING_ORDER_CASES[c]
+    gen = torch.Generator().manual_seed(4 + c)
+    q, k, v = (torch.randn(B, H, S, D_k, generator=gen, dtype=torch.float64).to(dtype) for _ in range(3))  # [B, H, S, D_k]
+    return q, k, v
+
+
+def _zeroed_row_sums() -> str:
+    """The symptom of zeroing after softmax on the checker's first case: the row sums of head 0."""
+    q, k, _ = _masking_order_case(0)
+    w = torch.softmax(_scores(q, k), dim=-1).masked_fill(_future(q), 0.0)
+    return "[" + ", ".join(f"{x:.2f}" for x in w[0, 0].sum(dim=-1).tolist()) + "]"
+
+
 #: Known wrong weights ``compute(q, k, v) -> weights [B, H, S, S]`` (NaN written as -1), tried in order.
 MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
     Mistake("zeroed after softmax", lambda q, k, v: torch.softmax(_scores(q, k), dim=-1).masked_fill(_future(q), 0.0),
-            "the future is at 0 but the rows no longer sum to 1: zeroing after softmax leaves each visible key its "
-            "old share of a row that included the future. Either mask the *scores* with -inf before softmax, or "
-            "divide each row by its new sum afterwards; the two are the same computation."),
+            "the future is at 0, but the rows no longer sum to 1: on the first test input the rows of head 0 sum "
+            f"to {_zeroed_row_sums()}. Attention weights must share all of a row's weight among the keys a query "
+            "may see. Where does each row lose the rest?"),
     Mistake("filled with 0", lambda q, k, v: torch.softmax(_scores(q, k).masked_fill(_future(q), 0.0), dim=-1),
             "the future gets weight because you filled it with 0: exp(0) = 1, so a 0 score is an ordinary "
             "score. Fill with -inf (or torch.finfo(dtype).min) so that exp gives 0."),
@@ -194,17 +219,6 @@ MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
             "at itself. That is why row 0 is NaN: its query sees nothing at all. Hide only the cells above the "
             "diagonal, ~causal_mask(S) (triu with diagonal=1)."),
 )
-
-
-#: The masking-order checker's cases ``(B, H, S, D_k, dtype)``: the second differs in every size and the dtype.
-MASKING_ORDER_CASES: tuple[tuple[int, int, int, int, torch.dtype], ...] = ((1, 2, 5, 4, torch.float32), (2, 3, 6, 5, torch.float64))
-
-
-def _masking_order_case(c: int) -> tuple[Tensor, Tensor, Tensor]:
-    B, H, S, D_k, dtype = MASKING_ORDER_CASES[c]
-    gen = torch.Generator().manual_seed(4 + c)
-    q, k, v = (torch.randn(B, H, S, D_k, generator=gen, dtype=torch.float64).to(dtype) for _ in range(3))  # [B, H, S, D_k]
-    return q, k, v
 
 
 def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k: Tensor, v: Tensor) -> Feedback | None:
@@ -224,6 +238,19 @@ def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k
     if not isinstance(weights, Tensor) or tuple(weights.shape) != tuple(exp_w.shape):
         shape = tuple(weights.shape) if isinstance(weights, Tensor) else describe(weights)
         return wrong(f"weights should be a tensor of shape {tuple(exp_w.shape)} [B, H, S, S], got {shape}.")
+    # a result less precise than its inputs: half precision is named by low_precision, float64 inputs
+    # cast to float32 here
+    for name, t, expected in (("weights", weights, exp_w), ("output", out, exp_out)):
+        if isinstance(t, Tensor) and t.shape == expected.shape:
+            half = low_precision(t, expected, name=f"your {name}")
+            if half is not None:
+                return half
+    wrong_dtype = [f"{name} are {t.dtype}" for name, t in (("weights", weights), ("outputs", out))
+                   if isinstance(t, Tensor) and t.is_floating_point()
+                   and torch.finfo(t.dtype).eps > torch.finfo(q.dtype).eps]
+    if wrong_dtype:
+        return wrong(f"your {' and your '.join(wrong_dtype)}, but q, k and v are {q.dtype}: compute in the dtype of "
+                     "the inputs (a cast to a smaller float drops the precision that the inputs carry).")
     w = weights.detach().cpu().to(torch.float64)
     leak = float(w[..., _future(q)].abs().nan_to_num(float("inf")).max())
     if not close(weights, exp_w):
@@ -280,8 +307,9 @@ def check_masking_order(fn: Callable[[Tensor, Tensor, Tensor], Any]) -> Feedback
     return correct("the future gets exactly 0 and each row shares all of its weight among the past.")
 
 
-#: The fully masked row of the prediction exercise: 4 scores, every key hidden.
-FULLY_MASKED_SCORES = torch.tensor([2.0, 0.0, 1.0, -1.0])
+#: The fully masked row of the prediction exercise: 4 scores, every key hidden. ln 3 makes its
+#: softmax easy by hand: e^(ln 3) = 3 against 1, 1, 1, so [1/2, 1/6, 1/6, 1/6].
+FULLY_MASKED_SCORES = torch.tensor([math.log(3.0), 0.0, 0.0, 0.0])
 
 #: The three ways of hiding every key that the prediction exercise asks about.
 FULLY_MASKED_CASES: dict[str, str] = {
@@ -304,17 +332,17 @@ def _case_value(case: str) -> Tensor:
 FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
     "add -1e4": (
         Mistake("uniform", lambda: torch.full((4,), 0.25),
-                "-1e4 is added, not written: the four scores become 2 - 1e4, 0 - 1e4, ..., and their differences "
+                "-1e4 is added, not written: the four scores become ln 3 - 1e4, 0 - 1e4, ..., and their differences "
                 "survive. Softmax only sees differences, so the row is softmax(scores), as if nothing were masked."),
         Mistake("zeros", lambda: torch.zeros(4),
                 "softmax always returns a row that sums to 1; zeros come only from attnlib or PyTorch's fused "
-                "attention with a bool mask. Here -1e4 is added to every score, which changes no difference."),
+                "attention with a bool or -inf mask. Here -1e4 is added to every score, which changes no difference."),
         Mistake("NaN", lambda: torch.full((4,), -1.0),
                 "NaN needs -inf - (-inf); every score here is finite (about -1e4), so the softmax is well defined. "
                 "And adding one number to every score changes no difference between them."),
         Mistake("one-hot", lambda: torch.tensor([1.0, 0.0, 0.0, 0.0]),
                 "a huge negative number does not pick out the largest score: the same -1e4 is added to all four, so "
-                "their differences (2, 0, 1, -1) stay as they are and the row is softmax(scores), not one-hot."),
+                "their differences (ln 3, 0, 0, 0) stay as they are and the row is softmax(scores), not one-hot."),
     ),
     "masked_fill -1e4": (
         Mistake("unmasked", lambda: torch.softmax(FULLY_MASKED_SCORES, dim=-1),
@@ -330,7 +358,7 @@ FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
     ),
     "add finfo.min": (
         Mistake("unmasked", lambda: torch.softmax(FULLY_MASKED_SCORES, dim=-1),
-                "torch.finfo(torch.float32).min is about -3.4e38. Adding 2 to it gives the same float32 number "
+                "torch.finfo(torch.float32).min is about -3.4e38. Adding ln 3 (about 1.1) to it gives the same float32 number "
                 "(the gap between neighbouring floats there is about 2e31), so all four scores become equal: the "
                 "differences are lost to rounding. Softmax the four equal scores."),
         Mistake("zeros", lambda: torch.zeros(4),
@@ -340,14 +368,14 @@ FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
                 "finfo.min is finite, so the row max is finite and nothing is NaN: all four scores round to the "
                 "same number. Softmax them."),
         Mistake("one-hot", lambda: torch.tensor([1.0, 0.0, 0.0, 0.0]),
-                "near finfo.min neighbouring float32 numbers are about 2e31 apart, so 2 + finfo.min and -1 + finfo.min "
+                "near finfo.min neighbouring float32 numbers are about 2e31 apart, so ln 3 + finfo.min and 0 + finfo.min "
                 "round to the same number: the largest score is lost. What does softmax give four equal scores?"),
     ),
 }
 
 
 #: How close a hand prediction must be: the exercise asks for it without running anything, so two
-#: decimals are enough (0.64 for 0.6439); no listed mistake lies that close to a right row.
+#: decimals are enough (0.17 for 1/6); no listed mistake lies that close to a right row.
 PREDICTION_ATOL = 0.01
 
 
@@ -356,7 +384,7 @@ def _prediction_same(a: Tensor, b: Tensor) -> bool:
 
 
 _FULLY_MASKED_SOLUTION = {
-    "add -1e4": [0.64, 0.09, 0.24, 0.03],
+    "add -1e4": [0.5, 0.17, 0.17, 0.17],
     "masked_fill -1e4": [0.25, 0.25, 0.25, 0.25],
     "add finfo.min": [0.25, 0.25, 0.25, 0.25],
 }
@@ -801,12 +829,13 @@ def causal_mask_diagram() -> Diagram:
     tokens = list(BOOKS_SENTENCE)
     S, cell, x0, y0 = len(tokens), 42, 62, 64
     allowed = causal_mask(S)
-    d = Diagram("ch04_causal_mask", x0 + S * cell + 14, y0 + S * cell + 64,
+    d = Diagram("ch04_causal_mask", x0 + S * cell + 14, y0 + S * cell + 44,
                 title="The causal mask",
                 alt=f"An {S} by {S} grid for the sentence '{' '.join(tokens)}': rows are queries, columns are "
                     "keys. The cells on and below the diagonal are shaded (may attend); every cell above it, a "
                     "later key, holds minus infinity (hidden).")
     d.text(x0 + S * cell / 2, 20, "keys: the tokens looked at", size=14, color=MUTED)
+    d.text(8, 42, "queries \u2193", size=14, anchor="start", color=MUTED)
     fills = [["sky" if allowed[i, j] else "grey" for j in range(S)] for i in range(S)]
     labels = [["" if allowed[i, j] else "\u2212\u221e" for j in range(S)] for i in range(S)]
     d.grid(x0, y0, fills, cell=cell, labels=labels, row_labels=tokens, col_labels=tokens, size=13)
@@ -815,7 +844,6 @@ def causal_mask_diagram() -> Diagram:
     d.text(x0 + 26, yl, "may attend (j \u2264 i)", size=14, anchor="start")
     d.rect(x0 + 190, yl - 14, 18, 18, fill="grey", tint=True, rx=0, width=1)
     d.text(x0 + 216, yl, "hidden (j > i)", size=14, anchor="start")
-    d.text(8, yl + 26, "rows: the query i", size=14, anchor="start", color=MUTED)
     return d
 
 
@@ -824,11 +852,13 @@ def padding_mask_diagram() -> Diagram:
     """The padded batch and its padding mask: one row per sequence, shared by every head and query."""
     B, S = len(PADDED_BATCH), max(len(s) for s in PADDED_BATCH)
     cw, ch, x0, y0 = 50, 34, 66, 40
-    d = Diagram("ch04_padding_mask", x0 + S * cw + 12, y0 + B * ch + 78,
+    d = Diagram("ch04_padding_mask", x0 + S * cw + 12, y0 + B * ch + 290,
                 title="The padding mask",
                 alt=f"The batch of {B} sentences padded to {S} tokens, one row each: real tokens are shaded, "
                     "the padding cells are grey and hidden. The mask has one row per sequence, of shape "
-                    f"(B, 1, 1, S) = ({B}, 1, 1, {S}), shared by every head and every query.")
+                    f"(B, 1, 1, S) = ({B}, 1, 1, {S}), shared by every head and every query: below, sequence {B - 1}'s "
+                    f"row is repeated down its {S} query rows and behind for the H heads, (1, 1, 1, {S}) to "
+                    f"(1, H, {S}, {S}).")
     d.text(x0 + S * cw / 2, 22, "keys of each sequence", size=15, color=MUTED)
     for b, sent in enumerate(PADDED_BATCH):
         for j in range(S):
@@ -840,7 +870,19 @@ def padding_mask_diagram() -> Diagram:
         d.text(x0 - 8, y0 + b * ch + ch / 2 + 5, f"seq {b}", size=15, anchor="end")
     yl = y0 + B * ch + 30
     d.text(8, yl, f"mask [B, 1, 1, S] = [{B}, 1, 1, {S}]; grey: <pad>, hidden", size=15, anchor="start")
-    d.text(8, yl + 24, "the same row for every head and every query", size=15, anchor="start", color=MUTED)
+    # inset: sequence 2's row, broadcast down the S_q query rows and behind for the H heads
+    last = PADDED_BATCH[-1]
+    sc, yi, xi, heads = 18, yl + 72, 150, 3
+    d.text(8, yl + 36, f"broadcast for seq {B - 1}: its row, repeated", size=15, anchor="start")
+    for h in reversed(range(heads)):
+        ox, oy = xi + 12 * h, yi - 10 * h
+        for i in range(S):
+            for j in range(S):
+                d.rect(ox + j * sc, oy + i * sc, sc, sc, fill="sky" if j < len(last) else "grey", tint=True,
+                       rx=0, width=0.6 if h else 1)
+    d.text(xi - 8, yi + 4 * sc + 5, f"{S} queries", size=15, anchor="end")
+    d.text(xi + S * sc + 12 * heads + 8, yi - 10 * (heads - 1) + 12, "H heads", size=15, anchor="start")
+    d.text(xi + S * sc / 2, yi + S * sc + 20, f"[1, 1, 1, {S}] \u2192 [1, H, {S}, {S}]", size=15)
     return d
 
 
@@ -862,9 +904,12 @@ def combined_mask_diagram() -> Diagram:
              for i in range(S)]
     d.grid(x0, y0, fills, cell=cell, row_labels=tokens, col_labels=tokens, size=14)
     xa = x0 + S * cell + 10
-    d.arrow(xa + 30, y0 + cell, xa + 2, y0 + cell, label=None)
-    d.text(xa + 36, y0 + cell - 8, "nothing", size=14, anchor="start")
-    d.text(xa + 36, y0 + cell + 10, "to see", size=14, anchor="start")
+    d.line(xa, y0 + 3, xa + 10, y0 + 3)
+    d.line(xa + 10, y0 + 3, xa + 10, y0 + 2 * cell - 3)
+    d.line(xa, y0 + 2 * cell - 3, xa + 10, y0 + 2 * cell - 3)
+    d.line(xa + 10, y0 + cell, xa + 18, y0 + cell)
+    d.text(xa + 24, y0 + cell - 8, "nothing", size=14, anchor="start")
+    d.text(xa + 24, y0 + cell + 10, "to see", size=14, anchor="start")
     yl = y0 + S * cell + 30
     for n, (fill, what) in enumerate((("sky", "may attend"), ("grey", "future"), ("orange", "padding key"))):
         x = x0 - 54 + n * 132
@@ -879,27 +924,34 @@ def encoder_decoder_diagram() -> Diagram:
     """Where queries, keys and values come from in encoder, decoder and cross-attention."""
     B, H, S, T = (ENCODER_DECODER[n] for n in ("B", "H", "S", "T"))
     w, x1, x2 = 190, 14, 216
-    d = Diagram("ch04_encoder_decoder", 420, 368,
+    d = Diagram("ch04_encoder_decoder", 420, 404,
                 title="Encoder, decoder and cross-attention",
                 alt=f"Two columns. Left, the encoder: the {S} source tokens go into self-attention without a "
                     f"causal mask, scores of shape ({B}, {H}, {S}, {S}). Right, the decoder: the {T} target tokens "
                     f"written so far go into causal self-attention, scores ({B}, {H}, {T}, {T}). Below it, "
                     "cross-attention takes its queries from the decoder and its keys and values from the "
                     f"encoder's output, scores ({B}, {H}, {T}, {S}).")
+
+    def attention_box(x: float, y: float, label: str, axes: str, shape: tuple[int, ...], color: str) -> None:
+        d.rect(x, y, w, 74, fill=color, tint=True, stroke=color, width=2)
+        d.text(x + w / 2, y + 22, label, size=15)
+        d.text(x + w / 2, y + 44, f"scores [{axes}]", size=14, color=MUTED)
+        d.text(x + w / 2, y + 63, "= [" + ", ".join(map(str, shape)) + "]", size=14, color=MUTED)
+
     d.text(x1 + w / 2, 24, "encoder", size=16, weight="bold")
     d.text(x2 + w / 2, 24, "decoder", size=16, weight="bold")
     d.box(x1, 40, w, 48, "source tokens", sub=f"S = {S}, all given", color="grey")
     d.box(x2, 40, w, 48, "target tokens", sub=f"T = {T}, written so far", color="grey")
     d.arrow(x1 + w / 2, 88, x1 + w / 2, 120)
     d.arrow(x2 + w / 2, 88, x2 + w / 2, 120)
-    d.box(x1, 122, w, 52, "self-attention", sub=f"[{B}, {H}, {S}, {S}], no causal", color="sky")
-    d.box(x2, 122, w, 52, "self-attention", sub=f"[{B}, {H}, {T}, {T}], causal", color="orange")
-    d.box(x2, 236, w, 52, "cross-attention", sub=f"[{B}, {H}, {T}, {S}]", color="green")
-    d.line(x1 + w / 2, 174, x1 + w / 2, 262)
-    d.arrow(x1 + w / 2, 262, x2 - 2, 262, label="keys, values", size=14)
-    d.arrow(x2 + w / 2, 174, x2 + w / 2, 234, label=None)
-    d.text(x2 + w / 2 + 10, 210, "queries", size=14, anchor="start")
-    d.text(8, 318, "one output row per query: the decoder's T positions", size=14, anchor="start", color=MUTED)
-    d.text(8, 342, "each may read the whole source (only its padding hidden)", size=14, anchor="start",
+    attention_box(x1, 122, "self-attention", "B, H, S, S", (B, H, S, S), "sky")
+    attention_box(x2, 122, "causal self-attention", "B, H, T, T", (B, H, T, T), "orange")
+    attention_box(x2, 262, "cross-attention", "B, H, T, S", (B, H, T, S), "green")
+    d.line(x1 + w / 2, 196, x1 + w / 2, 299)
+    d.arrow(x1 + w / 2, 299, x2 - 2, 299, label="keys, values", size=14)
+    d.arrow(x2 + w / 2, 196, x2 + w / 2, 260, label=None)
+    d.text(x2 + w / 2 + 10, 234, "queries", size=14, anchor="start")
+    d.text(8, 364, "one output row per query: the decoder's T positions", size=14, anchor="start", color=MUTED)
+    d.text(8, 388, "each may read the whole source (only its padding hidden)", size=14, anchor="start",
            color=MUTED)
     return d

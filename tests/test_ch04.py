@@ -241,11 +241,11 @@ def test_masking_order_refuses_a_small_finite_fill_and_names_a_hidden_diagonal()
 
 def test_fully_masked_accepts_a_two_decimal_hand_prediction_and_names_one_hot() -> None:
     """Review item ch4 #20."""
-    hand = {"add -1e4": [0.64, 0.09, 0.24, 0.03], "masked_fill -1e4": [0.25] * 4, "add finfo.min": (0.25, 0.25, 0.25, 0.25)}
+    hand = {"add -1e4": [0.5, 0.17, 0.17, 0.17], "masked_fill -1e4": [0.25] * 4, "add finfo.min": (0.25, 0.25, 0.25, 0.25)}
     assert check_fully_masked_prediction(hand).passed
     fb = check_fully_masked_prediction({**hand, "add -1e4": [1, 0, 0, 0]})
     assert fb.status == "wrong" and "one-hot" in fb.message, fb
-    assert not check_fully_masked_prediction({**hand, "add -1e4": [0.6, 0.1, 0.2, 0.1]}).passed
+    assert not check_fully_masked_prediction({**hand, "add -1e4": [0.4, 0.2, 0.2, 0.2]}).passed
 
 
 def test_combined_mask_tries_a_second_size() -> None:
@@ -382,3 +382,25 @@ def test_quiz_right_options_are_not_the_longest() -> None:
         lengths = [len(a["answer"]) for a in q["answers"]]
         right = [len(a["answer"]) for a in q["answers"] if a["correct"]]
         assert not (max(right) == max(lengths) and lengths.count(max(lengths)) == 1), n
+
+
+def test_masking_order_names_a_result_less_precise_than_its_inputs() -> None:
+    def cast(q, k, v):
+        return fixed(q.float(), k.float(), v.float())
+
+    fb = check_masking_order(cast)
+    assert fb.status == "wrong" and "torch.float32" in fb.message and "torch.float64" in fb.message, fb
+
+
+def test_zeroed_after_softmax_shows_the_symptom_not_the_fix() -> None:
+    hint = ch04.MASKING_ORDER_MISTAKES[0].hint
+    assert "sum to [" in hint and "-inf" not in hint and "before softmax" not in hint, hint
+
+
+def test_combined_mask_names_an_additive_float_mask() -> None:
+    def additive(am):
+        keep = torch.ones(am.shape[1], am.shape[1], dtype=torch.bool).tril() & am.bool()[:, None, None, :]
+        return torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+
+    fb = check_combined_mask(additive)
+    assert fb.status == "wrong" and "from_additive_mask" in fb.message and "additive" in fb.message, fb
