@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from attnlib import pretrained as P
 from attnlib.multihead import MultiHeadSelfAttention
 
+from .diagrams import MUTED, PALETTE, Diagram, diagram
 from .feedback import (
     Feedback,
     Mistake,
@@ -58,13 +59,16 @@ __all__ = [
     "encoder_layer",
     "head_removed",
     "SentencePairs",
+    "PAIR_KINDS",
     "load_sentence_pairs",
+    "similarity_controls",
     "Ablation",
     "head_ablation",
     "spearman",
     "head_output_norms",
     "card_pair_counts",
     "attention_rollout",
+    "norm_rollout",
     "LINK_CASES",
     "link_case",
     "reference_strongest_link",
@@ -302,9 +306,24 @@ def _column_link(weights: Tensor, toks: Sequence[str], key: str) -> Tensor:
     return torch.tensor([flat // weights.shape[1], flat % weights.shape[1]])  # [2]
 
 
+def _first_top_link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
+    i, j = list(toks).index(query), list(toks).index(key)
+    on_key = (weights[:, :, i, :].argmax(-1) == j).flatten().nonzero()  # heads whose row argmax is the key
+    if len(on_key) == 0:
+        return torch.tensor([-1, -1])
+    flat = int(on_key[0])
+    return torch.tensor([flat // weights.shape[1], flat % weights.shape[1]])  # [2]
+
+
 def _link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
     return torch.tensor(reference_strongest_link(weights, toks, query, key))  # [2]: (layer, head)
 
+
+#: Returning the first head whose largest weight of the query falls on the key (not a table entry: on some
+#: case it gives the same head as the "key's row" mistake, so it is checked after the table).
+FIRST_TOP_LINK_HINT = ("you returned the first head whose largest weight of the query falls on the key. The exercise asks for "
+            "the head with the largest weight from the query to the key over all 72 heads: the argmax of "
+            "weights[:, :, i, j] over layers and heads.")
 
 #: The known mistakes of :func:`check_strongest_link`: ``compute(weights, toks, query, key)`` gives
 #: the ``(layer, head)`` such an answer returns, as a tensor ``[2]``.
@@ -334,7 +353,7 @@ def _solution_link(weights: Tensor, toks: list[str], query: str, key: str) -> tu
           not_generic={"transposed": "the answer is a pair of indices; a swapped pair is the 'swapped' mistake",
                        "float64": "the answer is a pair of integers"})
 def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Feedback:
-    """Check ``fn(weights [L, H, S, S], tokens, query, key) -> (layer, head)`` on both :data:`LINK_CASES`."""
+    """Check ``fn(weights [L, H, S, S], tokens, query, key) -> (layer, head)`` on all :data:`LINK_CASES`."""
     for case in range(len(LINK_CASES)):
         weights, toks, query, key = link_case(case)
         L, H = weights.shape[:2]
@@ -354,9 +373,14 @@ def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Fe
         expected = reference_strongest_link(weights, toks, query, key)
         if got == expected:
             continue
+        if LINK_CASES[case][0] != LINK_CASES[0][0] and got == reference_strongest_link(*link_case(0)):
+            return wrong(f"you returned {got} for {LINK_CASES[case][0]!r} too, the answer for the book's sentence: "
+                         "find the head from the weights you are given, not from the chapter.")
         hint = diagnose(torch.tensor(got), LINK_MISTAKES, weights, toks, query, key)
         if hint is not None:
             return hint
+        if torch.equal(torch.tensor(got), _first_top_link(weights, toks, query, key)):
+            return wrong(FIRST_TOP_LINK_HINT)
         if not (0 <= got[0] < L and 0 <= got[1] < H):
             return wrong(f"({got[0]}, {got[1]}) is not a head of this model: layers are 0..{L - 1}, heads 0..{H - 1}.")
         return wrong(f"for {LINK_CASES[case][0]!r} (query {query!r}, key {key!r}) you returned {got}; the weight there is "
@@ -385,6 +409,9 @@ PREVIOUS_MISTAKES: tuple[Mistake, ...] = (
             "you shifted with torch.roll, which wraps around: query 0 then counts its weight on the LAST token as its "
             "'previous' one. Query 0 has no previous token: average weights[..., i, i-1] over i = 1 .. S-1 only, "
             "weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)."),
+    Mistake("without the [SEP] query", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., :-1].mean(-1),
+            "you left out the last query, [SEP]: it is a token of the sentence like any other and has a previous "
+            "token, so average over every query i = 1 .. S-1."),
     Mistake("without the [CLS] key", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., 1:].mean(-1),
             "you left out query 1, whose previous token is [CLS]: every query i = 1 .. S-1 has a previous token, "
             "[CLS] included."),
@@ -413,6 +440,8 @@ def check_previous_token_score(fn: Callable[[Tensor], Any]) -> Feedback:
         if fb is not None:
             return fb
         expected = reference_previous_token_score(weights)
+        if isinstance(result, np.ndarray) and result.dtype.kind == "f":
+            result = torch.from_numpy(result)  # a NumPy answer is read like a tensor
         if close(result, expected):
             continue
         hint = diagnose(result, PREVIOUS_MISTAKES, weights)
@@ -555,6 +584,9 @@ def check_copy_layer(fn: Callable[[nn.Module, int], Any], layers: Sequence[int] 
     for layer_index in layers:
         result, fb = run_reader_code(fn, model, layer_index)
         if fb is not None:
+            if "leaf Variable that requires grad" in fb.message:
+                return wrong("copy_ into a Parameter that requires grad is refused outside torch.no_grad(): "
+                             "wrap the copies in `with torch.no_grad():` (the copy is not part of training).")
             return fb
         if not isinstance(result, MultiHeadSelfAttention):
             return wrong(f"return an attnlib.MultiHeadSelfAttention, got {describe(result)}.")
@@ -676,6 +708,11 @@ class SentencePairs(NamedTuple):
     second: list[str]
 
 
+#: The kinds of pair in ``sentence_pairs.tsv``: same meaning, different topic, and the same words with
+#: two roles swapped ("The dog bit the man." / "The man bit the dog."), which no bag of words can tell apart.
+PAIR_KINDS = ("paraphrase", "unrelated", "swap")
+
+
 def load_sentence_pairs() -> SentencePairs:
     """Read ``attnbook/data/sentence_pairs.tsv`` (``kind<TAB>sentence_a<TAB>sentence_b``, ``#`` comments)."""
     from .toy_lm import DATA_DIR
@@ -684,6 +721,8 @@ def load_sentence_pairs() -> SentencePairs:
     for line in (DATA_DIR / "sentence_pairs.tsv").read_text(encoding="utf-8").splitlines():
         if line.strip() and not line.startswith("#"):
             kind, a, b = line.split("\t")
+            if kind not in PAIR_KINDS:
+                raise ValueError(f"unknown kind of pair {kind!r} in sentence_pairs.tsv; expected one of {PAIR_KINDS}")
             kinds.append(kind)
             first.append(a)
             second.append(b)
@@ -698,12 +737,20 @@ class Ablation(NamedTuple):
         model_baseline: ``[P]`` the same from the Hugging Face model itself (must equal ``baseline``).
         ablated: ``[L, H, P]`` similarity of each pair with head ``(l, h)`` removed.
         paraphrase: ``[P]`` bool, True for the paraphrase pairs.
+        swap: ``[P]`` bool, True for the role-swap pairs (the same words in another order), or None
+            when there are none. The other pairs are the unrelated ones.
     """
 
     baseline: Tensor
     model_baseline: Tensor
     ablated: Tensor
     paraphrase: Tensor
+    swap: Tensor | None = None
+
+    @property
+    def unrelated(self) -> Tensor:
+        """``[P]`` bool: the pairs that are neither paraphrases nor role swaps."""
+        return ~self.paraphrase if self.swap is None else ~self.paraphrase & ~self.swap
 
     def effect(self) -> Tensor:
         """``[L, H]``: mean over pairs of ``|similarity without the head - with it|`` (sensitivity, not importance)."""
@@ -711,11 +758,31 @@ class Ablation(NamedTuple):
 
     def margin(self, sims: Tensor) -> Tensor:
         """Mean similarity of paraphrase pairs minus that of unrelated pairs (``[...]`` for ``[..., P]``)."""
-        return sims[..., self.paraphrase].mean(-1) - sims[..., ~self.paraphrase].mean(-1)
+        return sims[..., self.paraphrase].mean(-1) - sims[..., self.unrelated].mean(-1)
 
     def gap_drop(self) -> Tensor:
         """``[L, H]``: how much removing each head shrinks the paraphrase-minus-unrelated gap (positive = the head helps)."""
         return self.margin(self.baseline) - self.margin(self.ablated)
+
+    def gap_parts(self) -> tuple[Tensor, Tensor]:
+        """The two parts of :meth:`gap_drop`, ``[L, H]`` each, which add up to it.
+
+        ``(paraphrase_fall, unrelated_rise)``: how much the paraphrase pairs' mean similarity falls, and
+        how much the unrelated pairs' mean similarity rises, when the head is removed.
+        """
+        p, u = self.paraphrase, self.unrelated
+        return (self.baseline[p].mean() - self.ablated[..., p].mean(-1),
+                self.ablated[..., u].mean(-1) - self.baseline[u].mean())
+
+    def swap_distance(self, sims: Tensor) -> Tensor:
+        """``1 -`` the mean similarity of the role-swap pairs (``[...]`` for ``[..., P]``): 0 when order is ignored."""
+        if self.swap is None or not bool(self.swap.any()):
+            raise ValueError("this ablation has no role-swap pairs")
+        return 1.0 - sims[..., self.swap].mean(-1)
+
+    def swap_drop(self) -> Tensor:
+        """``[L, H]``: how much removing each head shrinks :meth:`swap_distance` (positive = the head tells the orders apart)."""
+        return self.swap_distance(self.baseline) - self.swap_distance(self.ablated)
 
     def bootstrap_gap_drop(self, n: int = 2000, seed: int = 0) -> Tensor:
         """``[n, L, H]``: :meth:`gap_drop` on ``n`` resamples of the pairs.
@@ -725,7 +792,7 @@ class Ablation(NamedTuple):
         """
         gen = torch.Generator().manual_seed(seed)
         para = torch.nonzero(self.paraphrase).flatten()  # [P_para]
-        unrel = torch.nonzero(~self.paraphrase).flatten()  # [P_unrel]
+        unrel = torch.nonzero(self.unrelated).flatten()  # [P_unrel]
         pick_p = para[torch.randint(len(para), (n, len(para)), generator=gen)]  # [n, P_para]
         pick_u = unrel[torch.randint(len(unrel), (n, len(unrel)), generator=gen)]  # [n, P_unrel]
 
@@ -734,18 +801,24 @@ class Ablation(NamedTuple):
 
         return gap(self.baseline)[:, None, None] - gap(self.ablated)  # [n, L, H]
 
-    def auc(self, sims: Tensor) -> Tensor:
-        """Fraction of (paraphrase, unrelated) pairs of pairs in which the paraphrase pair scores higher (``[...]`` for ``[..., P]``).
+    def auc(self, sims: Tensor, against: str = "unrelated") -> Tensor:
+        """Fraction of (paraphrase, other) pairs of pairs in which the paraphrase pair scores higher (``[...]`` for ``[..., P]``).
 
         The area under the ROC curve of similarity as a paraphrase detector: 1 when every paraphrase
-        pair scores above every unrelated pair, whatever the margin.
+        pair scores above every ``against`` pair (``"unrelated"`` or ``"swap"``), whatever the margin.
         """
-        p, u = sims[..., self.paraphrase], sims[..., ~self.paraphrase]  # [..., P_para], [..., P_unrel]
+        if against not in ("unrelated", "swap"):
+            raise ValueError(f"against must be 'unrelated' or 'swap', got {against!r}")
+        other = self.unrelated if against == "unrelated" else self.swap
+        if other is None:
+            raise ValueError("this ablation has no role-swap pairs")
+        p, u = sims[..., self.paraphrase], sims[..., other]  # [..., P_para], [..., P_other]
         return (p[..., :, None] > u[..., None, :]).double().mean((-2, -1)).float()
 
     def subset(self, index: Tensor) -> Ablation:
         """The same ablation restricted to the pairs ``index`` (``[P']`` integer positions)."""
-        return Ablation(self.baseline[index], self.model_baseline[index], self.ablated[..., index], self.paraphrase[index])
+        return Ablation(self.baseline[index], self.model_baseline[index], self.ablated[..., index],
+                        self.paraphrase[index], None if self.swap is None else self.swap[index])
 
 
 class SplitHalf(NamedTuple):
@@ -770,7 +843,7 @@ def split_half(ablation: Ablation, n: int = 50, k: int = 5, seed: int = 0) -> Sp
     """
     gen = torch.Generator().manual_seed(seed)
     para = torch.nonzero(ablation.paraphrase).flatten()  # [P_para]
-    unrel = torch.nonzero(~ablation.paraphrase).flatten()  # [P_unrel]
+    unrel = torch.nonzero(ablation.unrelated).flatten()  # [P_unrel]
     rho, overlap = [], []
     in_both = torch.zeros(ablation.ablated.shape[:2], dtype=torch.long)  # [L, H]
     for _ in range(n):
@@ -845,8 +918,49 @@ def head_ablation(model: nn.Module, tokenizer: Any, pairs: SentencePairs | None 
         for later in range(l + 1, L):
             x = encoder_layer(model, later, copies[later], x, mask.repeat(H, 1))
         ablated[l] = torch.stack([similarity(part) for part in x.chunk(H)])  # [H, P]
-    paraphrase = torch.tensor([k == "paraphrase" for k in pairs.kinds], device=device)
-    return Ablation(baseline.cpu(), model_baseline.cpu(), ablated.cpu(), paraphrase.cpu())
+    paraphrase = torch.tensor([k == "paraphrase" for k in pairs.kinds])
+    swap = torch.tensor([k == "swap" for k in pairs.kinds])
+    return Ablation(baseline.cpu(), model_baseline.cpu(), ablated.cpu(), paraphrase, swap)
+
+
+@torch.no_grad()
+def similarity_controls(model: nn.Module, tokenizer: Any, pairs: SentencePairs | None = None) -> dict[str, Tensor]:
+    """The pairs' cosine similarities from the model and from three controls that have no attention.
+
+    Returns ``{name: [P]}``:
+
+    * ``"model"``: the model's sentence embeddings (mean pooling, as it ships);
+    * ``"no attention"``: the same model run through its attnlib copies with all 72 heads removed
+      (every ``W_O`` block zeroed, its bias kept), so no token reads any other;
+    * ``"layer-0 input"``: the mean-pooled input of layer 0 (embeddings only, no layer at all);
+    * ``"word overlap"``: the Jaccard index of the two sentences' sets of word pieces.
+    """
+    pairs = load_sentence_pairs() if pairs is None else pairs
+    device = next(model.parameters()).device
+
+    def embed(sentences: list[str], how: str) -> Tensor:  # [N, D]
+        enc = P.encode(tokenizer, sentences, device)
+        mask = enc["attention_mask"]
+        if how == "model":
+            hidden = model(**enc).last_hidden_state
+        else:
+            hidden = layer0_input(model, enc)
+            if how == "no attention":
+                for l, attention in enumerate(attnlib_layers(model)):
+                    attention.w_o.weight.zero_()  # every head's block of W_O: only the bias is left
+                    hidden = encoder_layer(model, l, attention, hidden, mask)
+        return mean_pool(hidden, mask).cpu()
+
+    out = {}
+    for how in ("model", "no attention", "layer-0 input"):
+        a, b = embed(pairs.first, how), embed(pairs.second, how)
+        out[how] = (a * b).sum(-1)  # [P]
+    jaccard = []
+    for first, second in zip(pairs.first, pairs.second):
+        x, y = set(tokenizer.tokenize(first)), set(tokenizer.tokenize(second))
+        jaccard.append(len(x & y) / len(x | y))
+    out["word overlap"] = torch.tensor(jaccard)
+    return out
 
 
 @torch.no_grad()
@@ -901,6 +1015,25 @@ def card_pair_counts(card: str) -> tuple[int, int, int]:
     return len(rows), sum(rows), total
 
 
+@torch.no_grad()
+def norm_rollout(model: nn.Module, run: ModelRun, batch_index: int = 0) -> Tensor:
+    """Rollout with each layer's mixing measured by vector norms instead of raw weights: ``[S, S]``.
+
+    Layer ``l`` mixes key ``j`` into query ``i`` by ``||sum_h w_hij f_h(x_j)||`` (:func:`value_through_head`),
+    the length of what actually moves (Kobayashi et al., 2020); each row is normalised to sum to 1 and
+    chained as in :func:`attention_rollout`, ``A_l = 0.5 * mix_l + 0.5 * I``. Every row sums to 1.
+    """
+    L, H, S = run.attentions.shape[0], run.attentions.shape[2], run.attentions.shape[-1]
+    eye = torch.eye(S)
+    rollout = eye
+    for layer in range(L):
+        f = torch.stack([value_through_head(model, run, layer, h, batch_index) for h in range(H)]).cpu()  # [H, S, D]
+        w = run.attentions[layer, batch_index].cpu()  # [H, S, S]
+        mix = torch.einsum("hij,hjd->ijd", w, f).norm(dim=-1)  # [S, S]
+        rollout = (0.5 * mix / mix.sum(-1, keepdim=True) + 0.5 * eye) @ rollout
+    return rollout
+
+
 def attention_rollout(weights: Tensor) -> Tensor:
     """Attention rollout (Abnar and Zuidema, 2020): ``[L, H, S, S]`` weights of one sentence -> ``[S, S]``.
 
@@ -918,3 +1051,46 @@ def attention_rollout(weights: Tensor) -> Tensor:
     for layer in weights:  # [H, S, S], from layer 0 up
         rollout = (0.5 * layer.mean(0) + 0.5 * eye) @ rollout  # [S, S]
     return rollout
+
+
+# --- the chapter's diagram -------------------------------------------------------------------
+
+#: The model's shape, as its ``config.json`` states it (the chapter prints and asserts it).
+N_LAYERS, N_HEADS = 6, 12
+#: The heads the chapter finds from the data (the notebook asserts that its searches find them):
+#: the one where *are* gives *books* the most weight (chapter 1's row), and the top head of three
+#: simple pattern scores.
+ARE_BOOKS_HEAD = (3, 1)
+PATTERN_HEADS = {"P": ("previous token", (0, 2)), "N": ("next token", (1, 8)), "C": ("CLS token", (4, 5))}
+
+
+@diagram
+def heads_grid() -> Diagram:
+    """Where the chapter's heads sit among the model's 6 x 12 heads."""
+    layer, head = ARE_BOOKS_HEAD
+    named = ", ".join(f"layer {l} head {h} ({what})" for what, (l, h) in PATTERN_HEADS.values())
+    d = Diagram(
+        "ch07_heads_grid", 440, 300, title="The 72 heads of all-MiniLM-L6-v2",
+        alt=f"A grid of {N_LAYERS} rows (layers 0 to {N_LAYERS - 1}, top to bottom) and {N_HEADS} columns "
+            f"(heads 0 to {N_HEADS - 1}), one cell per head. The cell of layer {layer} head {head}, where "
+            f"are gives books the most weight, is filled orange; three cells marked P, N and C are the "
+            f"top heads of three pattern scores: {named}. An arrow beside the grid points down: each "
+            f"layer reads the output of the one above it.")
+    cell, x0, y0 = 26, 72, 62
+    fills = [["none"] * N_HEADS for _ in range(N_LAYERS)]
+    labels = [[""] * N_HEADS for _ in range(N_LAYERS)]
+    fills[layer][head] = PALETTE["orange"]  # full colour: the chapter's head
+    for letter, (_, (l, h)) in PATTERN_HEADS.items():
+        fills[l][h], labels[l][h] = "sky", letter
+    d.text(220, 24, f"{N_LAYERS} layers \u00d7 {N_HEADS} heads = {N_LAYERS * N_HEADS} heads", size=15, weight="bold")
+    d.text(x0 + N_HEADS * cell / 2, y0 - 24, "head", size=14, color=MUTED)
+    d.grid(x0, y0, fills, cell=cell, labels=labels, row_labels=[f"layer {l}" for l in range(N_LAYERS)],
+           col_labels=[str(h) for h in range(N_HEADS)], size=14)
+    right = x0 + N_HEADS * cell
+    d.arrow(right + 22, y0 + 4, right + 22, y0 + N_LAYERS * cell - 4)
+    y = y0 + N_LAYERS * cell + 30
+    d.rect(20, y - 14, 18, 18, fill=PALETTE["orange"], stroke="orange", rx=0, width=2)
+    d.text(46, y, f"are \u2192 books: layer {layer}, head {head}", size=14, anchor="start")
+    d.rect(20, y + 12, 18, 18, fill="sky", tint=True, stroke="sky", rx=0, width=2)
+    d.text(46, y + 26, "top heads: P previous, N next, C [CLS]", size=14, anchor="start")
+    return d

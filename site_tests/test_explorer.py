@@ -132,12 +132,12 @@ def test_reader_types_a_sentence_and_explores_with_the_keyboard(browser: Any, ba
         state = page.evaluate(CELLS)
         assert state["rows"] == 10 and state["cells"] == 100 and state["emptyHeaders"] == 0, state
         assert state["worst"] >= 4.5, f"a heatmap cell's text has contrast {state['worst']:.2f} < 4.5"
-        assert state["lines"] > 0 and state["caption"].startswith("Layer 0, head 0")
+        assert state["lines"] > 0 and state["caption"].startswith("Layer 3, head 1")  # chapter 7's head
         # Keyboard: the layer selector, then a head button from the analyses.
         page.locator(".ax-layer").focus()
         page.keyboard.press("ArrowDown")
-        page.wait_for_function("() => document.querySelector('[aria-live=polite]').textContent.startsWith('Showing layer 1')")
-        assert page.evaluate(CELLS)["caption"].startswith("Layer 1, head 0")
+        page.wait_for_function("() => document.querySelector('[aria-live=polite]').textContent.startsWith('Showing layer 4')")
+        assert page.evaluate(CELLS)["caption"].startswith("Layer 4, head 1")
         page.locator("button.ax-head", has_text="L3H1").first.focus()
         page.keyboard.press("Enter")
         assert page.evaluate(CELLS)["caption"].startswith("Layer 3, head 1")

@@ -58,7 +58,8 @@ def test_strongest_link_gives_each_table_hint(mistake) -> None:
 
 OTHER_LINK_MISTAKES = {
     "flat": (lambda w, t, q, k: int(w[:, :, t.index(q), t.index(k)].argmax()), "flat index"),
-    "hard-coded": (lambda w, t, q, k: (3, 1), "another head puts more"),
+    "first top link": (lambda w, t, q, k: tuple(ch07._first_top_link(w, t, q, k).tolist()), "first head whose largest"),
+    "hard-coded": (lambda w, t, q, k: (3, 1), "the answer for the book's sentence"),  # review ch7 item 6
     "notes positions": (lambda w, t, q, k: divmod(int(w[:, :, 5, 1].argmax()), 12), "counting [CLS]"),
     "crash": (lambda w, t, q, k: t.index("nope"), "your code raised ValueError"),
     "not a pair": (lambda w, t, q, k: "3,1", "pair of ints"),
@@ -303,10 +304,12 @@ def test_head_removed_zeroes_exactly_that_heads_term_and_restores(minilm, senten
 
 def test_head_ablation_covers_every_head_and_starts_from_the_model(ablation) -> None:
     pairs = ch07.load_sentence_pairs()
-    assert len(pairs.kinds) == 36 and pairs.kinds.count("paraphrase") == 24
-    assert ablation.ablated.shape == (6, 12, 36)
+    assert [pairs.kinds.count(k) for k in ch07.PAIR_KINDS] == [24, 12, 12]
+    assert ablation.ablated.shape == (6, 12, 48)
     torch.testing.assert_close(ablation.baseline, ablation.model_baseline, atol=1e-5, rtol=0)
-    assert ablation.baseline[ablation.paraphrase].min() > ablation.baseline[~ablation.paraphrase].max()
+    assert ablation.baseline[ablation.paraphrase].min() > ablation.baseline[ablation.unrelated].max()
+    # the role swaps score above the average paraphrase: the model mostly ignores word roles
+    assert ablation.baseline[ablation.swap].mean() > ablation.baseline[ablation.paraphrase].mean()
     assert (ablation.effect() > 0).all()  # every removal changes something: the ablation did run per head
     assert ablation.effect().max() < 0.02  # what the chapter reports: no single head is needed
 
@@ -497,3 +500,76 @@ def test_previous_token_score_names_a_wrap_around_roll() -> None:
     assert fb.status == "wrong" and "torch.roll" in fb.message, fb
     fb = ch07.check_previous_token_score(lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1))
     assert fb.status == "wrong" and "summed" in fb.message, fb
+
+
+def test_the_sentence_pairs_are_the_books_own() -> None:
+    """None of the source texts' sentences; every swap pair has the same words in another order."""
+    from attnbook.toy_lm import DATA_DIR
+
+    text = (DATA_DIR / "sentence_pairs.tsv").read_text(encoding="utf-8").lower()
+    for banned in ("the keys on the table", "the cat sat on the mat", "didn't cross the street"):
+        assert banned not in text
+    pairs = ch07.load_sentence_pairs()
+    for kind, a, b in zip(*pairs):
+        if kind == "swap":
+            words = lambda t: sorted(t.lower().strip(".").replace(" is ", " are ").split())
+            assert words(a) == words(b) and a != b, (a, b)
+
+
+def test_load_sentence_pairs_rejects_an_unknown_kind(tmp_path, monkeypatch) -> None:
+    from attnbook import toy_lm
+
+    (tmp_path / "sentence_pairs.tsv").write_text("# c\nsynonym\tA.\tB.\n", encoding="utf-8")
+    monkeypatch.setattr(toy_lm, "DATA_DIR", tmp_path)
+    with pytest.raises(ValueError, match="unknown kind"):
+        ch07.load_sentence_pairs()
+
+
+def test_gap_parts_add_up_and_swap_distance_on_a_constructed_ablation() -> None:
+    para = torch.tensor([True, True, False, False])
+    swap = torch.tensor([False, False, False, True])
+    baseline = torch.tensor([0.9, 0.8, 0.1, 0.95])
+    ablated = baseline.repeat(1, 2, 1)  # [1, 2, 4]
+    ablated[0, 1] = torch.tensor([0.8, 0.7, 0.3, 0.99])  # paraphrases -0.1, unrelated +0.2, swap +0.04
+    ab = ch07.Ablation(baseline, baseline, ablated, para, swap)
+    assert ab.unrelated.tolist() == [False, False, True, False]
+    fall, rise = ab.gap_parts()
+    torch.testing.assert_close(fall + rise, ab.gap_drop())
+    torch.testing.assert_close(fall[0, 1], torch.tensor(0.1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(rise[0, 1], torch.tensor(0.2), atol=1e-6, rtol=0)
+    torch.testing.assert_close(ab.swap_distance(baseline), torch.tensor(0.05), atol=1e-6, rtol=0)
+    torch.testing.assert_close(ab.swap_drop()[0, 1], torch.tensor(0.04), atol=1e-6, rtol=0)
+    assert float(ab.auc(baseline, against="swap")) == 0.0  # the swap scores above both paraphrases
+    assert ab.subset(torch.tensor([0, 3])).swap.tolist() == [False, True]
+    with pytest.raises(ValueError, match="role-swap"):
+        ch07.Ablation(baseline, baseline, ablated, para).swap_distance(baseline)
+
+
+def test_controls_without_attention_reach_the_ceiling_auc_but_not_the_swap_distance(minilm) -> None:
+    """Issue 35: the AUC is 1 with no attention at all; the gap and the swap distance need attention."""
+    model, tokenizer = minilm
+    pairs = ch07.load_sentence_pairs()
+    controls = ch07.similarity_controls(model, tokenizer, pairs)
+    kind = {k: torch.tensor([x == k for x in pairs.kinds]) for k in ch07.PAIR_KINDS}
+    abl = {n: ch07.Ablation(s, s, s[None, None], kind["paraphrase"], kind["swap"]) for n, s in controls.items()}
+    assert all(float(a.auc(controls[n])) == 1.0 for n, a in abl.items())
+    full, none = abl["model"], abl["no attention"]
+    assert full.margin(controls["model"]) > none.margin(controls["no attention"]) + 0.3
+    assert full.swap_distance(controls["model"]) > 4 * none.swap_distance(controls["no attention"])
+    # the attnlib copy with every head is the model (the control's own path)
+    ab_model = ch07.similarity_controls(model, tokenizer, ch07.SentencePairs(*(x[:3] for x in pairs)))
+    torch.testing.assert_close(ab_model["model"], controls["model"][:3])
+
+
+def test_the_diagram_and_the_explorer_open_on_the_heads_the_data_find(sentence_run) -> None:
+    weights = sentence_run.attentions[:, 0]  # [L, H, S, S]
+    toks = list(link_case(0)[1])
+    assert reference_strongest_link(weights, toks, "are", "books") == ch07.ARE_BOOKS_HEAD
+    scores = ch07.head_pattern_scores(weights, toks)
+    for what, head in (("previous", "P"), ("next", "N"), ("[CLS]", "C")):
+        (l, h, _), = ch07.top_heads(scores[what], k=1)
+        assert ch07.PATTERN_HEADS[head][1] == (l, h)
+    from pathlib import Path
+    mjs = (Path(__file__).resolve().parents[1] / "book/_static/explorer/explorer.mjs").read_text()
+    assert "const DEFAULT_LAYER = %d, DEFAULT_HEAD = %d;" % ch07.ARE_BOOKS_HEAD in mjs
+    assert 'const DEFAULT_SENTENCE = "The books on the shelf are old.";' in mjs

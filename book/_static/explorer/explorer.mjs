@@ -14,6 +14,8 @@ import { previousTokenScores, keyScores, topHeads, headsWithTopOn, cellColours }
 
 const BASE = new URL("./", import.meta.url);
 const DEFAULT_SENTENCE = "The books on the shelf are old.";
+// The head the explorer opens on: chapter 7's "are" -> "books" head (attnbook.ch07.ARE_BOOKS_HEAD).
+const DEFAULT_LAYER = 3, DEFAULT_HEAD = 1;
 const MB = (bytes) => (bytes / 1e6).toFixed(1);
 
 const state = { manifest: null, vocab: null, session: null, loading: null, status: "idle", ui: null };
@@ -347,8 +349,8 @@ function buildUi(root) {
       fillSelect(el.key, opts, k);
       fillSelect(el.from, [[-1, "every token"], ...opts], -1);
       if (!el.layer.options.length) {
-        fillSelect(el.layer, [...Array(state.manifest.layers).keys()].map((l) => [l, String(l)]), 0);
-        fillSelect(el.head, [...Array(state.manifest.heads).keys()].map((h) => [h, String(h)]), 0);
+        fillSelect(el.layer, [...Array(state.manifest.layers).keys()].map((l) => [l, String(l)]), DEFAULT_LAYER);
+        fillSelect(el.head, [...Array(state.manifest.heads).keys()].map((h) => [h, String(h)]), DEFAULT_HEAD);
       }
       el.tokens.innerHTML = `${tokens.length} tokens: ` + tokens.map((t, i) => `<span class="ax-tok">${esc(t)}<sub>${i}</sub></span>`).join(" ");
       el.note.hidden = !result.truncated;
