@@ -438,6 +438,13 @@ APPEND_MISTAKES = (
             "your key/value heads are tiled (0, 1, 0, 1, ...), as .repeat(1, G, 1, 1) gives: grouped-query attention "
             "gives consecutive query heads the same key/value head (0, 0, 1, 1), as attnlib.repeat_kv (or "
             "repeat_interleave on dim 1) does."),
+    Mistake("softmax over the queries", lambda *c: _manual_attend(c, softmax_dim=-2),
+            "your softmax runs over dim=-2, the new queries: each query's weights must sum to 1 over the keys, "
+            "so normalise along the last axis (softmax(dim=-1)) of the [B, H, S_new, S_k] scores."),
+    Mistake("scaled by sqrt(H * D_k)", lambda *c: _attend(c[0], *_cat(*c), attn_mask=_bottom_right(c),
+                                                           scale=1 / math.sqrt(c[0].shape[1] * c[0].shape[3])),
+            "you divided the scores by sqrt(H * D_k), the model width: each head's scores are dot products of "
+            "D_k-wide vectors, so divide by sqrt(D_k), the head width (q.shape[-1])."),
     Mistake("own key hidden", lambda *c: _attend(c[0], *_cat(*c), attn_mask=_bottom_right(c, shift=-1)),
             "your mask is off by one: each new query is hidden from its own key (and the first one from the newest "
             "cached key too). causal_mask(S_new, S_k=S_k) lets query i see keys 0 .. S_k - S_new + i, itself included."),
@@ -447,6 +454,31 @@ APPEND_MISTAKES = (
 def _bottom_right(case: tuple[Tensor, ...], shift: int = 0) -> Tensor:
     S_new, S_k = case[0].shape[2], case[1].shape[2] + case[3].shape[2]
     return torch.ones(S_new, S_k, dtype=torch.bool).tril(S_k - S_new + shift)  # [S_new, S_k]
+
+
+def _manual_attend(case: tuple[Tensor, ...], softmax_dim: int = -1) -> Tensor:
+    q, (keys, values) = case[0], _cat(*case)
+    H = q.shape[1]
+    scores = q @ repeat_kv(keys, H).transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, H, S_new, S_k]
+    scores = scores.masked_fill(~_bottom_right(case), float("-inf"))
+    return scores.softmax(dim=softmax_dim).nan_to_num(0.0) @ repeat_kv(values, H)
+
+
+_FILLED_WHERE_TRUE = (
+    "your output has NaN in the last new query's row: every score of that row became -inf. "
+    "causal_mask is True where a query MAY attend, so fill the other places: "
+    "scores.masked_fill(~mask, float('-inf')) (or pass the mask to scaled_dot_product_attention as it is). "
+    "Filling where it is True hides exactly the keys each query should see."
+)
+
+
+def _dtype_hint(got: Any, expected: Tensor) -> Feedback | None:
+    """A specific hint when ``got`` has the right shape and values but not the inputs' dtype."""
+    if (isinstance(got, Tensor) and tuple(got.shape) == tuple(expected.shape) and got.dtype != expected.dtype
+            and close(got, expected, atol=1e-4, rtol=1e-4)):
+        return wrong(f"your output is {got.dtype}, but the inputs are {expected.dtype}: return it in the inputs' dtype "
+                     "(leave out .float() or .to(...) casts; a float64 input should give a float64 output).")
+    return None
 
 
 def _tiled_attend(q: Tensor, keys: Tensor, values: Tensor, **kwargs: Any) -> Tensor:
@@ -499,8 +531,15 @@ def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | 
             shape = tuple(got.shape) if isinstance(got, Tensor) else describe(got)
             return wrong(f"the returned {name} should be the cache with the new positions appended, shape {tuple(exp.shape)} "
                          f"([B, H_kv, S_past + S_new, D_k]); got {shape}.")
+    dtype_problem = _dtype_hint(out, ref_out)
+    if dtype_problem is not None:
+        return dtype_problem
     if close(out, ref_out):
         return None
+    if isinstance(out, Tensor) and out.is_floating_point() and bool(out.isnan().any()):
+        row_nan = out.isnan().any(-1)  # [B, H, S_new]
+        if bool(row_nan[..., -1].all()):
+            return wrong(_FILLED_WHERE_TRUE)
     hint = diagnose(out, APPEND_MISTAKES, *case)
     if hint is not None:
         return hint
@@ -572,6 +611,8 @@ WINDOW_MISTAKES = (
     Mistake("half: K only, or numbers", _bytes(lambda S: min(S, _W), factor=1),
             "half the answer. Either you counted the keys only (the cache holds keys AND values), or you counted "
             "numbers instead of bytes (each bfloat16 number takes 2 bytes)."),
+    Mistake("4 bytes per number", _bytes(lambda S: min(S, _W), factor=4),
+            "twice the answer: a bfloat16 number takes 2 bytes, not 4 (4 is float32)."),
     Mistake("MiB", lambda S: reference_window_cache_bytes(S) / 2**20,
             "those are MiB (you divided by 2**20): the function returns bytes."),
 )
@@ -611,47 +652,45 @@ OKABE_ITO = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")
 
 
 def cache_vs_context_figure(models: list[ModelConfig] | None = None) -> Any:
-    """Cache GiB of one sequence (16-bit) against context, each model up to its context, its weights dashed.
+    """Cache GiB of one sequence (16-bit) against context, each model up to its context (solid), its weights dashed.
 
-    Models whose caches coincide (Llama 2 70B and Llama 3.1 70B up to 4k) are told apart by line style
-    and marker; the weight lines, several within a few GiB of each other, carry their labels on the right.
+    Models whose caches coincide (Llama 2 70B and Llama 3.1 70B up to 4k) are told apart by line width
+    and marker; the weight lines, which sit in two clusters a few GiB apart, are labelled on the plot
+    by cluster, in fonts that stay legible when the figure is shown 358 px wide.
     """
     import matplotlib.pyplot as plt
 
     models = MODELS if models is None else models
-    styles = [("-", "o", 3.2), ("-", "s", 1.6), ("--", "^", 2.2), (":", "D", 2.6), ("-.", "v", 2.0), ("-", "P", 1.6)]
-    fig, ax = plt.subplots(figsize=(7.4, 4.4))
-    for m, colour, (ls, marker, lw) in zip(models, OKABE_ITO, styles):
+    styles = [("o", 4.0), ("s", 1.8), ("^", 2.6), ("D", 1.8), ("v", 2.6), ("P", 1.8)]
+    fig, ax = plt.subplots(figsize=(6.4, 5.8))
+    for m, colour, (marker, lw) in zip(models, OKABE_ITO, styles):
         lengths = np.unique(np.geomspace(256, m.context, 60).astype(int))
-        ax.plot(lengths, [m.cache_bytes(int(S)) / 2**30 for S in lengths], color=colour, lw=lw, ls=ls,
-                marker=marker, markevery=12, ms=5, label=m.name)
-        ax.plot([m.context], [m.cache_bytes(m.context) / 2**30], marker, color=colour, ms=8)
-        ax.axhline(m.weight_bytes() / 2**30, color=colour, lw=1, ls=(0, (6, 3)), alpha=0.9)
+        ax.plot(lengths, [m.cache_bytes(int(S)) / 2**30 for S in lengths], color=colour, lw=lw, ls="-",
+                marker=marker, markevery=12, ms=7, label=m.name.split(" (")[0])
+        ax.plot([m.context], [m.cache_bytes(m.context) / 2**30], marker, color=colour, ms=10)
+        ax.axhline(m.weight_bytes() / 2**30, color=colour, lw=1.4, ls=(0, (5, 3)), alpha=0.9)
     ax.set_xscale("log", base=2)
     ticks = [256, 1024, 4096, 16384, 65536, 131072]
     ax.set_xticks(ticks, ["256", "1k", "4k", "16k", "64k", "128k"])
     ax.set_yscale("log")
     ax.set_xlim(200, 131072 * 1.15)
-    # label the weight lines directly, at the right edge, spread apart so that close values stay legible
-    weights = sorted(((m.weight_bytes() / 2**30, m, c) for m, c in zip(models, OKABE_ITO)), key=lambda t: t[0])
+    # the weights cluster by model size: one label per cluster, written on its lines
+    clusters: dict[bool, list[float]] = {}
+    for m in models:
+        clusters.setdefault(m.weight_bytes() > 50 * 2**30, []).append(m.weight_bytes() / 2**30)
+    for big, gibs in clusters.items():
+        text = (f"weights, {min(gibs):.1f}-{max(gibs):.1f} GiB" if len(gibs) > 1 else f"weights, {gibs[0]:.1f} GiB")
+        ax.text(230, max(gibs) * 1.12, ("70B models: " if big else "7-8B models: ") + text, fontsize=12,
+                color="#333333", va="bottom", ha="left")
     lo, hi = ax.get_ylim()
-    span = np.log10(hi) - np.log10(lo)
-    placed: list[float] = []
-    for gib, m, colour in weights:
-        y = np.log10(gib)
-        if placed and y - placed[-1] < 0.055 * span:
-            y = placed[-1] + 0.055 * span
-        placed.append(y)
-        ax.annotate(f"{m.name.split(' (')[0]} weights, {gib:.1f} GiB", xy=(1.0, gib), xycoords=("axes fraction", "data"),
-                    xytext=(1.01, 10**y), textcoords=("axes fraction", "data"), fontsize=7, color=colour,
-                    va="center", ha="left", arrowprops=dict(arrowstyle="-", color=colour, lw=0.6))
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("context length (tokens, one sequence); each line ends at the model's context")
-    ax.set_ylabel("GiB (16-bit)")
-    ax.set_title("KV cache of one sequence (markers) against the weights (dashed)")
-    ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
+    ax.set_ylim(lo, hi * 1.6)
+    ax.tick_params(labelsize=12)
+    ax.set_xlabel("context length (tokens, one sequence)", fontsize=12)
+    ax.set_ylabel("GiB (16-bit)", fontsize=12)
+    ax.set_title("KV cache of one sequence (solid) against the weights (dashed)", fontsize=12)
+    ax.legend(fontsize=11, loc="upper center", bbox_to_anchor=(0.45, -0.16), ncol=2, frameon=False)
     ax.grid(alpha=0.3, which="both")
-    fig.subplots_adjust(left=0.1, right=0.72, top=0.92, bottom=0.12)  # room on the right for the weight labels
+    fig.tight_layout()
     return fig
 
 
@@ -705,6 +744,12 @@ INTENSITY_MISTAKES = (
             "your ratio is upside down: that is bytes per FLOP. The intensity is FLOPs divided by bytes."),
     Mistake("rounded to a whole number", lambda *c: float(math.ceil(reference_decode_intensity(*c))),
             "the intensity is a ratio and stays fractional: do not round it (math.ceil, round or //)."),
+    Mistake("rounded to 1 decimal", lambda *c: round(reference_decode_intensity(*c), 1),
+            "close, but rounded: return the unrounded ratio (more digits); the checker compares to about one part "
+            "in a million, and rounding belongs in the print, not in the function."),
+    Mistake("rounded to 2 decimals", lambda *c: round(reference_decode_intensity(*c), 2),
+            "close, but rounded: return the unrounded ratio (more digits); the checker compares to about one part "
+            "in a million, and rounding belongs in the print, not in the function."),
 )
 
 
@@ -764,6 +809,10 @@ MLA_MISTAKES = (
             "a GQA key/value head caches a key AND a value, 2 x head_dim numbers per token and layer."),
     Mistake("one layer", lambda l, L, r, d: (float((L + r) * 2), (L + r) / (2 * d)),
             "that is one layer's cache: every layer keeps its own latent and rotary key, so multiply by the layers."),
+    Mistake("bits, not bytes", lambda l, L, r, d: (float((L + r) * l * 16), (L + r) / (2 * d)),
+            "that first number is in bits: a 16-bit number takes 2 bytes, so multiply by 2, not by 16."),
+    Mistake("the two numbers swapped", lambda l, L, r, d: ((L + r) / (2 * d), float((L + r) * l * 2)),
+            "your two numbers come back swapped: return (bytes per token, equivalent GQA heads), the bytes first."),
     Mistake("heads upside down", lambda l, L, r, d: (float((L + r) * l * 2), 2 * d / (L + r)),
             "your ratio of heads is upside down: divide MLA's numbers per token and layer by a GQA head's 2 x head_dim."),
 )
@@ -875,6 +924,9 @@ def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
         if isinstance(got, Tensor) and got.shape == expected.shape and not torch.isfinite(got).all():
             return wrong(f"your result has inf or NaN when the scores are near {shift:.0f}: exp(lse_i) overflows. "
                          "Subtract the overall logsumexp first: exp(lse_i - lse) is at most 1.")
+        dtype_problem = _dtype_hint(got, expected)
+        if dtype_problem is not None:
+            return dtype_problem
         if close(got, expected):
             continue
         return diagnose(got, MERGE_MISTAKES, outs, lses) or wrong(
@@ -985,8 +1037,9 @@ def latent_cache_diagram() -> Diagram:
     L, R, H, Dk = ds["kv_lora_rank"], ds["rope_dim"], ds["heads"], ds["head_dim"]
     d = Diagram("ch10_latent_cache", 440, 280, title="Latent attention caches one compressed vector per token",
                 alt=f"A token's input x is compressed by W_DKV into a latent c of width {L}, which is cached "
-                    f"together with a rotary key of width {R}. Every one of the {H} heads rebuilds its key and "
-                    f"value from the latent with its own up-projections W_UK and W_UV. The cache holds {L + R} "
+                    f"together with a rotary key of width {R}. Every one of the {H} heads rebuilds its value and "
+                    f"key from the latent with its own up-projections W_UV and W_UK; the rotary key joins every "
+                    f"head's key. The cache holds {L + R} "
                     f"numbers per token and layer instead of 2 x {H} x {Dk} = {2 * H * Dk:,d}.")
     d.box(16, 70, 58, 50, "x", sub="[D]", color="sky", size=16)
     d.arrow(76, 95, 134, 95, label="W_{DKV}", size=17, label_side=-15)
@@ -994,10 +1047,11 @@ def latent_cache_diagram() -> Diagram:
     d.text(197, 32, "cached", size=14, color="orange", weight="bold")
     d.box(148, 52, 98, 50, "latent c", sub=f"[{L}]", color="orange", size=16)
     d.box(148, 110, 98, 50, "rope key", sub=f"[{R}]", color="orange", size=16)
-    d.arrow(258, 74, 314, 60, label="W_{UK}", size=17, label_side=-16)
-    d.arrow(258, 92, 314, 130, label="W_{UV}", size=17, label_side=34)
-    d.box(318, 36, 108, 48, "keys", sub=f"[{H}, {Dk}]", color="blue", size=16)
-    d.box(318, 108, 108, 48, "values", sub=f"[{H}, {Dk}]", color="blue", size=16)
+    d.arrow(258, 68, 314, 60, label="W_{UV}", size=17, label_side=-16)
+    d.arrow(258, 90, 314, 124, label="W_{UK}", size=17, label_side=-16)
+    d.arrow(258, 142, 314, 142)
+    d.box(318, 36, 108, 48, "values", sub=f"[{H}, {Dk}]", color="blue", size=16)
+    d.box(318, 108, 108, 48, "keys", sub=f"[{H}, {Dk}]", color="blue", size=16)
     d.text(372, 178, "rebuilt per head", size=14, color=MUTED)
     d.text(20, 222, f"cached per token and layer: {L} + {R} = {L + R} numbers,", size=14, anchor="start")
     d.text(20, 244, f"instead of 2 x {H} heads x {Dk} = {2 * H * Dk:,d} (MHA)", size=14, anchor="start")

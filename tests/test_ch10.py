@@ -3,6 +3,8 @@ the slider's frames show what the cache holds."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -69,6 +71,34 @@ def test_append_and_attend_checker() -> None:
         raise NotImplementedError
 
     assert ch10.check_append_and_attend(stub).status == "todo"
+
+
+def test_append_checker_names_an_inverted_fill_and_a_cast() -> None:
+    """masked_fill where the mask is True (it means 'may attend') leaves the last row all -inf; a cast
+    to float32 of the float64 case is named, here and in the merge checker."""
+    def manual(fill_where_true=False, dtype=None):
+        def fn(q, kc, vc, kn, vn):
+            keys, values = torch.cat([kc, kn], 2), torch.cat([vc, vn], 2)
+            H, S_new, S_k = q.shape[1], q.shape[2], keys.shape[2]
+            mask = ch10.causal_mask(S_new, S_k=S_k)
+            scores = q @ ch10.repeat_kv(keys, H).transpose(-2, -1) / math.sqrt(q.shape[-1])
+            scores = scores.masked_fill(mask if fill_where_true else ~mask, float("-inf"))
+            out = scores.softmax(-1) @ ch10.repeat_kv(values, H)
+            return (out if dtype is None else out.to(dtype)), keys, values
+        return fn
+
+    assert ch10.check_append_and_attend(manual()).passed
+    fb = ch10.check_append_and_attend(manual(fill_where_true=True))
+    assert fb.status == "wrong" and "masked_fill(~mask" in fb.message, fb
+    fb = ch10.check_append_and_attend(manual(dtype=torch.float32))
+    assert fb.status == "wrong" and "torch.float32" in fb.message and "float64" in fb.message, fb
+
+    def merge_cast(outs, lses):
+        return ch10.reference_merge_partials(outs, lses).float()
+
+    assert ch10._merge_case(*ch10.MERGE_CASES[0])[0][0].dtype == torch.float64  # the cast is a real change
+    fb = ch10.check_merge_partials(merge_cast)
+    assert fb.status == "wrong" and "torch.float32" in fb.message, fb
 
 
 def test_window_cache_checker() -> None:

@@ -429,8 +429,19 @@ def test_cow_table_checker_is_not_fooled_by_a_reader_who_changes_the_lists() -> 
                 table[i] = free.pop(0)
         return table
 
-    assert ch11.check_cow_table(pops).passed
+    # the caller's table is shared with the other sample: changing it in place is named as a mistake
+    fb = ch11.check_cow_table(pops)
+    assert fb.status == "wrong" and "changed the caller's table and free list" in fb.message, fb
     assert ch11.COW_CASES[0][0] == [7, 2, 5]  # the checker's own cases are unchanged
+
+    def pops_free_only(table, length, block_size, free, n):  # copies the table, sorts the pool in place
+        free.sort()
+        return ch11.reference_cow_table(table, length, block_size, free, n)
+
+    fb = ch11.check_cow_table(pops_free_only)
+    assert fb.status == "wrong" and "caller's free list" in fb.message, fb
+    # one case hands over an unsorted free list
+    assert any(list(c[3]) != sorted(c[3]) for c in ch11.COW_CASES)
 
 
 def test_outlier_key_channels_hurt_per_token_scales_only() -> None:

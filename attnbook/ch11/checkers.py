@@ -49,6 +49,9 @@ BLOCKS_MISTAKES = (
             "counts one block too many. Round up with -(-x // b)."),
     Mistake("round to nearest", lambda p, n, b, s: round((p + n) / b) - s // b,
             "round() goes to the nearest block count, so a last block filled less than half is dropped: round up, -(-x // b)."),
+    Mistake("prefix blocks by /", lambda p, n, b, s: -(-(p + n) // b) - s / b,
+            "shared_prefix / block_size is a fraction of blocks: only FULL blocks are shared, so count them with "
+            "floor division, shared_prefix // block_size, and the answer stays a whole number."),
     Mistake("generated tokens only", lambda p, n, b, s: -(-n // b),
             "the prompt's positions need blocks too, and the cached prefix is part of the prompt: count "
             "prompt_len + new_tokens positions, then subtract the prefix's full blocks."),
@@ -103,6 +106,12 @@ INT8_MISTAKES = (
             "round to the nearest integer (torch.round), not towards zero: truncation biases every value towards 0."),
     Mistake("scale 128", lambda x: torch.round(x / (x.abs().amax(-1, keepdim=True) / 128)).clamp(-127, 127) * (x.abs().amax(-1, keepdim=True) / 128),
             "the symmetric int8 range is -127..127: divide the max by 127, or the largest value clips."),
+    Mistake("scale 255", lambda x: torch.round(x / (x.abs().amax(-1, keepdim=True) / 255)) * (x.abs().amax(-1, keepdim=True) / 255),
+            "255 counts the codes of an asymmetric (min-to-max) range: with a symmetric scale the codes run from "
+            "-127 to 127, so the step is max|x| / 127 (dividing by 255 gives codes up to 255, which int8 cannot hold)."),
+    Mistake("scale 255, clamped", lambda x: torch.round(x / (x.abs().amax(-1, keepdim=True) / 255)).clamp(-127, 127) * (x.abs().amax(-1, keepdim=True) / 255),
+            "255 counts the codes of an asymmetric (min-to-max) range: with a symmetric scale the codes run from "
+            "-127 to 127, so the step is max|x| / 127; with max|x| / 255 every value above half the max clips."),
     Mistake("not dequantised", lambda x: torch.round(x / (x.abs().amax(-1, keepdim=True) / 127)).clamp(-127, 127),
             "return the dequantised values, codes times scale, so they can be compared with x."),
     Mistake("scale without abs", lambda x: torch.round(x / (x.amax(-1, keepdim=True) / 127)).clamp(-127, 127) * (x.amax(-1, keepdim=True) / 127),
@@ -169,6 +178,14 @@ def _sink_case(H: int, S_q: int, S_k: int, shift: float, seed: int) -> tuple[Ten
     return scores, sink
 
 
+def _sink_without_exp(s: Tensor, k: Tensor) -> Tensor:
+    """exp(s_j) / (sum_j exp(s_j) + sink): the sink logit added as it is, not as exp(sink)."""
+    e = torch.exp(s)
+    if not torch.isfinite(e).all():
+        raise ValueError("exp(scores) overflows on this case")
+    return e / (e.sum(-1, keepdim=True) + k.view(-1, 1, 1))
+
+
 def _unshifted_sink(s: Tensor, k: Tensor) -> Tensor:
     """The scores shifted by their max, the sink not: where exp(sink) overflows, the checker's overflow hint speaks."""
     e = torch.exp(s - s.amax(-1, keepdim=True))
@@ -194,6 +211,12 @@ SINK_MISTAKES = (
             "you subtracted the row's max m from the scores but not from the sink: in the shifted denominator its "
             "term is exp(sink - m), not exp(sink). Take the max over the scores and the sink together, or use "
             "torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink)."),
+    Mistake("sink added without exp", _sink_without_exp,
+            "the sink is a logit, like a score: its term in the denominator is exp(sink[h]), not sink[h]. Combine it "
+            "with the scores' logsumexp: torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink.view(-1, 1, 1))."),
+    Mistake("sinks in the wrong head order", lambda s, k: reference_sink_softmax(s, k.flip(0)),
+            "each head uses another head's sink logit: sink[h] belongs to head h, the axis -3 of the scores. Reshape "
+            "it with sink.view(-1, 1, 1) (not reversed, not transposed) so that it lines up with the heads in order."),
     Mistake("sink column first, last key dropped",
             lambda s, k: torch.softmax(torch.cat([k.view(1, -1, 1, 1).expand(*s.shape[:-1], 1), s], -1), -1)[..., :-1],
             "you put the sink's column first and then dropped the LAST column, a real key: drop the column you added "
@@ -252,9 +275,9 @@ def reference_cow_table(table: list[int], length: int, block_size: int, free: li
 
 
 def _cow(table, length, b, free, n, *, copy=True, copy_all=False, every_write=False, pick=0, shift=0,
-         copy_last=False):
+         copy_last=False, unsorted=False):
     """The reference with one thing changed, for the table of mistakes."""
-    table, free, owned = list(table), sorted(free), set()
+    table, free, owned = list(table), list(free) if unsorted else sorted(free), set()
     if copy_all:
         table, owned = [free.pop(0) for _ in table], set(range(len(table)))
     if copy_last and length % b == 0 and table:
@@ -272,9 +295,11 @@ def _cow(table, length, b, free, n, *, copy=True, copy_all=False, every_write=Fa
 
 # (table, positions held, block size, free blocks, tokens written). The first has a partly filled shared
 # last block; the second a full one (nothing to copy); the third is section 11.1's prompt of 50 tokens in
-# blocks of 16; the fourth writes nothing; in the fifth the one token written lands in the shared last block.
+# blocks of 16; the fourth writes nothing; in the fifth the one token written lands in the shared last block;
+# the sixth hands over its free blocks unsorted, so taking them in list order is not the lowest first.
 COW_CASES = (([7, 2, 5], 10, 4, [0, 1, 3, 4, 6, 8, 9], 7), ([3, 1], 8, 4, [0, 2, 5, 6], 3),
-             ([0, 1, 2, 3], 50, 16, [4, 5, 6, 7, 8, 9], 20), ([1, 0], 5, 4, [2, 3], 0), ([5, 2], 7, 4, [0, 1, 3], 1))
+             ([0, 1, 2, 3], 50, 16, [4, 5, 6, 7, 8, 9], 20), ([1, 0], 5, 4, [2, 3], 0), ([5, 2], 7, 4, [0, 1, 3], 1),
+             ([4, 1], 6, 4, [9, 0, 7, 2, 3], 5))
 COW_MISTAKES = (
     Mistake("written in place", lambda *c: _cow(*c, copy=False),
             "the last block is shared with the other sample: writing into it in place would change what the other "
@@ -287,6 +312,9 @@ COW_MISTAKES = (
             "place. Copy a shared block once, then remember that it is owned."),
     Mistake("highest free block", lambda *c: _cow(*c, pick=-1),
             "the pool hands out the LOWEST-numbered free block first (free.pop(0) on the sorted list), not the last one."),
+    Mistake("free list taken in its order", lambda *c: _cow(*c, unsorted=True),
+            "the free list is not sorted: the pool hands out the LOWEST-numbered free block first, so take min(free) "
+            "(or sort a copy first), not the first entry of the list."),
     Mistake("new block one position early", lambda *c: _cow(*c, shift=1),
             "position p goes to entry p // block_size: a new block is needed when p is a multiple of block_size, "
             "not one position before."),
@@ -329,9 +357,16 @@ def check_cow_table(fn: Callable[..., Any]) -> Feedback:
     """Check ``fn(table, length, block_size, free, n) -> block table`` on every case of ``COW_CASES``."""
     for case in COW_CASES:
         table, length, b, free, n = case
-        got, fb = call_reader(fn, (list(table), length, b, list(free), n))
+        table_arg, free_arg = list(table), list(free)
+        got, fb = call_reader(fn, (table_arg, length, b, free_arg, n))
         if fb is not None:
             return fb
+        if table_arg != list(table) or free_arg != list(free):
+            which = " and ".join(name for name, arg, orig in (("table", table_arg, table), ("free", free_arg, free))
+                                 if arg != list(orig))
+            return wrong(f"your function changed the caller's {which} list: the table is shared with the other sample "
+                         "of the fork and the free list belongs to the pool, so work on copies (list(table), "
+                         "sorted(free)) and return the new table.")
         blocks = _as_table(got)
         if blocks is None:
             return wrong(f"return the block table as a list of block numbers (whole numbers), got {describe(got)}.")

@@ -132,8 +132,8 @@ def copy_on_write_diagram() -> Diagram:
            "count of 2. The first sample to write into the shared, partly filled last block gets its own copy "
            f"(block {last}); the other, now its only owner, writes in place. The {full} full prompt blocks stay "
            "shared.")
-    d = Diagram("ch11_copy_on_write", 440, 300, title="Copy-on-write: a fork shares blocks until one is written", alt=alt)
-    d.text(20, 30, f"prompt of {COW_PROMPT} tokens, blocks of {b}, forked into two samples", size=14, anchor="start")
+    d = Diagram("ch11_copy_on_write", 440, 300, title="Copy-on-write: a fork shares blocks until a write", alt=alt)
+    d.text(20, 30, f"a {COW_PROMPT}-token prompt in blocks of {b}, forked in two", size=14, anchor="start")
     for r, name in enumerate(("first", "second")):
         y = 60 + r * 100
         d.text(20, y + 20, f"sample {r + 1}", size=15, anchor="start")
