@@ -297,6 +297,9 @@ SHAPE_MISTAKES: tuple[Mistake, ...] = (
             "'scores' is [B, S, S] = ({B}, {S}, {S}): each sequence of the batch has its own scores; keep the batch axis."),
     Mistake("context = weights", _with(context="B S S"),
             "'context' is weights @ v, [S, S] @ [S, D_v], so it is [B, S, D_v] = ({B}, {S}, {D_v})."),
+    Mistake("context transposed", _with(context="B D_v S"),
+            "'context' is weights @ v, [B, S, S] @ [B, S, D_v], so it is [B, S, D_v] = ({B}, {S}, {D_v}): one row "
+            "per token, like the input; [B, D_v, S] would be its transpose."),
     Mistake("context has width D_k", _with(context="B S D_k"),
             "'context' mixes the values, so its width is D_v = {D_v}, not D_k."),
     Mistake("no output projection", _with(output="B S D_v"),
