@@ -31,6 +31,7 @@ from .feedback import (
     describe,
     diagnose,
     exercise,
+    low_precision,
     run_reader_code,
     wrong,
 )
@@ -40,148 +41,196 @@ __all__ = [
     "reference_shapes", "check_attention_shapes", "SHAPE_KEYS", "SHAPE_MISTAKES", "SHAPE_CONFIGS",
     "layers_until_linked", "encoder_layer_figure", "residual_gradient_norms",
     "MINILM_ARE", "are_row_from_model", "HEAD_B", "HEAD_D", "draw_head_path", "one_head_diagram",
-    "TOY_QUERY", "TOY_KEYS", "soft_lookup_diagram",
+    "TOY_QUERY", "TOY_KEYS", "soft_lookup_diagram", "lost_precision",
 ]
 
 
 # ---------------------------------------------------------------- soft lookup
 
 
-#: The soft-lookup checker's cases ``(N, D, D_v, dtype)``. The first has ``D_v = D`` so that
-#: "scored against the values" and "mixed the keys" are possible (and recognisable) mistakes, and
-#: ``D = 7`` so that sqrt(D) is no small integer (dividing by 2 is not dividing by sqrt(D)); the
-#: second differs in every size, has ``D_v != D`` and is float64, so a hard-coded size, a loop that
-#: starts from ``zeros_like(query)`` or a float32 constant cannot pass.
-SOFT_LOOKUP_CASES: tuple[tuple[int, int, int, torch.dtype], ...] = ((5, 7, 7, torch.float32), (6, 5, 3, torch.float64))
+#: The soft-lookup checker's cases ``(M, N, D, D_v, dtype)``: ``M`` queries, ``N`` keys of width ``D``,
+#: values of width ``D_v``. The first has ``D_v = D`` so that "scored against the values" and "mixed
+#: the keys" are possible (and recognisable) mistakes, and ``D = 7`` so that sqrt(D) is no small
+#: integer (dividing by 2 is not dividing by sqrt(D)); the second differs in every size, has
+#: ``D_v != D`` and is float64, so a hard-coded size, a loop that starts from ``zeros_like(queries)``
+#: or a float32 constant cannot pass. ``M`` differs from every other size, so a transposed answer
+#: shows in its shape.
+SOFT_LOOKUP_CASES: tuple[tuple[int, int, int, int, torch.dtype], ...] = (
+    (3, 5, 7, 7, torch.float32), (4, 6, 5, 3, torch.float64))
 
 
-def soft_lookup_inputs(N: int = 5, D: int = 7, D_v: int | None = None, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:
-    """A fixed test case: ``query [D]``, ``keys [N, D]``, ``values [N, D_v]`` (``D_v = D`` by default).
+def soft_lookup_inputs(M: int = 3, N: int = 5, D: int = 7, D_v: int | None = None,
+                       dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:
+    """A fixed test case: ``queries [M, D]``, ``keys [N, D]``, ``values [N, D_v]`` (``D_v = D`` by default).
 
-    ``N = D`` gives the square probe that lets a transposed answer run.
+    ``N = D`` gives the square probe that lets a product without the transpose run.
     """
     D_v = D if D_v is None else D_v
-    gen = torch.Generator().manual_seed(6 if (N, D, D_v) == (5, 7, 7) else 1000 * N + 10 * D + D_v)
-    query = (0.5 * torch.randn(D, generator=gen, dtype=torch.float64)).to(dtype)  # [D]: weights neither flat nor one-hot
+    gen = torch.Generator().manual_seed(6 if (M, N, D, D_v) == (3, 5, 7, 7) else 10000 * M + 1000 * N + 10 * D + D_v)
+    queries = (0.5 * torch.randn(M, D, generator=gen, dtype=torch.float64)).to(dtype)  # [M, D]: weights neither flat nor one-hot
     keys = torch.randn(N, D, generator=gen, dtype=torch.float64).to(dtype)  # [N, D]
     values = torch.randn(N, D_v, generator=gen, dtype=torch.float64).to(dtype)  # [N, D_v]
-    return query, keys, values
+    return queries, keys, values
 
 
-def _lookup(query: Tensor, keys: Tensor, values: Tensor) -> Tensor:
-    return torch.softmax(keys @ query, dim=-1) @ values  # [N] @ [N, D_v] -> [D_v]
+def _s(q: Tensor, k: Tensor) -> Tensor:
+    return q @ k.T  # [M, N]: one score per query and key
 
 
 def _w(q: Tensor, k: Tensor) -> Tensor:
-    return torch.softmax(k @ q, dim=-1)  # [N]
+    return torch.softmax(_s(q, k), dim=-1)  # [M, N], rows sum to 1
+
+
+def _lookup(queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+    return _w(queries, keys) @ values  # [M, N] @ [N, D_v] -> [M, D_v]
 
 
 #: Known wrong answers of the soft-lookup exercise, tried in this order.
 SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
-    Mistake("hard lookup", lambda q, k, v: v[(k @ q).argmax()],
-            "you returned the single best-matching row (a hard lookup). Attention returns a mix of all rows, "
-            "each weighted by softmax of its score."),
-    Mistake("raw scores as weights", lambda q, k, v: (k @ q) @ v,
+    Mistake("hard lookup", lambda q, k, v: v[_s(q, k).argmax(dim=-1)],
+            "you returned, for each query, the single best-matching row (a hard lookup). Attention returns a "
+            "mix of all rows, each weighted by softmax of its score."),
+    Mistake("raw scores as weights", lambda q, k, v: _s(q, k) @ v,
             "you mixed the values with the raw scores. Turn the scores into weights first with softmax, so "
-            "that they are positive and sum to 1."),
-    Mistake("normalised without exp", lambda q, k, v: ((k @ q) / (k @ q).sum()) @ v,
+            "that they are positive and each query's weights sum to 1."),
+    Mistake("normalised without exp", lambda q, k, v: (_s(q, k) / _s(q, k).sum(dim=-1, keepdim=True)) @ v,
             "you divided the scores by their sum without exponentiating them first. Those 'weights' sum to 1 "
             "but can be negative or huge (a score sum near 0 blows them up). softmax takes exp first: "
             "exp(s) / exp(s).sum()."),
-    Mistake("equal average", lambda q, k, v: v.mean(dim=0),
+    Mistake("equal average", lambda q, k, v: v.mean(dim=0).expand(q.shape[0], -1),
             "you averaged all rows equally. The weights must depend on how well each key matches the query: "
-            "softmax(keys @ query)."),
-    Mistake("scored the values", lambda q, k, v: torch.softmax(v @ q, dim=-1) @ v,
-            "you scored the query against the values. The match is measured against the keys: keys @ query."),
+            "softmax(queries @ keys.T)."),
+    Mistake("softmax over the queries", lambda q, k, v: torch.softmax(_s(q, k), dim=0) @ v,
+            "your softmax ran over the queries (dim=0), so each key's column sums to 1. Each query spreads its "
+            "own attention over the keys: softmax over the last axis, dim=-1."),
+    Mistake("scored the values", lambda q, k, v: torch.softmax(q @ v.T, dim=-1) @ v,
+            "you scored the queries against the values. The match is measured against the keys: queries @ keys.T."),
     Mistake("mixed the keys", lambda q, k, v: _w(q, k) @ k,
             "you mixed the keys. Keys are only for matching; what is handed over is the values: weights @ values."),
-    Mistake("divided by sqrt(D)", lambda q, k, v: torch.softmax(k @ q / math.sqrt(q.shape[0]), dim=-1) @ v,
+    Mistake("divided by sqrt(D)", lambda q, k, v: torch.softmax(_s(q, k) / math.sqrt(q.shape[1]), dim=-1) @ v,
             "you divided the scores by sqrt(D). This exercise leaves that scaling out (chapter 3 explains it); "
-            "it asks for the plain lookup softmax(keys @ query) @ values."),
-    Mistake("divided by D", lambda q, k, v: torch.softmax(k @ q / q.shape[0], dim=-1) @ v,
-            "you divided the scores by D. This exercise asks for the plain lookup softmax(keys @ query) @ values, "
+            "it asks for the plain lookup softmax(queries @ keys.T) @ values."),
+    Mistake("divided by D", lambda q, k, v: torch.softmax(_s(q, k) / q.shape[1], dim=-1) @ v,
+            "you divided the scores by D. This exercise asks for the plain lookup softmax(queries @ keys.T) @ values, "
             "with no scaling."),
-    Mistake("sigmoid", lambda q, k, v: torch.sigmoid(k @ q) @ v,
+    Mistake("sigmoid", lambda q, k, v: torch.sigmoid(_s(q, k)) @ v,
             "you used sigmoid: it squashes each score on its own, so the weights do not sum to 1. softmax "
             "normalises them together: exp(s) / exp(s).sum()."),
-    Mistake("log_softmax", lambda q, k, v: torch.log_softmax(k @ q, dim=-1) @ v,
+    Mistake("log_softmax", lambda q, k, v: torch.log_softmax(_s(q, k), dim=-1) @ v,
             "you used log_softmax, the logarithm of the weights (all negative). Use softmax itself."),
-    Mistake("weighted rows averaged", lambda q, k, v: (_w(q, k)[:, None] * v).mean(dim=0),
-            "you averaged the weighted rows (.mean(0)): the weights already sum to 1, so add the weighted rows "
-            "up (.sum(0), or weights @ values)."),
+    Mistake("weighted rows averaged", lambda q, k, v: (_w(q, k)[..., None] * v).mean(dim=1),
+            "you averaged the weighted rows (.mean): the weights already sum to 1, so add the weighted rows "
+            "up (.sum, or weights @ values)."),
     Mistake("returned the weights", lambda q, k, v: _w(q, k),
-            "you returned the weights, one number per row. Finish the lookup by mixing the values with them: "
-            "weights @ values."),
-    Mistake("returned the scores", lambda q, k, v: k @ q,
-            "you returned the scores, one number per row. Turn them into weights with softmax and mix the "
-            "values: softmax(keys @ query) @ values."),
-    Mistake("weighted rows not summed", lambda q, k, v: _w(q, k)[:, None] * v,
-            "you returned one weighted row per key, shape [N, D_v]: add them up into one vector "
-            "(weights @ values), so the result has shape [D_v]."),
-    Mistake("keys.T @ query", lambda q, k, v: torch.softmax(k.T @ q, dim=-1) @ v,
-            "keys.T @ query only runs when N == D: keys is [N, D] with one row per entry, so keys @ query "
-            "already gives one score per row. Drop the .T (your code raised an error when N != D)."),
+            "you returned the weights, one number per query and row. Finish the lookup by mixing the values "
+            "with them: weights @ values."),
+    Mistake("returned the scores", lambda q, k, v: _s(q, k),
+            "you returned the scores, one number per query and row. Turn them into weights with softmax and "
+            "mix the values: softmax(queries @ keys.T) @ values."),
+    Mistake("weighted rows not summed", lambda q, k, v: _w(q, k)[..., None] * v,
+            "you returned one weighted row per query and key, shape [M, N, D_v]: add them up over the keys "
+            "(weights @ values), so the result has shape [M, D_v]."),
+    Mistake("last key dropped", lambda q, k, v: torch.softmax(q @ k[:-1].T, dim=-1) @ v[:-1],
+            "you left out the last key and value (a range or slice that stops one early, such as keys[:-1] or "
+            "range(N - 1)): every one of the N rows takes part."),
+    Mistake("queries @ keys", lambda q, k, v: torch.softmax(q @ k, dim=-1) @ v,
+            "queries @ keys only runs when N == D: keys is [N, D] with one row per entry, so compare the "
+            "queries with keys.T, [M, D] @ [D, N] = [M, N] (your code raised an error when N != D)."),
 )
 
 
+def lost_precision(got: Any, expected: Tensor, *, name: str = "your result") -> Feedback | None:
+    """The hint for a result in a narrower dtype than the inputs: float16/bfloat16 (when it is right to
+    that precision) or float32 from float64 inputs (always: a cast inside the function loses digits)."""
+    half = low_precision(got, expected, name=name)
+    if half is not None:
+        return half
+    if isinstance(got, Tensor) and got.dtype == torch.float32 and expected.dtype == torch.float64:
+        return wrong(f"{name} is torch.float32 but the inputs are torch.float64: keep the inputs' dtype "
+                     "(no .float() or .to(torch.float32) inside the function).")
+    return None
+
+
+_SQRT_D = next(m for m in SOFT_LOOKUP_MISTAKES if m.name == "divided by sqrt(D)")
+
+
+def _sqrt_d_v(fn: Callable[..., Any]) -> Feedback | None:
+    """On the second case (D_v != D): the hint for scores divided by sqrt(D_v), if that is what ``fn`` does."""
+    q, k, v = soft_lookup_inputs(*SOFT_LOOKUP_CASES[1])
+    result, feedback = run_reader_code(fn, q.clone(), k.clone(), v.clone())
+    if feedback is None and close(result, torch.softmax(_s(q, k) / math.sqrt(v.shape[1]), dim=-1) @ v):
+        return wrong("you divided the scores by sqrt(D_v), the square root of the values' width. This exercise "
+                     "leaves any scaling out (chapter 3 explains the one by sqrt(D_k)): softmax(queries @ keys.T) @ values.")
+    return None
+
+
 def _soft_lookup_cases() -> list[tuple[Tensor, Tensor, Tensor]]:
-    return [soft_lookup_inputs(*c) for c in SOFT_LOOKUP_CASES] + [soft_lookup_inputs(7, 7)]
+    return [soft_lookup_inputs(*c) for c in SOFT_LOOKUP_CASES] + [soft_lookup_inputs(3, 7, 7)]
 
 
 def _lookup_one(fn: Callable[..., Any], inputs: tuple[Tensor, Tensor, Tensor], square: tuple[Tensor, Tensor, Tensor]) -> Feedback | None:
     """``None`` when ``fn`` is right on ``inputs``, else the feedback (a known mistake's hint when it is one)."""
     result, feedback = run_reader_code(fn, *(t.clone() for t in inputs))
     if feedback is not None:
-        if feedback.status == "wrong" and feedback.message.startswith("your code raised"):  # maybe a transpose that only works for square inputs
+        if feedback.status == "wrong" and feedback.message.startswith("your code raised"):  # maybe a product that only runs for square inputs
             result2, feedback2 = run_reader_code(fn, *(t.clone() for t in square))
             if feedback2 is None:
                 return diagnose(result2, SOFT_LOOKUP_MISTAKES, *square) or feedback
         return feedback
     if not isinstance(result, Tensor):
-        return wrong(f"return a torch.Tensor of shape [D_v], got {describe(result)}.")
+        return wrong(f"return a torch.Tensor of shape [M, D_v], got {describe(result)}.")
     expected = _lookup(*inputs)
+    lost = lost_precision(result, expected)
+    if lost is not None:
+        return lost
     if close(result, expected):
         return None
     hint = diagnose(result, SOFT_LOOKUP_MISTAKES, *inputs)
     if hint is not None:
         return hint
     N, D_v = inputs[2].shape
-    D = inputs[0].shape[0]
-    if tuple(result.shape) == (N,):
-        return wrong(f"you returned {N} numbers (one per row), but the lookup returns one mixed value of width {D_v}.")
-    if tuple(result.shape) == (D,) and D != D_v:
-        return wrong(f"your result has the query's width D = {D}, but here the values are D_v = {D_v} wide: the "
-                     "output mixes the values, so it has width D_v (a loop that starts from torch.zeros_like(query) "
-                     "only works while D_v = D; start from torch.zeros(values.shape[1]) or use weights @ values).")
+    M, D = inputs[0].shape
+    if tuple(result.shape) == (D_v, M):
+        return wrong(f"your result is [D_v, M] = {tuple(result.shape)}: return one row per query, [M, D_v].")
+    if tuple(result.shape) == (M, D) and D != D_v:
+        return wrong(f"your result has the queries' width D = {D}, but here the values are D_v = {D_v} wide: the "
+                     "output mixes the values, so it has width D_v (a loop that starts from torch.zeros_like(queries) "
+                     "only works while D_v = D; start from torch.zeros(M, values.shape[1]) or use weights @ values).")
+    if result.dim() == 1:
+        return wrong(f"you returned one vector of {result.shape[0]} numbers, but there are M = {M} queries: "
+                     f"return one mixed value per query, [M, D_v] = ({M}, {D_v}).")
     return compare_tensors(result, expected, name="your result")
 
 
-@exercise(solution=lambda q, k, v: torch.softmax(k @ q, dim=-1) @ v,
-          tables=(MistakeTable(SOFT_LOOKUP_MISTAKES, _soft_lookup_cases, _lookup),),
-          not_generic={"transposed": "the answer is a vector"})
+@exercise(solution=lambda q, k, v: torch.softmax(q @ k.T, dim=-1) @ v,
+          tables=(MistakeTable(SOFT_LOOKUP_MISTAKES, _soft_lookup_cases, _lookup),))
 def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Feedback:
-    """Check ``fn(query [D], keys [N, D], values [N, D_v]) -> [D_v]``.
+    """Check ``fn(queries [M, D], keys [N, D], values [N, D_v]) -> [M, D_v]``.
 
-    The right answer is ``softmax(keys @ query) @ values``. It is tried on every case of
+    The right answer is ``softmax(queries @ keys.T, dim=-1) @ values``. It is tried on every case of
     :data:`SOFT_LOOKUP_CASES`. When the reader's code raises, it is tried once more on a square
-    case (``N = D``), where a transposed product runs and can be recognised.
+    case (``N = D``), where a product without the transpose runs and can be recognised.
     """
-    square = soft_lookup_inputs(7, 7)
+    square = soft_lookup_inputs(3, 7, 7)
     for c, case in enumerate(SOFT_LOOKUP_CASES):
         problem = _lookup_one(fn, soft_lookup_inputs(*case), square)
+        if problem is not None and c == 0 and problem.message == _SQRT_D.hint:
+            hint = _sqrt_d_v(fn)  # the first case has D_v = D: which square root was it?
+            if hint is not None:
+                return hint
         if problem is not None and c > 0 and problem.message.startswith("your code raised"):
-            N, D, D_v, _ = case
-            return wrong(f"right when the values are as wide as the keys, but with N = {N}, D = {D} and D_v = {D_v} "
-                         f"{problem.message}. The output has the values' width D_v: a loop that starts from "
-                         "torch.zeros_like(query) only works while D_v = D (start from torch.zeros(values.shape[1]), "
-                         "or use weights @ values).")
+            M, N, D, D_v, _ = case
+            return wrong(f"right when the values are as wide as the keys, but with M = {M}, N = {N}, D = {D} and "
+                         f"D_v = {D_v} {problem.message}. The output has the values' width D_v: a loop that starts "
+                         "from torch.zeros_like(queries) only works while D_v = D (start from "
+                         "torch.zeros(M, values.shape[1]), or use weights @ values).")
         if problem is not None:
             return problem
-    query, keys, _ = soft_lookup_inputs(*SOFT_LOOKUP_CASES[0])
-    weights = _w(query, keys)
+    queries, keys, _ = soft_lookup_inputs(*SOFT_LOOKUP_CASES[0])
+    weights = _w(queries, keys)[0]
     return correct(
-        f"the query gets weights {[round(w, 2) for w in weights.tolist()]} over the {len(weights)} rows "
-        "and returns their weighted mix, not one row (also right when D_v differs from D)."
+        f"query 0 gets weights {[round(w, 2) for w in weights.tolist()]} over the {len(weights)} rows, and every "
+        "query returns its own weighted mix, not one row (also right when D_v differs from D)."
     )
 
 
@@ -218,6 +267,10 @@ def _with(**changes: str) -> Callable[..., dict[str, tuple[int, ...]]]:
 
 #: Known wrong answers of the shape exercise. Each hint may use {B}, {S}, {D}, {D_k}, {D_v}.
 SHAPE_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("sequence first", _with(q="S B D_k", k="S B D_k", v="S B D_v", scores="S B S", weights="S B S",
+                                    context="S B D_v", output="S B D"),
+            "your shapes are sequence first, [S, B, ...]: the input here is batch first, [B, S, D] = ({B}, {S}, {D}), "
+            "so every shape starts with the batch axis B (the layout chapter 1 warns about)."),
     Mistake("q keeps the model width", _with(q="B S D", k="B S D"),
             "'q' and 'k' are [B, S, D_k]: W^Q and W^K map each token's D = {D} features to D_k = {D_k}."),
     Mistake("v has width D_k", _with(v="B S D_k", context="B S D_k"),
@@ -244,6 +297,9 @@ SHAPE_MISTAKES: tuple[Mistake, ...] = (
             "'scores' is [B, S, S] = ({B}, {S}, {S}): each sequence of the batch has its own scores; keep the batch axis."),
     Mistake("context = weights", _with(context="B S S"),
             "'context' is weights @ v, [S, S] @ [S, D_v], so it is [B, S, D_v] = ({B}, {S}, {D_v})."),
+    Mistake("context transposed", _with(context="B D_v S"),
+            "'context' is weights @ v, [B, S, S] @ [B, S, D_v], so it is [B, S, D_v] = ({B}, {S}, {D_v}): one row "
+            "per token, like the input; [B, D_v, S] would be its transpose."),
     Mistake("context has width D_k", _with(context="B S D_k"),
             "'context' mixes the values, so its width is D_v = {D_v}, not D_k."),
     Mistake("no output projection", _with(output="B S D_v"),
@@ -560,5 +616,5 @@ def soft_lookup_diagram() -> Diagram:
         bar = max(2.0, 90 * w / float(weights.max()))
         d.rect(236, y + 4, bar, 26, fill="orange", stroke="orange", rx=2, tint=True)
         d.text(236 + bar + 4 if bar < 60 else 240, y + 23, f"{w:.2f}", size=14, anchor="start")
-    d.text(180, 92 + 44 * n + 30, f"output = Σ weight × value, over all {n} tokens", size=15)
+    d.text(180, 92 + 44 * n + 30, f"output = weighted sum of the {n} values", size=15)
     return d

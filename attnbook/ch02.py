@@ -12,8 +12,9 @@ reader's function and checks that the checker answers with its hint.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -37,12 +38,13 @@ from .feedback import (
 __all__ = [
     "qkv_inputs", "reference_attention", "check_self_attention", "check_cross_attention",
     "WEIGHT_MISTAKES", "OUTPUT_MISTAKES", "CASES", "marker_batch", "OneHead", "train_marker_head",
-    "TOY_D", "TOY_D_K", "qkv_path_diagram",
+    "TOY_D", "TOY_D_K", "TOY_D_V", "qkv_path_diagram",
 ]
 
-#: The chapter's toy sizes: width D = 16 for the running example's vectors, D_k = D_v = 8 for the
-#: head. The notebook and the diagram both read them.
-TOY_D, TOY_D_K = 16, 8
+#: The chapter's toy sizes: width D = 16 for the running example's vectors, D_k = 4 and D_v = 6 for
+#: the head, all different from S = 8 so that every shape names its axes. The notebook and the
+#: diagram both read them.
+TOY_D, TOY_D_K, TOY_D_V = 16, 4, 6
 
 # Sizes of the first test case: every size differs and so does every square root (sqrt(S_q) is not
 # D_v, sqrt(S_k) is not D_k, ...), so a wrong divisor or shape names its own mistake.
@@ -55,6 +57,9 @@ CASES: tuple[tuple[int, int, int, int, int, torch.dtype], ...] = (
     (4, 11, 8, 3, 5, torch.float64),
 )
 
+#: The batch size of the self-attention check in each case: it differs from every other size there.
+BATCHES: tuple[int, ...] = (3, 2)
+
 
 def qkv_inputs(s_q: int = S_Q, case: int = 0) -> dict[str, Tensor]:
     """One of the checkers' test cases (:data:`CASES`).
@@ -62,7 +67,8 @@ def qkv_inputs(s_q: int = S_Q, case: int = 0) -> dict[str, Tensor]:
     Returns:
         ``x [S_k, D]`` (also the key/value sequence of the cross-attention check),
         ``x_q [S_q, D]`` (the query sequence of the cross-attention check),
-        ``w_q [D, D_k]``, ``w_k [D, D_k]``, ``w_v [D, D_v]``.
+        ``w_q [D, D_k]``, ``w_k [D, D_k]``, ``w_v [D, D_v]``, and ``x_batch [B, S_k, D]`` (the
+        self-attention check's batch, ``B`` = :data:`BATCHES` of the case).
         ``qkv_inputs(S_K)`` gives the square probe (``S_q = S_k``) on which code that mixes up the
         sequences still runs.
     """
@@ -76,7 +82,9 @@ def qkv_inputs(s_q: int = S_Q, case: int = 0) -> dict[str, Tensor]:
     w_q = torch.randn(d, dk, generator=gen, dtype=torch.float64) * scale  # [D, D_k]
     w_k = torch.randn(d, dk, generator=gen, dtype=torch.float64) * scale  # [D, D_k]
     w_v = torch.randn(d, dv, generator=gen, dtype=torch.float64) * scale  # [D, D_v]
-    return {name: t.to(dtype) for name, t in {"x": x, "x_q": x_q, "w_q": w_q, "w_k": w_k, "w_v": w_v}.items()}
+    x_batch = torch.randn(BATCHES[case], sk, d, generator=gen, dtype=torch.float64)  # [B, S_k, D]
+    tensors = {"x": x, "x_q": x_q, "w_q": w_q, "w_k": w_k, "w_v": w_v, "x_batch": x_batch}
+    return {name: t.to(dtype) for name, t in tensors.items()}
 
 
 def reference_attention(x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor) -> tuple[Tensor, Tensor]:
@@ -88,12 +96,12 @@ def reference_attention(x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tensor, w_v
     q = x_q @ w_q  # [S_q, D_k]
     k = x_kv @ w_k  # [S_k, D_k]
     v = x_kv @ w_v  # [S_k, D_v]
-    weights = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1)  # [S_q, S_k]
-    return weights @ v, weights  # [S_q, D_v], [S_q, S_k]
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)  # [..., S_q, S_k]
+    return weights @ v, weights  # [..., S_q, D_v], [..., S_q, S_k]
 
 
 def _scores(x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tensor) -> Tensor:
-    return (x_q @ w_q) @ (x_kv @ w_k).T  # [S_q, S_k], unscaled
+    return (x_q @ w_q) @ (x_kv @ w_k).mT  # [..., S_q, S_k], unscaled
 
 
 def _sm(t: Tensor, dim: int = -1) -> Tensor:
@@ -107,13 +115,13 @@ def _cross_only(t: Tensor, x_q: Tensor, x_kv: Tensor) -> Tensor:
 
 
 def _square_only(t: Tensor, x_q: Tensor, x_kv: Tensor) -> Tensor:
-    if x_q.shape[0] != x_kv.shape[0]:
+    if x_q.shape[-2] != x_kv.shape[-2]:
         raise ValueError("this mistake is only recognisable when S_q == S_k")
     return t
 
 
 def _unequal_lengths(t: Tensor, x_q: Tensor, x_kv: Tensor) -> Tensor:
-    if x_q.shape[0] == x_kv.shape[0]:
+    if x_q.shape[-2] == x_kv.shape[-2]:
         raise ValueError("when S_q = S_k this mistake is the sqrt(S_k) one")
     return t
 
@@ -125,46 +133,52 @@ _PROJECT_FIRST = (
 
 #: Known wrong weight matrices, ``compute(x_q, x_kv, w_q, w_k, w_v) -> weights``, tried in order.
 WEIGHT_MISTAKES: tuple[Mistake, ...] = (
-    Mistake("K @ Q.T", lambda xq, xk, wq, wk, wv: _sm((xk @ wk) @ (xq @ wq).T / math.sqrt(wq.shape[1])),
+    Mistake("K @ Q.T", lambda xq, xk, wq, wk, wv: _sm((xk @ wk) @ (xq @ wq).mT / math.sqrt(wq.shape[-1])),
             "your weights are those of K @ Q.T (shape [S_k, S_q]): row i must hold query i's scores against "
             "every key, so compute Q @ K.T, shape [S_q, S_k]."),
-    Mistake("keys from x_q", lambda xq, xk, wq, wk, wv: _cross_only(_sm((xq @ wq) @ (xq @ wk).T / math.sqrt(wq.shape[1])), xq, xk),
+    Mistake("keys from x_q", lambda xq, xk, wq, wk, wv: _cross_only(_sm((xq @ wq) @ (xq @ wk).mT / math.sqrt(wq.shape[-1])), xq, xk),
             "your weights have shape [S_q, S_q]: you took the keys from the query sequence. Keys and values "
             "come from x_kv, so the weights are [S_q, S_k]."),
-    Mistake("queries from x_kv", lambda xq, xk, wq, wk, wv: _cross_only(_sm((xk @ wq) @ (xk @ wk).T / math.sqrt(wq.shape[1])), xq, xk),
+    Mistake("queries from x_kv", lambda xq, xk, wq, wk, wv: _cross_only(_sm((xk @ wq) @ (xk @ wk).mT / math.sqrt(wq.shape[-1])), xq, xk),
             "your weights have shape [S_k, S_k]: you took the queries from x_kv. Queries come from x_q, so "
             "the weights are [S_q, S_k]."),
-    Mistake("raw scores", lambda xq, xk, wq, wk, wv: _scores(xq, xk, wq, wk) / math.sqrt(wq.shape[1]),
+    Mistake("raw scores", lambda xq, xk, wq, wk, wv: _scores(xq, xk, wq, wk) / math.sqrt(wq.shape[-1]),
             "your weights are the raw scores: apply softmax over each row (dim=-1) so that every row sums to 1."),
     Mistake("unscaled raw scores", lambda xq, xk, wq, wk, wv: _scores(xq, xk, wq, wk),
             "your weights are the raw scores: apply softmax over each row (dim=-1) so that every row sums to 1."),
-    Mistake("softmax over dim 0", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk) / math.sqrt(wq.shape[1]), 0),
-            "your columns sum to 1 instead of your rows: softmax ran over the queries (dim=0). Normalise over "
+    Mistake("softmax over dim 0", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk) / math.sqrt(wq.shape[-1]), -2),
+            "your columns sum to 1 instead of your rows: softmax ran over the queries (dim=0 of an [S, S] matrix, dim=-2 in general). Normalise over "
             "the keys, the last axis (dim=-1)."),
     Mistake("no scale", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk)),
             "you forgot to divide by sqrt(D_k): your weights are too peaked."),
-    Mistake("divided by D_k", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk) / wq.shape[1]),
+    Mistake("multiplied by sqrt(D_k)", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk) * math.sqrt(wq.shape[-1])),
+            "you multiplied the scores by sqrt(D_k) (s / (1 / sqrt(d)) is s * sqrt(d)): divide them by sqrt(D_k), "
+            "s / math.sqrt(d_k), so the weights are not too peaked."),
+    Mistake("divided by D_k", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk) / wq.shape[-1]),
             "you divided by D_k instead of sqrt(D_k): your weights are too flat."),
-    Mistake("divided by sqrt(D)", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk) / math.sqrt(xq.shape[1])),
+    Mistake("divided by sqrt(D)", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk) / math.sqrt(xq.shape[-1])),
             "you divided by sqrt(D), the width of x. The scale uses D_k, the width of the queries and keys: "
             "divide by sqrt(D_k)."),
-    Mistake("divided by sqrt(D_v)", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk) / math.sqrt(wv.shape[1])),
+    Mistake("divided by sqrt(D_v)", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk) / math.sqrt(wv.shape[-1])),
             "you divided by sqrt(D_v), the width of the values (k.shape[-1] would be D_k; v.shape[-1] is D_v). "
             "The scale belongs to the dot products of queries and keys: divide by sqrt(D_k)."),
-    Mistake("no projection", lambda xq, xk, wq, wk, wv: _sm(xq @ xk.T), _PROJECT_FIRST),
-    Mistake("no projection, scaled", lambda xq, xk, wq, wk, wv: _sm(xq @ xk.T / math.sqrt(wq.shape[1])), _PROJECT_FIRST),
-    Mistake("no projection, scaled by D", lambda xq, xk, wq, wk, wv: _sm(xq @ xk.T / math.sqrt(xq.shape[1])), _PROJECT_FIRST),
-    Mistake("Q @ Q.T", lambda xq, xk, wq, wk, wv: _square_only(_sm((xq @ wq) @ (xq @ wq).T / math.sqrt(wq.shape[1])), xq, xk),
-            "you compared the queries with the queries (Q @ Q.T): the scores compare each query with every *key*, "
+    Mistake("no projection", lambda xq, xk, wq, wk, wv: _sm(xq @ xk.mT), _PROJECT_FIRST),
+    Mistake("no projection, scaled", lambda xq, xk, wq, wk, wv: _sm(xq @ xk.mT / math.sqrt(wq.shape[-1])), _PROJECT_FIRST),
+    Mistake("no projection, scaled by D", lambda xq, xk, wq, wk, wv: _sm(xq @ xk.mT / math.sqrt(xq.shape[-1])), _PROJECT_FIRST),
+    Mistake("Q @ Q.T", lambda xq, xk, wq, wk, wv: _square_only(_sm((xq @ wq) @ (xq @ wq).mT / math.sqrt(wq.shape[-1])), xq, xk),
+            "you compared the queries with the queries (Q @ Q.mT): the scores compare each query with every *key*, "
             "Q @ K.T, with K = x @ w_k."),
-    Mistake("K @ K.T", lambda xq, xk, wq, wk, wv: _square_only(_sm((xk @ wk) @ (xk @ wk).T / math.sqrt(wq.shape[1])), xq, xk),
-            "you compared the keys with the keys (K @ K.T): the scores compare each *query* with every key, "
+    Mistake("K @ K.T", lambda xq, xk, wq, wk, wv: _square_only(_sm((xk @ wk) @ (xk @ wk).mT / math.sqrt(wq.shape[-1])), xq, xk),
+            "you compared the keys with the keys (K @ K.mT): the scores compare each *query* with every key, "
             "Q @ K.T, with Q = x @ w_q."),
-    Mistake("divided by sqrt(S_k)", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk) / math.sqrt(xk.shape[0])),
+    Mistake("divided by sqrt(S_k)", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk) / math.sqrt(xk.shape[-2])),
             "you divided by the square root of a sequence length (the number of keys, S_k = x_kv.shape[0]; in "
             "self-attention S = x.shape[0]). The scale is sqrt(D_k), the width of the queries and keys: "
             "shape[-1] of q or k, not shape[0]."),
-    Mistake("divided by sqrt(S_q)", lambda xq, xk, wq, wk, wv: _unequal_lengths(_sm(_scores(xq, xk, wq, wk) / math.sqrt(xq.shape[0])), xq, xk),
+    Mistake("weights transposed", lambda xq, xk, wq, wk, wv: _right_weights(xq, xk, wq, wk, wv).mT,
+            "your weight matrix is the right one transposed: its columns sum to 1. Return the weights with one "
+            "row per query, [S_q, S_k], not weights.T."),
+    Mistake("divided by sqrt(S_q)", lambda xq, xk, wq, wk, wv: _unequal_lengths(_sm(_scores(xq, xk, wq, wk) / math.sqrt(xq.shape[-2])), xq, xk),
             "you divided by sqrt(S_q), the number of queries (x_q.shape[0]). The scale is sqrt(D_k), the width of "
             "the queries and keys: shape[-1] of q or k, not shape[0]."),
 )
@@ -185,7 +199,7 @@ OUTPUT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("values from x_q", lambda xq, xk, wq, wk, wv: _cross_only(_right_weights(xq, xk, wq, wk, wv) @ (xq @ wv), xq, xk),
             "you took the values from x_q. Values come from the same sequence as the keys, x_kv: each key "
             "labels one value, so weights [S_q, S_k] @ V [S_k, D_v]. (With S_q != S_k your code raised an error.)"),
-    Mistake("weights.T @ V", lambda xq, xk, wq, wk, wv: _right_weights(xq, xk, wq, wk, wv).T @ (xk @ wv),
+    Mistake("weights.T @ V", lambda xq, xk, wq, wk, wv: _right_weights(xq, xk, wq, wk, wv).mT @ (xk @ wv),
             "you multiplied weights.T @ V. Row i of the output mixes the values with row i of the weights: weights @ V."),
     Mistake("output = V", lambda xq, xk, wq, wk, wv: _square_only(xk @ wv, xq, xk),
             "your output equals V: no mixing happened. Multiply by the weights: weights @ V."),
@@ -202,6 +216,12 @@ def _diagnose(result: object, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tenso
             return wrong(f"{name} should be a torch.Tensor, got {describe(t)}.")
     args = (x_q, x_kv, w_q, w_k, w_v)
     expected_out, expected_w = reference_attention(*args)
+    from .ch01 import lost_precision
+
+    for name, t, ref in (("output", output, expected_out), ("weights", weights, expected_w)):
+        lost = lost_precision(t, ref, name=f"your {name}")
+        if lost is not None:
+            return lost
     if close(output, expected_w) and close(weights, expected_out):
         return wrong("return (output, weights) in that order: your first item is the weight matrix.")
     if not close(weights, expected_w):
@@ -213,8 +233,9 @@ def _diagnose(result: object, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tenso
                          f"{tuple(expected_w.shape)}: one row per query, one column per key.")
         sums = as_cpu_float64(weights).sum(dim=-1)
         if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
-            worst = int((sums - 1).abs().argmax())
-            return wrong(f"your rows sum to {float(sums[worst]):.2f} (row {worst}): apply softmax over the keys, "
+            worst = int((sums - 1).abs().flatten().argmax())
+            row = worst % sums.shape[-1]
+            return wrong(f"your rows sum to {float(sums.flatten()[worst]):.2f} (row {row}): apply softmax over the keys, "
                          "the last axis (dim=-1), so that every row sums to 1.")
         return compare_tensors(weights, expected_w, name="your weight matrix")
     if close(output, expected_out):
@@ -222,15 +243,42 @@ def _diagnose(result: object, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tenso
     return diagnose(output, OUTPUT_MISTAKES, *args) or compare_tensors(output, expected_out, name="your output")
 
 
+@contextlib.contextmanager
+def _watch_attention_functions() -> Iterator[list[str]]:
+    """Record calls of ``attnlib.scaled_dot_product_attention`` and PyTorch's fused SDPA while active."""
+    import attnlib
+    import torch.nn.functional as F
+
+    called: list[str] = []
+    originals = [(attnlib, "scaled_dot_product_attention", "attnlib.scaled_dot_product_attention"),
+                 (F, "scaled_dot_product_attention", "F.scaled_dot_product_attention")]
+    saved = [getattr(mod, attr) for mod, attr, _ in originals]
+    for (mod, attr, label), orig in zip(originals, saved):
+        def spy(*a: object, _orig: Callable[..., object] = orig, _label: str = label, **k: object) -> object:
+            called.append(_label)
+            return _orig(*a, **k)
+        setattr(mod, attr, spy)
+    try:
+        yield called
+    finally:
+        for (mod, attr, _), orig in zip(originals, saved):
+            setattr(mod, attr, orig)
+
+
 def _check(fn: Callable[..., object], make_args: Callable[[dict[str, Tensor]], tuple[Tensor, ...]],
-           select: Callable[[tuple[Tensor, ...]], tuple[Tensor, ...]]) -> Feedback | None:
+           select: Callable[[tuple[Tensor, ...]], tuple[Tensor, ...]], *,
+           by_hand: bool = False) -> Feedback | None:
     """Run the reader's code on every case of :data:`CASES`; if the first raises, once more on the square probe.
 
     ``select`` picks the reader's arguments from the case's tensors; the reader gets copies, passed
     directly, so run_reader_code sees them (and refuses code that changes them in place)."""
     for case in range(len(CASES)):
         args = make_args(qkv_inputs(case=case))
-        result, feedback = run_reader_code(fn, *select(tuple(a.clone() for a in args)))
+        with _watch_attention_functions() as called:
+            result, feedback = run_reader_code(fn, *select(tuple(a.clone() for a in args)))
+        if by_hand and called and feedback is None:
+            return wrong(f"your function calls {called[0]}: the exercise is to write the attention by hand, "
+                         "with matrix products and torch.softmax only.")
         if feedback is None:
             problem = _diagnose(result, *args)
             if problem is not None:
@@ -252,7 +300,8 @@ def _table_cases(self_attention: bool) -> Callable[[], list[tuple[Tensor, ...]]]
         out = []
         for c in range(len(CASES)):
             t = qkv_inputs(case=c)
-            out.append((t["x"] if self_attention else t["x_q"], t["x"], t["w_q"], t["w_k"], t["w_v"]))
+            x_kv = t["x_batch"] if self_attention else t["x"]
+            out.append((x_kv if self_attention else t["x_q"], x_kv, t["w_q"], t["w_k"], t["w_v"]))
         if not self_attention:  # the square probe, tried when the reader's code raises on the first case
             t = qkv_inputs(S_K)
             out.append((t["x_q"], t["x"], t["w_q"], t["w_k"], t["w_v"]))
@@ -261,8 +310,8 @@ def _table_cases(self_attention: bool) -> Callable[[], list[tuple[Tensor, ...]]]
 
 
 def _solution_self(x: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor) -> tuple[Tensor, Tensor]:
-    q, k, v = x @ w_q, x @ w_k, x @ w_v  # [S, D_k], [S, D_k], [S, D_v]
-    weights = torch.softmax(q @ k.T / math.sqrt(k.shape[-1]), dim=-1)  # [S, S]
+    q, k, v = x @ w_q, x @ w_k, x @ w_v  # [B, S, D_k], [B, S, D_k], [B, S, D_v]
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1]), dim=-1)  # [B, S, S]
     return weights @ v, weights
 
 
@@ -280,16 +329,19 @@ def _tables(self_attention: bool) -> tuple[MistakeTable, ...]:
 
 @exercise(solution=_solution_self, tables=_tables(True))
 def check_self_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> Feedback:
-    """Check ``fn(x [S, D], w_q [D, D_k], w_k [D, D_k], w_v [D, D_v]) -> (output [S, D_v], weights [S, S])``."""
-    feedback = _check(fn, lambda t: (t["x"], t["x"], t["w_q"], t["w_k"], t["w_v"]),
-                      lambda a: (a[0], *a[2:]))
+    """Check ``fn(x [B, S, D], w_q [D, D_k], w_k [D, D_k], w_v [D, D_v]) -> (output [B, S, D_v], weights [B, S, S])``."""
+    feedback = _check(fn, lambda t: (t["x_batch"], t["x_batch"], t["w_q"], t["w_k"], t["w_v"]),
+                      lambda a: (a[0], *a[2:]), by_hand=True)
     if feedback is not None:
+        if feedback.message.startswith("your code raised"):
+            return wrong(feedback.message + " (With x of shape [B, S, D], k is [B, S, D_k]: k.T reverses all three "
+                         "axes, so swap only the last two, k.transpose(-2, -1).)")
         return feedback
     t = qkv_inputs()
-    expected_out, expected_w = reference_attention(t["x"], t["x"], t["w_q"], t["w_k"], t["w_v"])
+    expected_out, expected_w = reference_attention(t["x_batch"], t["x_batch"], t["w_q"], t["w_k"], t["w_v"])
     return correct(
-        f"rows sum to 1, output has shape {tuple(expected_out.shape)} = [S, D_v]; query 0 puts "
-        f"{float(expected_w[0].max()):.2f} on its favourite key (checked on two sizes and dtypes)."
+        f"rows sum to 1, output has shape {tuple(expected_out.shape)} = [B, S, D_v]; in sequence 0, query 0 puts "
+        f"{float(expected_w[0, 0].max()):.2f} on its favourite key (checked on two sizes and dtypes)."
     )
 
 
@@ -386,14 +438,14 @@ def qkv_path_diagram() -> Diagram:
     from .ch01 import draw_head_path
     from .examples import BOOKS_SENTENCE
 
-    S, D, Dk = len(BOOKS_SENTENCE), TOY_D, TOY_D_K
-    alt = (f"X, one row per token, shape ({S}, {D}) = (S, D), goes through W^Q, W^K and W^V to Q, K and V, "
-           f"each ({S}, {Dk}). Q and K give the score matrix Z = QK^T divided by the square root of D_k, "
+    S, D, Dk, Dv = len(BOOKS_SENTENCE), TOY_D, TOY_D_K, TOY_D_V
+    alt = (f"X, one row per token, shape ({S}, {D}) = (S, D), goes through W^Q, W^K and W^V to Q and K, "
+           f"each ({S}, {Dk}) = (S, D_k), and V, ({S}, {Dv}) = (S, D_v). Q and K give the score matrix Z = QK^T divided by the square root of D_k, "
            f"({S}, {S}): row i holds query i's score for every key. Softmax along each row gives "
-           f"the weights A, ({S}, {S}), each row summing to 1. A times V gives the output O, ({S}, {Dk}), one row per token.")
+           f"the weights A, ({S}, {S}), each row summing to 1. A times V gives the output O, ({S}, {Dv}), one row per token.")
     return draw_head_path(
         "ch02_qkv_path",
-        {"x": f"[{S}, {D}]", "q": f"[{S}, {Dk}]", "k": f"[{S}, {Dk}]", "v": f"[{S}, {Dk}]",
-         "scores": f"[{S}, {S}]", "weights": f"[{S}, {S}], rows sum to 1", "out": f"[{S}, {Dk}], one row per token"},
+        {"x": f"[{S}, {D}]", "q": f"[{S}, {Dk}]", "k": f"[{S}, {Dk}]", "v": f"[{S}, {Dv}]",
+         "scores": f"[{S}, {S}]", "weights": f"[{S}, {S}], rows sum to 1", "out": f"[{S}, {Dv}], one row per token"},
         title="From X to the output, in chapter 2's sizes", alt=alt,
         labels=("Z = QK^{T} / √D_{k}", "A = softmax(Z, dim=-1)", "O = A V"))

@@ -15,6 +15,7 @@ import html
 import json
 import math
 import random
+from collections import Counter
 import re
 from pathlib import Path
 from typing import Any
@@ -294,6 +295,7 @@ def quiz_html(name: str, questions: list[dict[str, Any]]) -> str:
     uid = f"attnbook-quiz-{_slug(name)}"
     chapter = re.match(r"(\d+)_", name)
     parts, data = [], []
+    used: Counter[int] = Counter()  # where the right answer has been shown so far
     for n, q in enumerate(questions, 1):
         qid = f"{uid}-q{n}"
         number = f"Question {int(chapter.group(1))}.{n}" if chapter else f"Question {n} of {len(questions)}"
@@ -306,7 +308,15 @@ def quiz_html(name: str, questions: list[dict[str, Any]]) -> str:
                          "answers": [{**a, "feedback": typeset(a["feedback"])} for a in q["answers"]]})
         else:
             order = list(range(len(q["answers"])))
-            random.Random(f"{name}-{n}").shuffle(order)
+            rng = random.Random(f"{name}-{n}")
+            rng.shuffle(order)
+            right = [i for i, a in enumerate(q["answers"]) if a.get("correct")]
+            if len(right) == 1:  # show the one right answer where it has been shown least in this quiz
+                fewest = min(used[p] for p in range(len(order)))
+                free = [p for p in range(len(order)) if used[p] == fewest]
+                target, at = free[rng.randrange(len(free))], order.index(right[0])
+                order[at], order[target] = order[target], order[at]
+                used[target] += 1
             hint = choice_hint(q["type"])
             buttons = "".join(f'<button type="button" aria-pressed="false" disabled data-a="{i}">{typeset(q["answers"][i]["answer"])}</button>'
                               for i in order)

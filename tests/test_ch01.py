@@ -23,8 +23,8 @@ def stub(*args: object) -> None:
 # ---------------------------------------------------------------- soft lookup
 
 
-def lookup_right(query, keys, values):
-    return torch.softmax(keys @ query, dim=-1) @ values
+def lookup_right(queries, keys, values):
+    return torch.softmax(queries @ keys.T, dim=-1) @ values
 
 
 def test_soft_lookup_accepts_the_right_answer() -> None:
@@ -44,9 +44,18 @@ def test_soft_lookup_names_each_mistake_of_its_table(mistake) -> None:
     assert fb.message == mistake.hint, fb
 
 
-def test_soft_lookup_transposed_keys_is_not_a_raw_exception() -> None:
-    fb = check_soft_lookup(lambda q, k, v: torch.softmax(k.T @ q, dim=-1) @ v)
-    assert "RuntimeError" not in fb.message and "Drop the .T" in fb.message
+def test_soft_lookup_missing_transpose_is_not_a_raw_exception() -> None:
+    fb = check_soft_lookup(lambda q, k, v: torch.softmax(q @ k, dim=-1) @ v)
+    assert "RuntimeError" not in fb.message and "keys.T" in fb.message
+
+
+def test_soft_lookup_names_sqrt_d_v_and_refuses_a_dtype_change() -> None:
+    fb = check_soft_lookup(lambda q, k, v: torch.softmax(q @ k.T / v.shape[1] ** 0.5, dim=-1) @ v)
+    assert fb.status == "wrong" and "sqrt(D_v)" in fb.message, fb
+    fb = check_soft_lookup(lambda q, k, v: lookup_right(q.float(), k.float(), v.float()))
+    assert fb.status == "wrong" and "dtype" in fb.message, fb
+    fb = check_soft_lookup(lambda q, k, v: lookup_right(q, k, v).T)
+    assert fb.status == "wrong" and "one row per query" in fb.message, fb
 
 
 @pytest.mark.parametrize(
@@ -55,7 +64,7 @@ def test_soft_lookup_transposed_keys_is_not_a_raw_exception() -> None:
         (lambda q, k, v: lookup_right(q, k, v) + 0.1, "differs from the expected values"),
         (lambda q, k, v: q @ torch.ones(3), "your code raised RuntimeError"),
         (lambda q, k, v: [1.0], "torch.Tensor"),
-        (lambda q, k, v: torch.zeros(5), "one mixed value"),
+        (lambda q, k, v: torch.zeros(5, dtype=q.dtype), "one mixed value per query"),
     ],
 )
 def test_soft_lookup_fallbacks(fn, hint: str) -> None:
@@ -113,17 +122,17 @@ def test_layers_until_linked_matches_the_reach_formula() -> None:
 def test_review_items_c1_c3_c4() -> None:
     """A loop that only works while D_v = D, dividing by 2 (not sqrt(D)), sigmoid, and shapes with non-integers."""
     def loop(q, k, v):
-        w = torch.softmax(k @ q, dim=-1)
+        w = torch.softmax(q @ k.T, dim=-1)
         out = torch.zeros_like(q)
         for i in range(k.shape[0]):
-            out = out + w[i] * v[i]
+            out = out + w[:, i : i + 1] * v[i]
         return out
 
     fb = check_soft_lookup(loop)
-    assert fb.status == "wrong" and "zeros_like(query)" in fb.message, fb
-    fb = check_soft_lookup(lambda q, k, v: torch.softmax(k @ q / 2, dim=-1) @ v)
+    assert fb.status == "wrong" and "zeros_like(queries)" in fb.message, fb
+    fb = check_soft_lookup(lambda q, k, v: torch.softmax(q @ k.T / 2, dim=-1) @ v)
     assert fb.status == "wrong" and "sqrt(D)" not in fb.message, fb
-    assert "sigmoid" in check_soft_lookup(lambda q, k, v: torch.sigmoid(k @ q) @ v).message
+    assert "sigmoid" in check_soft_lookup(lambda q, k, v: torch.sigmoid(q @ k.T) @ v).message
 
     def fractional(B, S, D, D_k, D_v):
         shapes = reference_shapes(B, S, D, D_k, D_v)

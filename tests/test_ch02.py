@@ -42,7 +42,7 @@ def _applies(m, x_q, x_kv) -> bool:
 
 
 _T = qkv_inputs()
-SELF_WEIGHT = [m for m in WEIGHT_MISTAKES if _applies(m, _T["x"], _T["x"])]
+SELF_WEIGHT = [m for m in WEIGHT_MISTAKES if _applies(m, _T["x_batch"], _T["x_batch"])]
 CROSS_WEIGHT = [m for m in WEIGHT_MISTAKES if _applies(m, _T["x_q"], _T["x"])]
 
 
@@ -54,15 +54,50 @@ def test_the_tables_cover_both_exercises() -> None:
 # ---------------------------------------------------------------- self-attention
 
 
-def test_self_attention_accepts_the_right_answer_and_sdpa() -> None:
+def test_self_attention_accepts_the_right_answer_and_refuses_an_attention_function() -> None:
     assert check_self_attention(self_right).passed
 
     def sdpa(x, w_q, w_k, w_v):
         q, k, v = x @ w_q, x @ w_k, x @ w_v
-        w = torch.softmax(q @ k.T * q.shape[-1] ** -0.5, dim=-1)
-        return torch.nn.functional.scaled_dot_product_attention(q[None], k[None], v[None])[0], w
+        w = torch.softmax(q @ k.mT * q.shape[-1] ** -0.5, dim=-1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v), w
 
-    assert check_self_attention(sdpa).passed
+    fb = check_self_attention(sdpa)  # the exercise: "without calling any attention function"
+    assert fb.status == "wrong" and "F.scaled_dot_product_attention" in fb.message, fb
+
+    def library(x, w_q, w_k, w_v):
+        import attnlib
+
+        r = attnlib.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v)
+        return r.output, r.weights
+
+    fb = check_self_attention(library)
+    assert fb.status == "wrong" and "attnlib.scaled_dot_product_attention" in fb.message, fb
+
+
+def test_self_attention_k_dot_t_on_a_batch_is_explained() -> None:
+    def dot_t(x, w_q, w_k, w_v):
+        q, k, v = x @ w_q, x @ w_k, x @ w_v
+        w = torch.softmax(q @ k.T / math.sqrt(k.shape[-1]), dim=-1)
+        return w @ v, w
+
+    fb = check_self_attention(dot_t)
+    assert fb.status == "wrong" and "k.transpose(-2, -1)" in fb.message, fb
+
+
+def test_self_attention_names_new_mistakes_and_a_dtype_cast() -> None:
+    def transposed(x, w_q, w_k, w_v):
+        out, w = self_right(x, w_q, w_k, w_v)
+        return out, w.mT
+
+    assert "transposed" in check_self_attention(transposed).message
+    times = lambda x, wq, wk, wv: (  # noqa: E731
+        lambda w: (w @ (x @ wv), w)
+    )(torch.softmax((x @ wq) @ (x @ wk).mT / (1 / wq.shape[1] ** 0.5), dim=-1))
+    assert "multiplied the scores by sqrt(D_k)" in check_self_attention(times).message
+    as_float = lambda x, wq, wk, wv: self_right(x.float(), wq.float(), wk.float(), wv.float())  # noqa: E731
+    fb = check_self_attention(as_float)
+    assert fb.status == "wrong" and "torch.float32" in fb.message, fb
 
 
 def test_self_attention_stub_is_todo() -> None:
@@ -92,7 +127,7 @@ def test_self_attention_names_each_output_mistake(mistake) -> None:
 def test_self_attention_divided_by_sqrt_d_v_has_its_own_hint() -> None:
     def reader(x, w_q, w_k, w_v):
         q, k, v = x @ w_q, x @ w_k, x @ w_v
-        w = torch.softmax(q @ k.T / math.sqrt(v.shape[-1]), dim=-1)
+        w = torch.softmax(q @ k.mT / math.sqrt(v.shape[-1]), dim=-1)
         return w @ v, w
 
     assert "sqrt(D_v)" in check_self_attention(reader).message
@@ -196,9 +231,9 @@ def _notebook_markdown() -> str:
 
 def test_exercise_texts_state_the_sizes_the_checkers_use() -> None:
     """The exercises tell the reader the checker's sizes; they must be the sizes of CASES."""
-    from attnbook.ch02 import CASES
+    from attnbook.ch02 import BATCHES, CASES
 
     text = _notebook_markdown()
-    for s_q, s_k, d, d_k, d_v, _ in CASES:
-        assert f"({s_k}, {d}, {d_k}, {d_v})" in text, "self-attention exercise: (S, D, D_k, D_v) of a case"
+    for (s_q, s_k, d, d_k, d_v, _), b in zip(CASES, BATCHES):
+        assert f"({b}, {s_k}, {d}, {d_k}, {d_v})" in text, "self-attention exercise: (B, S, D, D_k, D_v) of a case"
         assert f"$S_q = {s_q}$" in text and f"$S_k = {s_k}$" in text, "cross-attention exercise: S_q and S_k"

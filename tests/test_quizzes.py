@@ -144,3 +144,29 @@ def test_a_factor_typed_with_its_x_is_graded() -> None:
     for typed, ok in (("2x", True), ("2 \u00d7", True), ("4x", False)):
         x, message = read_answer(question, typed)
         assert message is None and (x == right["value"]) == ok, typed
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in QUIZ_DIR.glob("*.json")))
+def test_the_right_answer_does_not_sit_in_one_place(name: str) -> None:
+    """A reader cannot learn where the right option shows: in no quiz does the one right answer of
+    its multiple-choice questions show in the same position in more than half of them."""
+    import re
+    from collections import Counter
+
+    questions = load_quiz(name)
+    markup = quiz_html(name, questions)
+    blocks = re.findall(r'<div class="aq-q".*?</div></div>', markup)
+    assert len(blocks) == len(questions)
+    shown = Counter()
+    for block, q in zip(blocks, questions):
+        right = [i for i, a in enumerate(q["answers"]) if a.get("correct")]
+        if q["type"] != "multiple_choice" or len(right) != 1:
+            continue
+        shown[re.findall(r'data-a="(\d+)"', block).index(str(right[0]))] += 1
+    total = sum(shown.values())
+    if total >= 2:
+        assert max(shown.values()) <= total / 2, f"{name}: right answer shown at positions {dict(shown)}"
+
+
+def test_a_transposed_factor_is_typeset() -> None:
+    assert visible_text("x_i M (x_j)^T with M = W^Q (W^K)^T") == "xi M (xj)ᵀ with M = WQ (WK)ᵀ"
