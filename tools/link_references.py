@@ -37,7 +37,9 @@ PROTECTED = re.compile(
     r"|<[^>\n]+>|^#{1,6} .*?$|^:::.*?$|^%.*?$",
     re.S | re.M,
 )
-REFERENCE = re.compile(r"\b([Cc]hapters?|[Ss]ections?) (\d+(?:\.\d+)?)((?:(?:, | and | or | to |-)\d+(?:\.\d+)?)*)")
+# "section 3.2.1" (a paper's section) and "section 3 of ..." are not the book's: a number followed by
+# ".digit" is left alone, and so is anything after "et al." or "paper" in the same sentence (below).
+REFERENCE = re.compile(r"\b([Cc]hapters?|[Ss]ections?) (\d+(?:\.\d+)?)((?:(?:, | and | or | to |-)\d+(?:\.\d+)?)*)(?!\.?\d)")
 
 
 def slugify(title: str) -> str:
