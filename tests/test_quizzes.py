@@ -170,3 +170,17 @@ def test_the_right_answer_does_not_sit_in_one_place(name: str) -> None:
 
 def test_a_transposed_factor_is_typeset() -> None:
     assert visible_text("x_i M (x_j)^T with M = W^Q (W^K)^T") == "xi M (xj)ᵀ with M = WQ (WK)ᵀ"
+
+
+def test_stored_quiz_outputs_match_their_json() -> None:
+    """The website shows a quiz's stored output: it must be what its cell displays now."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "tools"))
+    import refresh_quizzes
+
+    stale = {p.name: s for p in sorted((root / "book").glob("[0-9][0-9]_*.ipynb"))
+             if (s := refresh_quizzes.stale_quizzes(p, write=False))}
+    assert not stale, f"stored quiz outputs differ from their JSON: {stale}; run tools/refresh_quizzes.py"
