@@ -25,6 +25,8 @@ import torch
 from torch import Tensor
 
 from .feedback import (
+    ATOL,
+    HALF_TOL,
     Feedback,
     Mistake,
     MistakeTable,
@@ -429,15 +431,22 @@ def reference_tile_weights(s_tile: Tensor, lse: Tensor) -> Tensor:
 def _tile_case(case: int = 0) -> tuple[Tensor, Tensor, Tensor, slice, slice]:
     """Case 0: a ``[6, 10]`` float32 score matrix, tile rows 2:5 and keys 4:8. Case 1: ``[7, 13]`` in
     float64 with scores near 800, where ``exp(score)`` overflows even float64, tile rows 1:6 and
-    keys 3:10."""
+    keys 3:10. Case 2: ``[5, 12]`` in float16, tile rows 1:4 and keys 5:11; its weights are the
+    softmax of the float16 scores computed in float64 (compared with :data:`HALF_TOL`)."""
     if case == 0:
         gen = torch.Generator().manual_seed(81)
         s = torch.randn(6, 10, generator=gen, dtype=torch.float64).to(torch.float32) * 2  # [S_q, S_k] scores of one head
         rows, cols = slice(2, 5), slice(4, 8)
-    else:
+    elif case == 1:
         gen = torch.Generator().manual_seed(82)
         s = torch.randn(7, 13, generator=gen, dtype=torch.float64) * 2 + 800.0  # [S_q, S_k]: exp(s) = inf
         rows, cols = slice(1, 6), slice(3, 10)
+    else:  # float16 scores, as a fused kernel holds them: the weights are compared to float16's precision
+        gen = torch.Generator().manual_seed(83)
+        s = (torch.randn(5, 12, generator=gen, dtype=torch.float64) * 2).to(torch.float16)  # [S_q, S_k]
+        rows, cols = slice(1, 4), slice(5, 11)
+        full = s.double()
+        return s, torch.logsumexp(full, dim=-1).to(s.dtype), torch.softmax(full, dim=-1), rows, cols
     return s, torch.logsumexp(s, dim=-1), torch.softmax(s, dim=-1), rows, cols
 
 
@@ -480,10 +489,11 @@ def _tile_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         return fb
     if not isinstance(got, Tensor):
         return wrong(f"return the tile's weights as one torch.Tensor [{bq}, {bk}], got {describe(got)}.")
-    half = narrowed_dtype("your weights tensor", got, weights[rows, cols])
+    half = narrowed_dtype("your weights tensor", got, weights[rows, cols].to(s.dtype))
     if half is not None:
         return half
-    if close(got, weights[rows, cols]):
+    tol = HALF_TOL if s.dtype in (torch.float16, torch.bfloat16) else ATOL
+    if close(got, weights[rows, cols], atol=tol, rtol=tol):
         return None
     if tuple(got.shape) == (bk, bq):
         what = ("your weights are transposed: the values are right, but the shape is" if close(got.mT, weights[rows, cols])
@@ -514,13 +524,15 @@ def check_tile_weights(fn: Callable[..., Any]) -> Feedback:
     of each *whole* row, and the answer must equal the same block of ``softmax(s)``.
 
     Case 0 is rows 2:5, keys 4:8 of a ``[6, 10]`` float32 matrix; case 1 a block of a float64
-    matrix with scores near 800, where ``exp(s) / exp(lse)`` overflows.
+    matrix with scores near 800, where ``exp(s) / exp(lse)`` overflows; case 2 a float16 block, where
+    a right answer in float16 (or wider) passes to float16's precision.
     """
-    for case in range(2):
+    for case in range(3):
         problem = _tile_one(fn, case)
         if problem is not None:
             return problem
-    return correct("exp(s - lse) gives the tile's weights exactly, with no other tile in sight: "
+    return correct("exp(s - lse) gives the tile's weights exactly (in float16 too, to its precision), with no "
+                   "other tile in sight: "
                    "this is how the backward pass recomputes P one tile at a time.")
 
 

@@ -489,3 +489,28 @@ def test_narrowed_dtype_leaves_wrong_values_to_the_mistake_tables() -> None:
     assert narrowed_dtype("out", (ref * 2).float(), ref) is None
     assert narrowed_dtype("out", ref.float(), ref) is not None
     assert narrowed_dtype("out", ref.double(), ref.float()) is None
+
+
+def test_tile_weights_checks_a_float16_tile_and_accepts_a_right_float16_answer() -> None:
+    """A float16 case (scores as a fused kernel holds them): the right answer computed in float16 passes,
+    and the verdict says float16 was checked to its precision; a mistake still fails there."""
+    from attnbook.ch08 import _tile_case, _tile_one
+
+    s, lse, _, rows, cols = _tile_case(2)
+    assert s.dtype == lse.dtype == torch.float16
+    seen = []
+
+    def right(s_tile, lse):
+        seen.append(s_tile.dtype)
+        out = torch.exp(s_tile - lse[:, None])
+        assert out.dtype == s_tile.dtype
+        return out
+
+    fb = check_tile_weights(right)
+    assert fb.passed and "float16" in fb.message, fb
+    assert torch.float16 in seen
+    assert _tile_one(lambda s_tile, lse: torch.exp(s_tile.float() - lse.float()[:, None]), 2) is None  # wider: fine
+    fb = _tile_one(lambda s_tile, lse: torch.exp(s_tile - s_tile.amax(-1, keepdim=True)), 2)
+    assert fb is not None and fb.status == "wrong" and "tile's own row maximum" in fb.message, fb
+    fb = _tile_one(lambda s_tile, lse: torch.exp(s_tile - lse[:, None]) * 1.05, 2)  # 5% off: beyond float16's error
+    assert fb is not None and fb.status == "wrong", fb
