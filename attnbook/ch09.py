@@ -823,8 +823,8 @@ def _first_key_same(a: Any, b: Any) -> bool:
 def _visible_one(fn: Callable[..., Any], rows: Tensor, cols: Tensor, window: int) -> Feedback | None:
     got, fb = run_reader_code(fn, rows, cols, window)
     if fb is not None and "Boolean value of Tensor" in fb.message:
-        return wrong("Python's `and` (or `or`) asks each side for one True or False, and a tile of comparisons "
-                     "holds many: combine the two conditions with &, element by element, each in parentheses: "
+        return wrong("Python's `and` (like `or`, `not` and `if`) asks for one True or False, and a tile of "
+                     "comparisons holds many: combine the two conditions with &, element by element, each in parentheses: "
                      "(cols <= rows) & (rows - cols < window).")
     if fb is not None:
         return fb
