@@ -12,7 +12,8 @@
 The checkers diagnose the usual mistakes: a running sum or output not rescaled by
 ``exp(m_old - m_new)``, the new tile exponentiated against the old maximum, NaN on the first tile
 (``m = -inf``); a tile softmaxed on its own or divided by ``lse`` instead of ``exp(lse)``; and a right
-answer returned in float16 or bfloat16 (:func:`attnbook.feedback.low_precision`).
+answer returned in float16 or bfloat16 (:func:`attnbook.feedback.low_precision`) or cast down to
+a narrower dtype than the inputs' (:func:`narrowed_dtype`, also used by chapter 9's merge checker).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import torch
 from torch import Tensor
 
 from .feedback import (
+    ATOL,
+    HALF_TOL,
     Feedback,
     Mistake,
     MistakeTable,
@@ -52,6 +55,7 @@ __all__ = [
     "check_tile_weights",
     "reference_online_update",
     "check_online_softmax_update",
+    "narrowed_dtype",
 ]
 
 
@@ -173,6 +177,32 @@ def tile_frame(block: int, S: int = 1024, d: int = 64) -> Frame:
     return Frame(label=f"block {block}", panels=[panel], caption=caption)
 
 
+def narrowed_dtype(name: str, got: Any, expected: Tensor) -> Feedback | None:
+    """The hint for a right answer returned in a narrower float dtype than ``expected`` (the inputs'
+    dtype): float16 or bfloat16 through :func:`attnbook.feedback.low_precision`, and a cast such as
+    float64 inputs returned as float32, which the float64 comparison of :func:`close` would accept.
+    ``None`` when ``got`` is as wide as the inputs (a wider result is fine) or its values differ.
+
+    >>> ref = torch.tensor([0.25, 1.5], dtype=torch.float64)
+    >>> narrowed_dtype("out", ref.float(), ref).message[:44]
+    'out is torch.float32, but the inputs are tor'
+    >>> narrowed_dtype("out", ref, ref.float()) is None
+    True
+    """
+    if not (isinstance(got, Tensor) and got.is_floating_point() and expected.is_floating_point()):
+        return None
+    if torch.finfo(got.dtype).bits >= torch.finfo(expected.dtype).bits:
+        return None
+    half = low_precision(got, expected, name=name)
+    if half is not None:
+        return half
+    if not close(got, expected):
+        return None
+    return wrong(f"{name} is {got.dtype}, but the inputs are {expected.dtype}: the values are right, but a cast "
+                 f"(.float(), .to(...)) throws away digits the inputs carry. Compute in the inputs' dtype and "
+                 f"return the result without casting it ({expected.dtype}).")
+
+
 def reference_online_update(m: Tensor, l: Tensor, acc: Tensor, s: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Fold one tile into the running statistics of the online softmax.
 
@@ -276,6 +306,13 @@ _RESCALED_AFTER_ADDING = (
     "l * exp(m_old - m_new) + sum(exp(s - m_new)), and the same for acc."
 )
 
+_NEW_TILE_RESCALED = (
+    "l_new is right, but you multiplied the new tile's exp(s - m_new) @ v by the rescale factor exp(m_old - m_new) "
+    "too (on the first tile that factor is 0, since m_old = -inf, so acc_new came out 0). Only the old acc, summed "
+    "against m_old, is rescaled; the new tile is already against m_new: "
+    "acc_new = acc * exp(m_old - m_new) + exp(s - m_new) @ v."
+)
+
 _INVERTED_RESCALE = (
     "your rescale factor is upside down: exp(m_new - m_old) grows (and is inf on the first tile, where m_old = -inf). "
     "What was summed against m_old shrinks when the maximum rises: multiply it by exp(m_old - m_new), at most 1."
@@ -317,7 +354,7 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     for name, got, exp in zip(("m_new", "l_new", "acc_new"), result, ref1):
         if tuple(got.shape) != tuple(exp.shape):
             return _online_shape(name, got, exp, split)
-        half = low_precision(got, exp, name=name)
+        half = narrowed_dtype(name, got, exp)
         if half is not None:
             return half
         if torch.isinf(got).any() and name != "m_new":
@@ -341,6 +378,8 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         if not l1.abs().any():
             return wrong(_RESCALED_AFTER_ADDING)
         return wrong("after the first tile, l_new should be sum(exp(s - m_new)) per row.")
+    if not close(acc1, ref1[2]) and not acc1.abs().any():
+        return wrong(_NEW_TILE_RESCALED)
     if not close(acc1, ref1[2]):
         return wrong("l_new is right, but acc_new is not: after the first tile acc_new should be exp(s - m_new) @ v.")
 
@@ -353,7 +392,7 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     m2, l2, acc2 = result2
     ref2 = reference_online_update(*ref1, s[:, split:], v[split:])
     for name, got, exp in zip(("m_new", "l_new", "acc_new"), result2, ref2):
-        half = low_precision(got, exp, name=name)
+        half = narrowed_dtype(name, got, exp)
         if half is not None:
             return half
     if not close(m2, ref2[0]):
@@ -374,6 +413,9 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         return wrong("l_new is off after the second tile: l_new = l * exp(m_old - m_new) + sum(exp(s - m_new)).")
     if close(acc2, ref1[2] + torch.exp(s[:, split:] - m_ref) @ v[split:]):
         return wrong("you rescaled l but not acc: acc also needs the factor exp(m_old - m_new) before adding exp(s - m_new) @ v.")
+    alpha2 = torch.exp(ref1[0] - m_ref)
+    if close(acc2, (ref1[2] + torch.exp(s[:, split:] - m_ref) @ v[split:]) * alpha2):
+        return wrong(_NEW_TILE_RESCALED)
     if not close(acc2, ref2[2]):
         return wrong("acc_new is off after the second tile: acc_new = acc * exp(m_old - m_new) + exp(s - m_new) @ v.")
     if not close(acc2 / l2, expected):
@@ -389,15 +431,22 @@ def reference_tile_weights(s_tile: Tensor, lse: Tensor) -> Tensor:
 def _tile_case(case: int = 0) -> tuple[Tensor, Tensor, Tensor, slice, slice]:
     """Case 0: a ``[6, 10]`` float32 score matrix, tile rows 2:5 and keys 4:8. Case 1: ``[7, 13]`` in
     float64 with scores near 800, where ``exp(score)`` overflows even float64, tile rows 1:6 and
-    keys 3:10."""
+    keys 3:10. Case 2: ``[5, 12]`` in float16, tile rows 1:4 and keys 5:11; its weights are the
+    softmax of the float16 scores computed in float64 (compared with :data:`HALF_TOL`)."""
     if case == 0:
         gen = torch.Generator().manual_seed(81)
         s = torch.randn(6, 10, generator=gen, dtype=torch.float64).to(torch.float32) * 2  # [S_q, S_k] scores of one head
         rows, cols = slice(2, 5), slice(4, 8)
-    else:
+    elif case == 1:
         gen = torch.Generator().manual_seed(82)
         s = torch.randn(7, 13, generator=gen, dtype=torch.float64) * 2 + 800.0  # [S_q, S_k]: exp(s) = inf
         rows, cols = slice(1, 6), slice(3, 10)
+    else:  # float16 scores, as a fused kernel holds them: the weights are compared to float16's precision
+        gen = torch.Generator().manual_seed(83)
+        s = (torch.randn(5, 12, generator=gen, dtype=torch.float64) * 2).to(torch.float16)  # [S_q, S_k]
+        rows, cols = slice(1, 4), slice(5, 11)
+        full = s.double()
+        return s, torch.logsumexp(full, dim=-1).to(s.dtype), torch.softmax(full, dim=-1), rows, cols
     return s, torch.logsumexp(s, dim=-1), torch.softmax(s, dim=-1), rows, cols
 
 
@@ -411,6 +460,11 @@ _TILE_MISTAKES = (
             "lse is the *log* of the denominator: divide by exp(lse), i.e. compute exp(s - lse)."),
     Mistake("no exp", lambda s, lse: s - lse[:, None],
             "that is the log of the weights; take exp of it."),
+    Mistake("the tile's own max", lambda s, lse: torch.exp(s - s.amax(dim=-1, keepdim=True)),
+            "you subtracted the tile's own row maximum (each row of your tile has a 1 where its largest score "
+            "is): that keeps exp from overflowing but does not normalise. Subtract the whole row's logsumexp "
+            "instead, exp(s - lse[:, None]), which both keeps every weight at most 1 and divides by the "
+            "row's full softmax denominator."),
 )
 
 _OVERFLOW = (
@@ -435,11 +489,12 @@ def _tile_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         return fb
     if not isinstance(got, Tensor):
         return wrong(f"return the tile's weights as one torch.Tensor [{bq}, {bk}], got {describe(got)}.")
-    if close(got, weights[rows, cols]):
-        return None
-    half = low_precision(got, weights[rows, cols], name="your weights tensor")
+    half = narrowed_dtype("your weights tensor", got, weights[rows, cols].to(s.dtype))
     if half is not None:
         return half
+    tol = HALF_TOL if s.dtype in (torch.float16, torch.bfloat16) else ATOL
+    if close(got, weights[rows, cols], atol=tol, rtol=tol):
+        return None
     if tuple(got.shape) == (bk, bq):
         what = ("your weights are transposed: the values are right, but the shape is" if close(got.mT, weights[rows, cols])
                 else "your weights are the transpose of the tile's shape:")
@@ -469,13 +524,15 @@ def check_tile_weights(fn: Callable[..., Any]) -> Feedback:
     of each *whole* row, and the answer must equal the same block of ``softmax(s)``.
 
     Case 0 is rows 2:5, keys 4:8 of a ``[6, 10]`` float32 matrix; case 1 a block of a float64
-    matrix with scores near 800, where ``exp(s) / exp(lse)`` overflows.
+    matrix with scores near 800, where ``exp(s) / exp(lse)`` overflows; case 2 a float16 block, where
+    a right answer in float16 (or wider) passes to float16's precision.
     """
-    for case in range(2):
+    for case in range(3):
         problem = _tile_one(fn, case)
         if problem is not None:
             return problem
-    return correct("exp(s - lse) gives the tile's weights exactly, with no other tile in sight: "
+    return correct("exp(s - lse) gives the tile's weights exactly (in float16 too, to its precision), with no "
+                   "other tile in sight: "
                    "this is how the backward pass recomputes P one tile at a time.")
 
 

@@ -16,10 +16,12 @@
   the first key block a query block visits), run in Triton where it is installed, else in the same
   tiled loop in PyTorch (:func:`windowed_tiled_attention`).
 
-The checkers diagnose the usual mistakes: one matmul counted instead of two, the exponentials'
-share or a ratio of times returned instead of the matmuls' share; partial results averaged or
-weighted by their key counts, ``exp(lse)`` overflowing; and a right answer returned in float16 or
-bfloat16 (:func:`attnbook.feedback.low_precision`).
+The checkers diagnose the usual mistakes: one matmul counted instead of two (or d, d^2 FLOPs per
+score), the exponentials' share or a ratio of times (capped at 1 or not) returned instead of the
+matmuls' share; partial results averaged, weighted by their key counts or by upside-down weights,
+``exp(lse)`` overflowing; Python's ``and`` in ``visible`` (a lambda runs in the PyTorch loop, since
+Triton cannot compile one); and a right answer returned in float16 or bfloat16, or cast down from
+the inputs' dtype (:func:`attnbook.ch08.narrowed_dtype`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from .ch08 import fused_forward_io, standard_attention_io
+from .ch08 import fused_forward_io, narrowed_dtype, standard_attention_io
 from .diagrams import MUTED, Diagram, diagram
 from .feedback import (
     as_index,
@@ -43,7 +45,6 @@ from .feedback import (
     describe,
     diagnose,
     exercise,
-    low_precision,
     run_reader_code,
     wrong,
 )
@@ -412,6 +413,11 @@ _MERGE_MISTAKES = (
                 torch.exp(lb - torch.logaddexp(la, lb))[..., None] * oa + torch.exp(la - torch.logaddexp(la, lb))[..., None] * ob),
             "the weights are swapped: out_a gets the share of its own part, exp(lse_a - lse), and out_b "
             "exp(lse_b - lse)."),
+    Mistake("weights upside down", lambda oa, la, ob, lb, na, nb: (
+                torch.exp(torch.logaddexp(la, lb) - la)[..., None] * oa + torch.exp(torch.logaddexp(la, lb) - lb)[..., None] * ob),
+            "your weights are upside down: exp(lse_total - lse_part) is at least 1 and grows as the part's share shrinks. "
+            "A part's weight is its share of the denominator, exp(lse_part) / exp(lse_total) = "
+            "exp(lse_part - lse_total), at most 1, and the two weights sum to 1."),
     Mistake("weights by key counts", _merge_by_counts,
             "you weighted the parts by how many keys each has: what matters is how much of the softmax denominator "
             "each part holds, exp(lse_part - lse_total), which depends on the scores, not on the counts."),
@@ -450,7 +456,7 @@ def _merge_one(fn: Callable[..., Any], case: int) -> Feedback | None:
                      "709) and the result is inf or NaN: subtract the larger lse first (torch.logaddexp does), "
                      "i.e. weight by exp(lse_part - lse_total).")
     for name, t, exp in (("out", got_out, out), ("lse", got_lse, lse)):
-        half = low_precision(t, exp, name=name)
+        half = narrowed_dtype(name, t, exp)
         if half is not None:
             return half
     if not close(got_out, out, atol=1e-4, rtol=1e-4):
@@ -512,11 +518,13 @@ def reference_serial_cap(d: int, matmul_flops: float, exps_per_s: float) -> floa
     return t_matmul / (t_matmul + t_exp)
 
 
-def _cap(flops_per_score: int = 4, share_of: str = "matmul") -> Callable[[int, float, float], float]:
+def _cap(flops_per_score: int = 4, share_of: str = "matmul", power: int = 1) -> Callable[[int, float, float], float]:
     def f(d: int, matmul_flops: float, exps_per_s: float) -> float:
-        t_matmul, t_exp = flops_per_score * d / matmul_flops, 1 / exps_per_s
+        t_matmul, t_exp = flops_per_score * d ** power / matmul_flops, 1 / exps_per_s
         if share_of == "ratio":
             return t_matmul / t_exp
+        if share_of == "capped ratio":
+            return min(1.0, t_matmul / t_exp)
         return (t_matmul if share_of == "matmul" else t_exp) / (t_matmul + t_exp)
     return f
 
@@ -532,12 +540,25 @@ CAP_MISTAKES = (
     Mistake("one matmul", _cap(flops_per_score=2),
             "you counted one matmul, 2 d FLOPs per score: the forward pass runs two, Q K^T and P V, so 4 d FLOPs "
             "per score."),
+    Mistake("d FLOPs per score", _cap(flops_per_score=1),
+            "you counted d FLOPs per score: a dot product of length d is d multiplies and d adds, 2 d FLOPs, and "
+            "the forward pass runs two matmuls per score, Q K^T and P V, so 4 d FLOPs per score."),
+    Mistake("d^2 FLOPs per score", _cap(flops_per_score=1, power=2),
+            "you counted d^2 FLOPs per score: one score is one dot product of length d, 2 d FLOPs (d multiplies, "
+            "d adds), and the forward pass runs two matmuls per score, Q K^T and P V, so 4 d FLOPs, not d^2."),
+    Mistake("4 d^2 FLOPs per score", _cap(power=2),
+            "you counted 4 d^2 FLOPs per score: each score costs a dot product of length d in Q K^T and one in "
+            "P V, 4 d FLOPs in all, linear in d."),
     Mistake("share of the exponentials", _cap(share_of="exp"),
             "that is the share of the time spent on exponentials; the cap is the other share, the time the tensor "
             "cores are busy: t_matmul / (t_matmul + t_exp)."),
     Mistake("ratio of the times", _cap(share_of="ratio"),
             "you divided the matmul time by the exponential time; the kernel spends both in turn, so divide by "
             "their sum: t_matmul / (t_matmul + t_exp)."),
+    Mistake("ratio capped at 1", _cap(share_of="capped ratio"),
+            "you capped the ratio t_matmul / t_exp at 1: that treats the matmuls and the exponentials as if they ran "
+            "at the same time. A kernel that takes turns spends both, one after the other, so the tensor cores are "
+            "busy t_matmul / (t_matmul + t_exp) of the time, below 1 even when the exponentials are fast."),
     Mistake("a percentage", lambda d, F, E: 100 * reference_serial_cap(d, F, E),
             "return a fraction of 1 (0.5 for half the peak), not a percentage."),
 )
@@ -801,6 +822,10 @@ def _first_key_same(a: Any, b: Any) -> bool:
 
 def _visible_one(fn: Callable[..., Any], rows: Tensor, cols: Tensor, window: int) -> Feedback | None:
     got, fb = run_reader_code(fn, rows, cols, window)
+    if fb is not None and "Boolean value of Tensor" in fb.message:
+        return wrong("Python's `and` (like `or`, `not` and `if`) asks for one True or False, and a tile of "
+                     "comparisons holds many: combine the two conditions with &, element by element, each in parentheses: "
+                     "(cols <= rows) & (rows - cols < window).")
     if fb is not None:
         return fb
     expected = reference_visible(rows, cols, window)
@@ -877,6 +902,10 @@ def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, 
         if problem is not None:
             return problem
     mode = triton_mode()
+    lambda_note = ""
+    if mode is not None and getattr(visible, "__name__", "") == "<lambda>":
+        mode, lambda_note = None, (" Triton cannot compile a lambda: write `visible` with def to run it inside the "
+                                   "Triton kernel.")
     computed = causal_tiles = 0
     for run, (S, D, W, bq, bk) in enumerate(WINDOW_RUNS):
         gen = torch.Generator().manual_seed(90 + run)
@@ -903,10 +932,10 @@ def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, 
     off = ("Triton is not installed here" if importlib.util.find_spec("triton") is None else
            "Triton's interpreter is off here: TRITON_INTERPRET=1 must be set before Triton is first imported")
     where = {"cuda": "compiled by Triton on your GPU", "interpreter": "in Triton's interpreter on your CPU",
-             None: f"in the same tiled loop written in PyTorch ({off})"}[mode]
+             None: "in the same tiled loop written in PyTorch" + ("" if lambda_note else f" ({off})")}[mode]
     return correct(f"the windowed kernel ran {where} and equals SDPA with the same mask. It computed {computed} "
                    f"tiles where a causal kernel computes {causal_tiles}: a window makes the work per query block "
-                   "constant, so the cost grows like S, not S^2.")
+                   "constant, so the cost grows like S, not S^2." + lambda_note)
 
 
 def _first_key_value(got: Any) -> Any:

@@ -401,3 +401,116 @@ def test_rescaling_after_adding_and_an_inverted_factor_get_their_own_hints() -> 
     assert fb.status == "wrong" and "after adding" in fb.message, fb
     fb = check_online_softmax_update(inverted)
     assert fb.status == "wrong" and "upside down" in fb.message, fb
+
+
+# --- learner probe: the new tile rescaled too, the tile's own max, results cast down -------------
+
+
+@pytest.mark.parametrize("form", ["rescale after adding", "both terms rescaled"])
+def test_online_update_rescaling_the_new_tile_too_is_named(form) -> None:
+    def fn(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p, alpha = torch.exp(s - m_new), torch.exp(m - m_new)
+        acc_new = (acc + p @ v) * alpha if form == "rescale after adding" else acc * alpha + alpha * (p @ v)
+        return m_new, l * alpha + p.sum(-1, keepdim=True), acc_new
+
+    fb = check_online_softmax_update(fn)
+    assert fb.status == "wrong"
+    assert "new tile's exp(s - m_new) @ v by the rescale factor" in fb.message, fb
+    assert "Only the old acc" in fb.message
+
+
+def test_online_update_new_tile_rescaled_on_the_second_tile_only_is_named() -> None:
+    """A version right on the first tile (alpha = 0 there, special-cased) still gets the hint on the second."""
+
+    def fn(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p, alpha = torch.exp(s - m_new), torch.exp(m - m_new)
+        if torch.isinf(m).all():
+            return m_new, p.sum(-1, keepdim=True), p @ v
+        return m_new, l * alpha + p.sum(-1, keepdim=True), (acc + p @ v) * alpha
+
+    fb = check_online_softmax_update(fn)
+    assert fb.status == "wrong" and "Only the old acc" in fb.message, fb
+
+
+def test_tile_weights_against_the_tiles_own_max_is_named() -> None:
+    fb = check_tile_weights(lambda s, lse: torch.exp(s - s.amax(dim=-1, keepdim=True)))
+    assert fb.status == "wrong"
+    assert "tile's own row maximum" in fb.message and "exp(s - lse[:, None])" in fb.message, fb
+
+
+def test_tile_weights_cast_down_to_float32_is_refused_with_a_dtype_hint() -> None:
+    """Case 1 is float64: a right answer returned as float32 equals the reference to 1e-5, but not in dtype."""
+    fb = check_tile_weights(lambda s, lse: torch.exp(s - lse[:, None]).float())
+    assert fb.status == "wrong"
+    assert "torch.float32, but the inputs are torch.float64" in fb.message and "cast" in fb.message, fb
+
+
+def test_tile_weights_in_float64_from_float32_inputs_is_accepted() -> None:
+    assert check_tile_weights(lambda s, lse: torch.exp(s.double() - lse.double()[:, None])).passed
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_tile_weights_computed_in_16_bit_are_named(dtype) -> None:
+    """A reader who computes in 16 bits (inputs cast down first) is told the dtype, not a mistake's hint."""
+    fb = check_tile_weights(lambda s, lse: torch.exp(s.to(dtype) - lse.to(dtype)[:, None]))
+    assert fb.status == "wrong"
+    assert str(dtype) in fb.message and "significant digits" in fb.message, fb
+
+
+@pytest.mark.parametrize("cast", ["float32", "float16", "bfloat16"])
+def test_online_update_cast_down_is_refused_and_named(cast) -> None:
+    dtype = getattr(torch, cast)
+
+    def fn(m, l, acc, s, v):
+        return tuple(t.to(dtype) for t in reference_online_update(m, l, acc, s, v))
+
+    fb = check_online_softmax_update(fn)
+    assert fb.status == "wrong"
+    assert f"torch.{cast}" in fb.message, fb
+    if cast == "float32":  # case 0 is float64: the float32 copy is right to 1e-5, but cast down
+        assert "but the inputs are torch.float64" in fb.message
+    else:
+        assert "significant digits" in fb.message
+
+
+def test_online_update_in_float64_from_float32_inputs_is_accepted() -> None:
+    def fn(m, l, acc, s, v):
+        return reference_online_update(*(t.double() for t in (m, l, acc, s, v)))
+
+    assert check_online_softmax_update(fn).passed
+
+
+def test_narrowed_dtype_leaves_wrong_values_to_the_mistake_tables() -> None:
+    from attnbook.ch08 import narrowed_dtype
+
+    ref = torch.tensor([[0.25, 1.5]], dtype=torch.float64)
+    assert narrowed_dtype("out", (ref * 2).float(), ref) is None
+    assert narrowed_dtype("out", ref.float(), ref) is not None
+    assert narrowed_dtype("out", ref.double(), ref.float()) is None
+
+
+def test_tile_weights_checks_a_float16_tile_and_accepts_a_right_float16_answer() -> None:
+    """A float16 case (scores as a fused kernel holds them): the right answer computed in float16 passes,
+    and the verdict says float16 was checked to its precision; a mistake still fails there."""
+    from attnbook.ch08 import _tile_case, _tile_one
+
+    s, lse, _, rows, cols = _tile_case(2)
+    assert s.dtype == lse.dtype == torch.float16
+    seen = []
+
+    def right(s_tile, lse):
+        seen.append(s_tile.dtype)
+        out = torch.exp(s_tile - lse[:, None])
+        assert out.dtype == s_tile.dtype
+        return out
+
+    fb = check_tile_weights(right)
+    assert fb.passed and "float16" in fb.message, fb
+    assert torch.float16 in seen
+    assert _tile_one(lambda s_tile, lse: torch.exp(s_tile.float() - lse.float()[:, None]), 2) is None  # wider: fine
+    fb = _tile_one(lambda s_tile, lse: torch.exp(s_tile - s_tile.amax(-1, keepdim=True)), 2)
+    assert fb is not None and fb.status == "wrong" and "tile's own row maximum" in fb.message, fb
+    fb = _tile_one(lambda s_tile, lse: torch.exp(s_tile - lse[:, None]) * 1.05, 2)  # 5% off: beyond float16's error
+    assert fb is not None and fb.status == "wrong", fb

@@ -200,6 +200,24 @@ def test_merge_returned_in_half_precision_is_told_its_dtype(dtype: torch.dtype) 
     assert fb.status == "wrong" and fb.message.startswith("out is " + str(dtype)), fb
 
 
+def test_merge_with_upside_down_weights_is_named() -> None:
+    def upside_down(oa, la, ob, lb):
+        lse = torch.logaddexp(la, lb)
+        return torch.exp(lse - la)[..., None] * oa + torch.exp(lse - lb)[..., None] * ob, lse
+
+    fb = check_merge_partials(upside_down)
+    assert fb.status == "wrong" and fb.message.startswith("your weights are upside down"), fb
+    assert "exp(lse_part - lse_total)" in fb.message
+
+
+def test_merge_cast_down_to_float32_is_refused_and_float64_from_float32_accepted() -> None:
+    """Case 1 is float64: a right answer returned as float32 matches to 1e-4 but throws digits away."""
+    fb = check_merge_partials(lambda *p: tuple(t.float() for t in reference_merge_partials(*p)))
+    assert fb.status == "wrong" and "torch.float32, but the inputs are torch.float64" in fb.message, fb
+    assert check_merge_partials(lambda *p: tuple(t.double() for t in reference_merge_partials(*p))).passed
+    assert check_merge_partials(lambda *p: reference_merge_partials(*(t.double() for t in p))).passed
+
+
 def test_a_wrong_answer_in_half_precision_still_gets_its_own_hint() -> None:
     """The dtype hint is for right answers only: a known mistake rounded to float16 keeps its hint."""
     fb = check_tile_weights(lambda s, lse: torch.softmax(s, dim=-1).half())
@@ -348,6 +366,23 @@ def test_serial_cap_mistakes_get_their_own_hint() -> None:
     assert "4 d" in check_serial_cap(lambda *a: 0.3).message
 
 
+def test_serial_cap_names_d_and_d_squared_flops_and_a_ratio_capped_at_1() -> None:
+    """Learner probe: these forms got the generic hint."""
+    from attnbook.ch09 import check_serial_cap
+
+    def cap(flops):
+        return lambda d, F, E: (flops(d) / F) / (flops(d) / F + 1 / E)
+
+    fb = check_serial_cap(cap(lambda d: d))
+    assert fb.status == "wrong" and fb.message.startswith("you counted d FLOPs per score"), fb
+    fb = check_serial_cap(cap(lambda d: d ** 2))
+    assert fb.status == "wrong" and fb.message.startswith("you counted d^2 FLOPs per score"), fb
+    fb = check_serial_cap(cap(lambda d: 4 * d * d))
+    assert fb.status == "wrong" and fb.message.startswith("you counted 4 d^2 FLOPs"), fb
+    fb = check_serial_cap(lambda d, F, E: min(1, (4 * d / F) / (1 / E)))
+    assert fb.status == "wrong" and fb.message.startswith("you capped the ratio t_matmul / t_exp at 1"), fb
+
+
 # --- the sliding-window exercise: Triton kernel, PyTorch twin, mistakes -------------------------------
 
 from attnbook.ch09 import (  # noqa: E402
@@ -385,6 +420,22 @@ def test_sliding_window_first_key_mistakes_get_their_hint(mistake) -> None:
     assert fb.status == "wrong" and fb.message == mistake.hint
 
 
+def _visible_with_and(rows, cols, window):
+    return (cols <= rows) and (rows - cols < window)
+
+
+def _visible_with_or(rows, cols, window):
+    return (cols <= rows) or (rows - cols < window)
+
+
+@pytest.mark.parametrize("visible", [_visible_with_and, _visible_with_or], ids=["and", "or"])
+def test_sliding_window_python_and_is_translated_into_a_hint(visible) -> None:
+    fb = check_sliding_window(visible, reference_first_key)
+    assert fb.status == "wrong"
+    assert "combine the two conditions with &" in fb.message and "Python's `and`" in fb.message, fb
+    assert "raised" not in fb.message
+
+
 def test_sliding_window_refuses_a_float_mask_and_a_torch_function_is_fine_in_pytorch() -> None:
     fb = check_sliding_window(lambda r, c, w: ((c <= r) & (r - c < w)).float(), reference_first_key)
     assert fb.status == "wrong" and "torch.bool" in fb.message
@@ -408,7 +459,7 @@ def test_windowed_twin_skips_the_tiles_before_the_window_and_equals_sdpa() -> No
     assert sum(tiles) < sum(every)
 
 
-def test_sliding_window_in_the_triton_interpreter() -> None:
+def test_sliding_window_in_the_triton_interpreter(tmp_path) -> None:
     """The same checker in a process with TRITON_INTERPRET=1 runs the Triton kernel, and names a `visible`
     that Triton cannot compile."""
     import os
@@ -420,14 +471,24 @@ def test_sliding_window_in_the_triton_interpreter() -> None:
     root = Path(__file__).resolve().parents[1]
     code = ("import torch\nfrom attnbook.ch09 import check_sliding_window, reference_visible, reference_first_key\n"
             "print(check_sliding_window(reference_visible, reference_first_key).message)\n"
-            "print(check_sliding_window(lambda r, c, w: torch.logical_and(c <= r, r - c < w), "
-            "reference_first_key).message)\n")
+            "def torch_fn(r, c, w):\n    return torch.logical_and(c <= r, r - c < w)\n"
+            "print(check_sliding_window(torch_fn, reference_first_key).message)\n"
+            "print(check_sliding_window(lambda r, c, w: (c <= r) & (r - c < w), reference_first_key))\n"
+            "visible = lambda rows, cols, window: (cols <= rows) & (rows - cols < window)\n"
+            "print(check_sliding_window(visible, lambda q, w: max(0, q - w + 1)))\n")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=root)
+    script = tmp_path / "window_in_triton.py"  # a file, as a notebook cell is: Triton reads a function's source
+    script.write_text(code)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300, cwd=root)
     assert done.returncode == 0, done.stderr
-    right, torch_fn = done.stdout.strip().splitlines()
+    right, torch_fn, *lambdas = done.stdout.strip().splitlines()
     assert "in Triton's interpreter" in right and "41 tiles" in right
     assert torch_fn.startswith("Triton could not run your `visible`")
+    # a right `visible` written as a lambda, which Triton cannot compile, is accepted in the PyTorch loop, and told so
+    assert len(lambdas) == 2
+    for line in lambdas:
+        assert line.startswith("[Correct] the windowed kernel ran in the same tiled loop written in PyTorch"), line
+        assert "41 tiles" in line and "Triton cannot compile a lambda: write `visible` with def" in line
     assert "RuntimeWarning" not in done.stderr  # the padding rows are guarded: no 0 / 0
 
 
