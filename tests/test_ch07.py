@@ -502,12 +502,35 @@ def test_previous_token_score_names_a_wrap_around_roll() -> None:
     assert fb.status == "wrong" and "summed" in fb.message, fb
 
 
+#: The source texts' example sentences, as word lists so that this file does not contain them either.
+SOURCE_SENTENCES = [" ".join(words) for words in (
+    ["the", "keys", "on", "the", "table"], ["the", "cat", "sat", "on", "the", "mat"],
+    ["didn't", "cross", "the", "street"])]
+
+
+def test_no_source_sentence_anywhere_in_the_repository() -> None:
+    """None of the source texts' example sentences in the book, its code, its tests or its editions."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for folder in ("book", "attnbook", "attnlib", "colab", "tools", "tests", "site_tests", "lab_tests"):
+        for path in (root / folder).rglob("*"):
+            if path.suffix in {".py", ".ipynb", ".md", ".json", ".tsv", ".txt", ".mjs", ".js", ".svg", ".yml"}:
+                text = " ".join(path.read_text(encoding="utf-8", errors="ignore").lower().split())
+                found += [f"{path.relative_to(root)}: {s!r}" for s in SOURCE_SENTENCES if s in text]
+    for name in ("README.md", "CONTRIBUTING.md", "_config.yml", "_toc.yml"):
+        text = " ".join((root / name).read_text(encoding="utf-8").lower().split())
+        found += [f"{name}: {s!r}" for s in SOURCE_SENTENCES if s in text]
+    assert not found, found
+
+
 def test_the_sentence_pairs_are_the_books_own() -> None:
     """None of the source texts' sentences; every swap pair has the same words in another order."""
     from attnbook.toy_lm import DATA_DIR
 
     text = (DATA_DIR / "sentence_pairs.tsv").read_text(encoding="utf-8").lower()
-    for banned in ("the keys on the table", "the cat sat on the mat", "didn't cross the street"):
+    for banned in SOURCE_SENTENCES:
         assert banned not in text
     pairs = ch07.load_sentence_pairs()
     for kind, a, b in zip(*pairs):
