@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -512,6 +513,11 @@ def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | 
         if "dimension 3" in fb.message:  # the key axis of the scores: a mask of the wrong width
             S_new, S_k = case[0].shape[2], case[1].shape[2] + case[3].shape[2]
             return wrong(_MASK_WIDTH.format(error=error, S_new=S_new, S_k=S_k))
+    cat_dim = re.search(r"must match except in dimension (-?\d+)", fb.message) if fb is not None else None
+    if cat_dim is not None and int(cat_dim.group(1)) % 4 != 2:  # torch.cat along another axis than S
+        return wrong(f"torch.cat joined the cache and the new tokens along dimension {cat_dim.group(1)}: the new "
+                     "positions go after the cached ones along the sequence axis, dim=2 of [B, H_kv, S, D_k] "
+                     "(torch.cat([k_cache, k_new], dim=2)).")
     if fb is not None:
         return fb
     if not isinstance(result, (tuple, list)) or len(result) != 3:
@@ -590,9 +596,10 @@ def reference_window_cache_bytes(seq_len: int) -> int:
     return 2 * m["layers"] * m["kv_heads"] * m["head_dim"] * kept * m["dtype_bytes"]
 
 
-def _bytes(kept: Callable[[int], int], heads: str = "kv_heads", factor: int = 2) -> Callable[[int], int]:
+def _bytes(kept: Callable[[int], int], heads: str = "kv_heads", factor: int = 2, layers: bool = True) -> Callable[[int], int]:
     m = _WINDOW_MODEL
-    return lambda S: factor * m["layers"] * m[heads] * m["head_dim"] * kept(S) * m["dtype_bytes"]
+    n_layers = m["layers"] if layers else 1
+    return lambda S: factor * n_layers * m[heads] * m["head_dim"] * kept(S) * m["dtype_bytes"]
 
 
 _W = _WINDOW_MODEL["window"]
@@ -613,6 +620,14 @@ WINDOW_MISTAKES = (
             "numbers instead of bytes (each bfloat16 number takes 2 bytes)."),
     Mistake("4 bytes per number", _bytes(lambda S: min(S, _W), factor=4),
             "twice the answer: a bfloat16 number takes 2 bytes, not 4 (4 is float32)."),
+    Mistake("bits, not bytes", _bytes(lambda S: min(S, _W), factor=16),
+            "eight times the answer: those are bits. A bfloat16 number takes 2 bytes (16 bits); the function "
+            "returns bytes."),
+    Mistake("one layer", _bytes(lambda S: min(S, _W), layers=False),
+            "that is one layer's cache: each of the 24 layers keeps its own keys and values, so multiply by the layers."),
+    Mistake("always the full window", _bytes(lambda S: _W),
+            "you return the full window's cache for every length: a sequence shorter than the window keeps only "
+            "its seq_len positions, min(seq_len, window)."),
     Mistake("MiB", lambda S: reference_window_cache_bytes(S) / 2**20,
             "those are MiB (you divided by 2**20): the function returns bytes."),
 )
@@ -705,14 +720,15 @@ def reference_decode_intensity(D: int, H: int, H_kv: int, S: int, batch: int) ->
 
 
 def _intensity(weights_per_seq: bool = False, cache_once: bool = False, nbytes: int = 2, cache_heads: str = "kv",
-               kv: int = 2, mha_weights: bool = False, activations: bool = False) -> Callable[..., float]:
+               kv: int = 2, mha_weights: bool = False, activations: bool = False, flops_batch: bool = True,
+               cache_bytes: bool = True) -> Callable[..., float]:
     def f(D: int, H: int, H_kv: int, S: int, batch: int) -> float:
         d_k = D // H
-        flops = batch * layer_flops(D, H, H_kv, 1, S)
+        flops = (batch if flops_batch else 1) * layer_flops(D, H, H_kv, 1, S)
         weight_numbers = 4 * D * D if mha_weights else 2 * D * D + 2 * D * H_kv * d_k
         weights = weight_numbers * nbytes * (batch if weights_per_seq else 1)
         heads = H_kv if cache_heads == "kv" else H
-        cache = (1 if cache_once else batch) * kv * heads * d_k * S * nbytes
+        cache = (1 if cache_once else batch) * kv * heads * d_k * S * nbytes * (1 if cache_bytes else 0)
         extra = 0
         if activations:  # the per-token activations that the exercise leaves out
             extra = batch * (layer_bytes(D, H, H_kv, 1, S) - layer_bytes(D, H, H_kv, 1, S, activations=False))
@@ -740,6 +756,12 @@ INTENSITY_MISTAKES = (
     Mistake("activations counted", _intensity(activations=True),
             "you counted the activations too (the input, query, attention output and output of every token): leave "
             "them out here; read only the weights and the caches."),
+    Mistake("FLOPs of one sequence", _intensity(flops_batch=False),
+            "your FLOPs are one sequence's: every sequence of the batch does its own projections and attention, "
+            "so multiply the FLOPs by the batch (the weights are still read once)."),
+    Mistake("cache left out", _intensity(cache_bytes=False),
+            "you counted the weights' bytes only: each sequence also reads its own key/value cache, "
+            "batch x 2 x H_kv x d_k x S numbers of 2 bytes."),
     Mistake("bytes per FLOP", lambda *c: 1 / reference_decode_intensity(*c),
             "your ratio is upside down: that is bytes per FLOP. The intensity is FLOPs divided by bytes."),
     Mistake("rounded to a whole number", lambda *c: float(math.ceil(reference_decode_intensity(*c))),
@@ -813,6 +835,16 @@ MLA_MISTAKES = (
             "that first number is in bits: a 16-bit number takes 2 bytes, so multiply by 2, not by 16."),
     Mistake("the two numbers swapped", lambda l, L, r, d: ((L + r) / (2 * d), float((L + r) * l * 2)),
             "your two numbers come back swapped: return (bytes per token, equivalent GQA heads), the bytes first."),
+    Mistake("heads rounded down", lambda l, L, r, d: (float((L + r) * l * 2), float((L + r) // (2 * d))),
+            "your equivalent heads are rounded down (// is floor division): the ratio is a fraction, "
+            "(latent + rope) / (2 x head_dim); use /."),
+    Mistake("heads rounded up", lambda l, L, r, d: (float((L + r) * l * 2), float(math.ceil((L + r) / (2 * d)))),
+            "your equivalent heads are rounded up: the ratio is a fraction, (latent + rope) / (2 x head_dim); "
+            "leave it unrounded."),
+    # bytes over all layers / (4 x head_dim) is the same number as all layers' numbers / (2 x head_dim)
+    Mistake("heads over all layers", lambda l, L, r, d: (float((L + r) * l * 2), (L + r) * l / (2 * d)),
+            "your equivalent heads count all layers (or divide the bytes over all layers by 4 x head_dim): "
+            "compare one layer's numbers, (latent + rope) / (2 x head_dim), because a GQA head is counted per layer too."),
     Mistake("heads upside down", lambda l, L, r, d: (float((L + r) * l * 2), 2 * d / (L + r)),
             "your ratio of heads is upside down: divide MLA's numbers per token and layer by a GQA head's 2 x head_dim."),
 )
@@ -889,12 +921,36 @@ MERGE_MISTAKES = (
             "weighting by the number of keys in each chunk ignores the scores: use exp(lse_i - lse)."),
     Mistake("unnormalised", lambda outs, lses: sum(torch.exp(l)[..., None] * o for o, l in zip(outs, lses)),
             "the weights exp(lse_i) must be divided by their sum: use exp(lse_i - logsumexp(lses))."),
+    Mistake("logsumexp over the head axis", lambda outs, lses: _merge_lse_dim(outs, lses, 2),
+            "your logsumexp runs over the heads, dim=2 of torch.stack(lses) [chunks, B, H, 1]: take it over "
+            "the chunks, dim=0, so each head gets its own total."),
+    Mistake("max shift, not normalised", lambda outs, lses: _merge_weights(outs, lses, lambda s: s - s.max(0).values),
+            "subtracting the largest lse_i keeps exp from overflowing but does not normalise: the weights "
+            "exp(lse_i - max) must still be divided by their sum; subtract logsumexp(lses) instead."),
+    Mistake("weights upside down", lambda outs, lses: _merge_weights(outs, lses, lambda s: torch.logsumexp(s, 0) - s),
+            "your weights are upside down: chunk i's weight is exp(lse_i - lse), not exp(lse - lse_i)."),
+    Mistake("lse_i / sum of lse", lambda outs, lses: _merge_weights(outs, lses, lambda s: torch.log(s / s.sum(0))),
+            "lse_i / sum(lse_j) divides logarithms: the weights are exp(lse_i) / sum_j exp(lse_j), which is "
+            "exp(lse_i - logsumexp(lses))."),
+    Mistake("first two chunks only", lambda outs, lses: _merge_weights(outs[:2], lses[:2], lambda s: s - torch.logsumexp(s, 0)),
+            "you merged only the first two chunks: loop over all of them (zip(outs, lses)); there can be any number."),
     Mistake("summed, not weighted", lambda outs, lses: sum(outs),
             "you added the partial outputs with weight 1 each: weight chunk i by exp(lse_i - lse), a softmax over the "
             "chunk axis (dim=0 of torch.stack(lses)), not over the last axis, which has one entry per chunk here."),
 )
 
 _MERGE_SIZES: dict[int, tuple[int, ...]] = {}
+
+
+def _merge_weights(outs: list[Tensor], lses: list[Tensor], log_w: Callable[[Tensor], Tensor]) -> Tensor:
+    """Sum of ``outs`` weighted by ``exp(log_w(torch.stack(lses)))``."""
+    w = torch.exp(log_w(torch.stack(lses)))  # [chunks, B, H, 1]
+    return sum(w[i][..., None] * o for i, o in enumerate(outs))
+
+
+def _merge_lse_dim(outs: list[Tensor], lses: list[Tensor], dim: int) -> Tensor:
+    stacked = torch.stack(lses)
+    return _merge_weights(outs, lses, lambda s: s - torch.logsumexp(stacked, dim, keepdim=True))
 
 
 def _count_share(outs: list[Tensor], i: int) -> float:
@@ -918,6 +974,10 @@ def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
     for B, H, D, sizes, shift, seed in MERGE_CASES:
         outs, lses = _merge_case(B, H, D, sizes, shift, seed)
         got, fb = call_reader(fn, ([o.clone() for o in outs], [l.clone() for l in lses]), axes=("B", "H", "1", "D_v"))
+        if fb is not None and "must match the size of tensor" in fb.message:
+            return wrong("a weight exp(lse_i - lse) has shape [B, H, 1] and a partial output [B, H, 1, D_v]: keep a "
+                         "trailing axis on the weight, exp(lse_i - lse)[..., None], so it broadcasts over D_v. "
+                         f"({fb.message.removeprefix('your code raised ')})")
         if fb is not None:
             return fb
         expected = reference_merge_partials(outs, lses)

@@ -232,3 +232,36 @@ def test_append_checker_names_the_mask_width_and_the_swapped_return() -> None:
     assert "swapped" in fb.message, fb
     fb = ch10.check_append_and_attend(attend(lambda s, k: ~ch10.causal_mask(s, S_k=k)))
     assert "inverted" in fb.message, fb
+
+
+def test_learner_probe_mistakes_are_named() -> None:
+    """Mistakes written the way a learner writes them get their own hint, not a raw error or a restatement."""
+    def cat_on(dim):
+        def fn(q, kc, vc, kn, vn):
+            keys, values = torch.cat([kc, kn], dim), torch.cat([vc, vn], dim)
+            return ch10.reference_append_and_attend(q, kc, vc, kn, vn)[0], keys, values
+        return fn
+
+    fb = ch10.check_append_and_attend(cat_on(1))
+    assert fb.status == "wrong" and "dim=2 of [B, H_kv, S, D_k]" in fb.message, fb
+
+    def no_trailing_axis(outs, lses):
+        lse = torch.logsumexp(torch.stack(lses), dim=0)
+        return sum(torch.exp(l - lse) * o for o, l in zip(outs, lses))
+
+    fb = ch10.check_merge_partials(no_trailing_axis)
+    assert fb.status == "wrong" and "[..., None]" in fb.message and "broadcasts over D_v" in fb.message, fb
+
+    def max_shift(outs, lses):
+        m = torch.stack(lses).max(0).values
+        return sum(torch.exp(l - m)[..., None] * o for o, l in zip(outs, lses))
+
+    assert ch10.check_merge_partials(max_shift).message == ch10.MERGE_MISTAKES[
+        [m.name for m in ch10.MERGE_MISTAKES].index("max shift, not normalised")].hint
+
+    def floor_heads(layers, latent, rope, head_dim):
+        return (latent + rope) * layers * 2, (latent + rope) // (2 * head_dim)
+
+    assert "rounded down" in ch10.check_mla_cache(floor_heads).message
+    assert "bits" in ch10.check_window_cache_bytes(lambda S: 2 * 24 * 4 * 96 * min(S, 2048) * 16).message
+    assert "one layer" in ch10.check_window_cache_bytes(lambda S: 2 * 4 * 96 * min(S, 2048) * 2).message

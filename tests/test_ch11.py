@@ -495,3 +495,30 @@ def test_sink_and_int8_checkers_name_the_leftover_mistakes() -> None:
         return torch.round((x - lo) / step) * step + lo
 
     assert "asymmetric" in ch11.check_int8_per_token(asymmetric).message
+
+
+def test_learner_probe_mistakes_are_named() -> None:
+    """Mistakes written the way a learner writes them get their own hint, not a raw error or a restatement."""
+    from fractions import Fraction
+
+    frac = lambda p, n, b, s: Fraction(-(-(p + n) // b) - s // b)  # a Fraction of a whole number of blocks
+    assert ch11.check_blocks_needed(frac).passed
+    fb = ch11.check_blocks_needed(lambda p, n, b, s: Fraction(p + n, b) - Fraction(s, b))
+    assert fb.status == "wrong" and "blocks are allocated whole" in fb.message, fb
+
+    def no_keepdim(x):
+        scale = x.abs().amax(dim=-1) / 127
+        return torch.round(x / scale).clamp(-127, 127) * scale
+
+    fb = ch11.check_int8_per_token(no_keepdim)
+    assert fb.status == "wrong" and "keepdim=True" in fb.message, fb
+    fb = ch11.check_int8_per_token(lambda x: ch11.reference_int8_per_token(x).float())
+    assert fb.status == "wrong" and "torch.float32" in fb.message and "input's dtype" in fb.message, fb
+
+    def sink_over_queries(s, k):
+        return torch.exp(s - torch.logaddexp(torch.logsumexp(s, -2, keepdim=True), k.view(-1, 1, 1)))
+
+    assert "over the queries" in ch11.check_sink_softmax(sink_over_queries).message
+    # a tuple is as good as a list, like the other checkers' sequences
+    assert ch11.check_cow_table(lambda *a: tuple(ch11.reference_cow_table(*a))).passed
+    assert "position order" in ch11.check_cow_table(lambda *a: sorted(ch11.reference_cow_table(*a))).message

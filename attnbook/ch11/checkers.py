@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ..feedback import (Feedback, Mistake, MistakeTable, as_index, call_reader, check_number_cases, close, correct, describe,
-                        diagnose, exercise, wrong)
+                        diagnose, exercise, low_precision, wrong)
 from ._common import float_tensor, positive_int
 
 # ---- exercise 1: blocks a request needs -----------------------------------------------------------
@@ -52,6 +52,13 @@ BLOCKS_MISTAKES = (
     Mistake("prefix blocks by /", lambda p, n, b, s: -(-(p + n) // b) - s / b,
             "shared_prefix / block_size is a fraction of blocks: only FULL blocks are shared, so count them with "
             "floor division, shared_prefix // block_size, and the answer stays a whole number."),
+    Mistake("true division", lambda p, n, b, s: (p + n) / b - s / b,
+            "(prompt_len + new_tokens) / block_size is a fraction of blocks: blocks are allocated whole, so round the "
+            "count up, -(-(prompt_len + new_tokens) // block_size), and subtract the full prefix blocks, "
+            "shared_prefix // block_size."),
+    Mistake("prompt and new tokens rounded separately", lambda p, n, b, s: -(-p // b) + -(-n // b) - s // b,
+            "the generated tokens continue in the prompt's last block: round up once, for all "
+            "prompt_len + new_tokens positions, not for the prompt and the new tokens separately."),
     Mistake("generated tokens only", lambda p, n, b, s: -(-n // b),
             "the prompt's positions need blocks too, and the cached prefix is part of the prompt: count "
             "prompt_len + new_tokens positions, then subtract the prefix's full blocks."),
@@ -112,6 +119,12 @@ INT8_MISTAKES = (
     Mistake("scale 255, clamped", lambda x: torch.round(x / (x.abs().amax(-1, keepdim=True) / 255)).clamp(-127, 127) * (x.abs().amax(-1, keepdim=True) / 255),
             "255 counts the codes of an asymmetric (min-to-max) range: with a symmetric scale the codes run from "
             "-127 to 127, so the step is max|x| / 127; with max|x| / 255 every value above half the max clips."),
+    Mistake("scale 128, range -128..127", lambda x: torch.round(x / (x.abs().amax(-1, keepdim=True) / 128)).clamp(-128, 127) * (x.abs().amax(-1, keepdim=True) / 128),
+            "int8 reaches -128, but a symmetric scale maps the largest |x| to 127 so that +max and -max both fit: "
+            "scale = max|x| / 127 and clamp to -127..127."),
+    Mistake("scale rounded to float16", lambda x: torch.round(x / (x.abs().amax(-1, keepdim=True) / 127).half().to(x.dtype)).clamp(-127, 127) * (x.abs().amax(-1, keepdim=True) / 127).half().to(x.dtype),
+            "your scale was rounded to float16: keep it in the input's dtype here (a real cache may store it in "
+            "16 bits, but the exercise compares with an unrounded scale)."),
     Mistake("not dequantised", lambda x: torch.round(x / (x.abs().amax(-1, keepdim=True) / 127)).clamp(-127, 127),
             "return the dequantised values, codes times scale, so they can be compared with x."),
     Mistake("scale without abs", lambda x: torch.round(x / (x.amax(-1, keepdim=True) / 127)).clamp(-127, 127) * (x.amax(-1, keepdim=True) / 127),
@@ -145,9 +158,20 @@ def check_int8_per_token(fn: Callable[[Tensor], Any]) -> Feedback:
     for case in INT8_CASES:
         x = _int8_case(*case)
         got, fb = call_reader(fn, (x.clone(),), axes=("B", "H_kv", "S", "D_k"))
+        if fb is not None and "must match the size of tensor" in fb.message:
+            return wrong("the scale lost its last axis: x.abs().amax(dim=-1) is [B, H_kv, S], which does not line up "
+                         "with x [B, H_kv, S, D_k]. Keep it with keepdim=True, [B, H_kv, S, 1], so one scale "
+                         f"broadcasts over each position's D_k numbers. ({fb.message.removeprefix('your code raised ')})")
         if fb is not None:
             return fb
         expected = reference_int8_per_token(x)
+        half = low_precision(got, expected)
+        if half is not None:
+            return half
+        if isinstance(got, Tensor) and got.is_floating_point() and got.dtype != x.dtype and got.shape == x.shape:
+            if close(got.to(x.dtype), expected):
+                return wrong(f"the input is {x.dtype} and you return {got.dtype}: return the dequantised cache in "
+                             "the input's dtype (multiply the codes by the scale without casting, or .to(x.dtype)).")
         if close(got, expected):
             continue
         return diagnose(got, INT8_MISTAKES, x) or wrong(
@@ -214,6 +238,9 @@ SINK_MISTAKES = (
     Mistake("sink added without exp", _sink_without_exp,
             "the sink is a logit, like a score: its term in the denominator is exp(sink[h]), not sink[h]. Combine it "
             "with the scores' logsumexp: torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink.view(-1, 1, 1))."),
+    Mistake("logsumexp over the queries", lambda s, k: torch.exp(s - torch.logaddexp(torch.logsumexp(s, -2, keepdim=True), k.view(-1, 1, 1))),
+            "your logsumexp runs over the queries (dim=-2): each query's row has its own denominator, a sum over "
+            "its keys, so take torch.logsumexp(scores, -1, keepdim=True)."),
     Mistake("sinks in the wrong head order", lambda s, k: reference_sink_softmax(s, k.flip(0)),
             "each head uses another head's sink logit: sink[h] belongs to head h, the axis -3 of the scores. Reshape "
             "it with sink.view(-1, 1, 1) (not reversed, not transposed) so that it lines up with the heads in order."),
@@ -275,7 +302,7 @@ def reference_cow_table(table: list[int], length: int, block_size: int, free: li
 
 
 def _cow(table, length, b, free, n, *, copy=True, copy_all=False, every_write=False, pick=0, shift=0,
-         copy_last=False, unsorted=False):
+         copy_last=False, unsorted=False, fresh_owned=True):
     """The reference with one thing changed, for the table of mistakes."""
     table, free, owned = list(table), list(free) if unsorted else sorted(free), set()
     if copy_all:
@@ -286,7 +313,8 @@ def _cow(table, length, b, free, n, *, copy=True, copy_all=False, every_write=Fa
         i = (p + shift) // b
         if i >= len(table):
             table.append(free.pop(pick))
-            owned.add(i)
+            if fresh_owned:
+                owned.add(i)
         elif copy and (every_write or i not in owned):
             table[i] = free.pop(pick)
             owned.add(i)
@@ -321,6 +349,12 @@ COW_MISTAKES = (
     Mistake("full last block copied", lambda *c: _cow(*c, copy_last=True),
             "a full last block is never written again: the next token goes to a fresh block, so nothing needs to "
             "be copied. Copy only a shared block that a write lands in."),
+    Mistake("fresh block not owned", lambda *c: _cow(*c, fresh_owned=False),
+            "a fresh block from the pool is this sample's own (reference count 1): mark it as owned, or the next "
+            "write into it copies it again."),
+    Mistake("table sorted", lambda *c: sorted(reference_cow_table(*c)),
+            "a block table is in position order (entry i holds positions i x block_size onwards), not sorted by "
+            "block number: put each copy where the shared block was and append fresh blocks at the end."),
     Mistake("new blocks only", lambda t, *c: [x for i, x in enumerate(reference_cow_table(t, *c)) if i >= len(t) or x != t[i]],
             "return the whole block table of the sample, the shared blocks it keeps included, in position order."),
 )
