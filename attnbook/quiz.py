@@ -244,7 +244,7 @@ _CSS = """
 # has not been run without its scripts, and the answers would look alive but do nothing).
 # Multiple choice: a click (or Enter/Space on the focused button)
 # grades that answer; arrow keys do nothing. Numeric: Enter in the field or the Check button
-# grades what was typed (a fraction a/b is accepted, and a unit the question names; with `precision`,
+# grades what was typed (an empty or unreadable field is not graded: it only says what to type) (a fraction a/b is accepted, and a unit the question names; with `precision`,
 # both sides are rounded to that many significant digits, as jupyterquiz does). Feedback goes to an
 # aria-live region; it is HTML written by :func:`typeset` (escaped, maths in Unicode and <sub>/<sup>).
 _JS = """(function(){
@@ -253,14 +253,14 @@ var note=root.querySelector(".aq-note");if(note)note.remove();
 root.querySelectorAll("button,input").forEach(function(e){e.disabled=false;});
 var data=JSON.parse(root.querySelector("script[type='application/json']").textContent);
 function say(q,ok,html,extra){var fb=q.querySelector(".aq-fb");
- fb.className="aq-fb "+(ok?"aq-right":"aq-wrong");fb.textContent="";
- var b=document.createElement("strong");b.textContent=ok?"Correct. ":"Not quite. ";
+ fb.className="aq-fb "+(ok===null?"aq-ask":ok?"aq-right":"aq-wrong");fb.textContent="";
+ var b=document.createElement("strong");b.textContent=ok===null?"":ok?"Correct. ":"Not quite. ";
  var t=document.createElement("span");t.innerHTML=html;
  fb.appendChild(b);fb.appendChild(t);fb.appendChild(document.createTextNode(extra||""));
  if(window.MathJax&&MathJax.typesetPromise)MathJax.typesetPromise([fb]).catch(function(){});}
 %(num)s
 function gradeNumeric(q,d){var rd=readAns(d,q.querySelector("input").value),x=rd[0];
- if(!isFinite(x)){say(q,false,rd[1]);return;}
+ if(!isFinite(x)){say(q,null,rd[1]);return;}
  var p=d.precision,r=function(v){return p?Number(Number(v).toPrecision(p)):v;},fallback="Not this one. Try again.";
  x=r(x);for(var i=0;i<d.answers.length;i++){var a=d.answers[i];
   if(a.type==="default"){fallback=a.feedback;continue;}

@@ -166,8 +166,11 @@ def test_quiz_answers_show_feedback(visit: tuple[TocPage, Visit]) -> None:
             typed = right["value"] if right["type"] == "value" else (right["range"][0] + right["range"][1]) / 2
             field = box.locator("input")
             assert field.evaluate("e => [...e.labels].map(l => l.textContent.trim())") == ["Your answer:"], f"{where}: field not labelled"
+            field.press("Enter")  # nothing typed yet: told what to type, not graded
+            prompt = _norm(feedback.inner_text())
+            assert prompt.startswith("Type a number"), f"{where}: an empty answer got {prompt!r}"
             field.press_sequentially(str(typed))
-            assert _norm(feedback.inner_text()) == "", f"{where}: graded while typing"
+            assert _norm(feedback.inner_text()) == prompt, f"{where}: graded while typing"
             field.press("Enter")
             verdict, expected = True, right["feedback"]
         else:
