@@ -114,12 +114,19 @@ test-lab: setup
 # first run; later runs copy only files it does not have yet, so nothing the reader changed is
 # overwritten. lab_tests/test_make_lab.py checks this with JUPYTER_LAB set to a stand-in.
 # Jupyter refuses to run as root unless told to; containers often run as root.
-LAB_DIR     ?= my-book
-JUPYTER_LAB ?= $(BIN)/jupyter lab
+# JupyterLab 4 renders only the cells near the view by default (windowingMode
+# "contentVisibility"), so jupyterlab-myst cannot see a chapter's glossary cell (its last cell)
+# while it renders the {term} links above it: every link logs "Cross reference target was not
+# found". tools/jupyterlab/overrides.json (windowingMode "none": every cell rendered) is
+# installed as the default of the venv's JupyterLab; a reader's own settings still win.
+LAB_DIR      ?= my-book
+JUPYTER_LAB  ?= $(BIN)/jupyter lab
+LAB_SETTINGS ?= $(BIN)/../share/jupyter/lab/settings
 lab: setup
 	$(BIN)/python -c 'import os, shutil, sys; shutil.copytree("book", sys.argv[1], dirs_exist_ok=True, \
 	  ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "_ext", "_static"), \
 	  copy_function=lambda src, dst: None if os.path.exists(dst) else shutil.copy2(src, dst))' $(LAB_DIR)
+	mkdir -p $(LAB_SETTINGS) && cp tools/jupyterlab/overrides.json $(LAB_SETTINGS)/overrides.json
 	$(JUPYTER_LAB) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_DIR)
 
 bench: setup

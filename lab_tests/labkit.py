@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -30,14 +31,27 @@ sys.path.insert(0, str(ROOT / "tests"))
 from sitekit import CHROMIUM, CHROMIUM_ARGS  # noqa: E402,F401
 from toc import toc_notebooks  # noqa: E402
 
-#: JupyterLab settings of the test server (written into its own settings folder):
-#: no autosave (the copy is thrown away anyway), every cell rendered (not only those in view),
-#: and no requests for news or updates (the test runs offline).
+#: The test server's own user settings (written into its own settings folder): no autosave (the
+#: copy is thrown away anyway) and no requests for news or updates (the test runs offline). Nothing
+#: here may change what a page shows: what a reader's JupyterLab renders differently (every cell
+#: rendered, not only those in view) comes from the defaults that ``make lab`` installs
+#: (tools/jupyterlab/overrides.json), which the server gets the way a reader's does.
 LAB_SETTINGS = {
     "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
-    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
 }
+
+
+def make_lab(folder: Path, app_settings: Path) -> list[str]:
+    """Run ``make lab`` with a stand-in for JupyterLab (``setup`` taken as done): it copies the
+    chapters into ``folder`` and installs JupyterLab's defaults into ``app_settings``; returns the
+    arguments JupyterLab would get."""
+    bin_dir = str(Path(sys.executable).parent)
+    result = subprocess.run(["make", "-s", "-o", "setup", "lab", f"LAB_DIR={folder}", "JUPYTER_LAB=echo SERVE",
+                             f"LAB_SETTINGS={app_settings}", f"BIN={bin_dir}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    line = next(line for line in result.stdout.splitlines() if line.startswith("SERVE"))
+    return shlex.split(line)[1:]
 
 
 @dataclass
@@ -66,10 +80,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_lab(tmp: Path, book: Path = ROOT / "book") -> Lab:
-    """Start ``jupyter lab`` on a copy of ``book`` in ``tmp``; wait until it answers."""
-    root = tmp / "book"
-    shutil.copytree(book, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+def start_lab(tmp: Path) -> Lab:
+    """Start ``jupyter lab`` on the copy of ``book/`` that ``make lab`` makes in ``tmp``, with the
+    defaults ``make lab`` installs; wait until it answers."""
+    app_settings = tmp / "app-settings"
+    served = make_lab(tmp / "book", app_settings)
+    root = Path(served[-1])
     settings = tmp / "settings"
     for name, values in LAB_SETTINGS.items():
         path = settings / name
@@ -85,7 +101,8 @@ def start_lab(tmp: Path, book: Path = ROOT / "book") -> Lab:
     port, token = _free_port(), secrets.token_hex(24)
     command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--ServerApp.port={port}",
                "--ServerApp.ip=127.0.0.1", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-               f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True"]
+               f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True",
+               f"--LabApp.app_settings_dir={app_settings}"]
     if os.geteuid() == 0:
         command.append("--allow-root")
     log = open(tmp / "server.log", "w")

@@ -7,22 +7,23 @@ attempts (and every Run All's outputs) into the repository. The target is run he
 
 from __future__ import annotations
 
-import shlex
-import subprocess
-import sys
+import json
 from pathlib import Path
 
-from labkit import ROOT
-
-BIN = str(Path(sys.executable).parent)
+from labkit import ROOT, make_lab
 
 
 def _make_lab(folder: Path) -> list[str]:
     """Run ``make lab`` into ``folder`` (``setup`` taken as done); the arguments JupyterLab would get."""
-    result = subprocess.run(["make", "-s", "-o", "setup", "lab", f"LAB_DIR={folder}", "JUPYTER_LAB=echo SERVE",
-                             f"BIN={BIN}"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
-    line = next(line for line in result.stdout.splitlines() if line.startswith("SERVE"))
-    return shlex.split(line)[1:]
+    return make_lab(folder, folder.parent / "app-settings")
+
+
+def test_make_lab_renders_every_cell(tmp_path: Path) -> None:
+    # JupyterLab's default windowing renders only the cells in view, so the glossary cell at the
+    # end is missing while the {term} links above it render (one console error per link).
+    _make_lab(tmp_path / "my-book")
+    overrides = json.loads((tmp_path / "app-settings" / "overrides.json").read_text(encoding="utf-8"))
+    assert overrides["@jupyterlab/notebook-extension:tracker"]["windowingMode"] == "none"
 
 
 def test_make_lab_serves_a_working_copy_and_keeps_the_readers_edits(tmp_path: Path) -> None:
