@@ -259,6 +259,8 @@ LINK_CASES: tuple[tuple[str, str, str], ...] = (
     ("The students in the library were quiet.", "were", "students"),
     ("My old friends from school visit us every summer.", "visit", "friends"),
     ("The books on the shelf are old.", "shelf", "books"),
+    ("The books on the shelf are old.", "shelf", "the"),  # the key occurs twice: the first counts
+    ("The books on the shelf are old.", "old", "."),  # the strongest head's row peaks elsewhere
 )
 
 
@@ -315,6 +317,30 @@ def _first_top_link(weights: Tensor, toks: Sequence[str], query: str, key: str) 
     return torch.tensor([flat // weights.shape[1], flat % weights.shape[1]])  # [2]
 
 
+def _last_link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
+    t = list(toks)
+    i, j = len(t) - 1 - t[::-1].index(query), len(t) - 1 - t[::-1].index(key)  # last occurrences
+    flat = int(weights[:, :, i, j].flatten().argmax())
+    return torch.tensor([flat // weights.shape[1], flat % weights.shape[1]])  # [2]
+
+
+def _peak_link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
+    i, j = list(toks).index(query), list(toks).index(key)
+    on_key = weights[:, :, i, :].argmax(-1) == j  # [L, H]: heads whose row argmax is the key
+    if not bool(on_key.any()):
+        return torch.tensor([-1, -1])
+    flat = int(torch.where(on_key, weights[:, :, i, j], -1.0).flatten().argmax())
+    return torch.tensor([flat // weights.shape[1], flat % weights.shape[1]])  # [2]
+
+
+def _link_by_layers(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
+    i, j = list(toks).index(query), list(toks).index(key)
+    got = torch.tensor(divmod(int(weights[:, :, i, j].flatten().argmax()), weights.shape[0]))  # [2]
+    if torch.equal(got, _link(weights, toks, query, key).flip(0)):  # e.g. head (5, 11): both give (11, 5)
+        raise ValueError("not told apart from swapping layer and head on this case")
+    return got
+
+
 def _link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
     return torch.tensor(reference_strongest_link(weights, toks, query, key))  # [2]: (layer, head)
 
@@ -338,6 +364,15 @@ LINK_MISTAKES: tuple[Mistake, ...] = (
     Mistake("key's column", lambda w, t, q, k: _column_link(w, t, k),
             "you found the head whose column for the key is largest in total, over every query: read only the "
             "query's row, weights[:, :, i, j] with i the query's position."),
+    Mistake("divided by L", _link_by_layers,
+            "you split the flat index f over L * H heads with the number of layers: the layer is f // H and the "
+            "head f % H, with H = weights.shape[1] heads per layer."),
+    Mistake("last occurrence", _last_link,
+            "the key (or the query) occurs twice in this sentence and you used its last occurrence: tokens.index(...) "
+            "gives the first, which is the one asked for."),
+    Mistake("among peaking heads", _peak_link,
+            "you looked only among heads whose largest weight of the query falls on the key. The strongest link can "
+            "be in a head whose row peaks on another token: take the argmax of weights[:, :, i, j] over all heads."),
 )
 
 
@@ -567,6 +602,12 @@ def _copy_cases() -> list[tuple[nn.Module, int]]:
 _A_MODULE = "the answer is a module; its wrong copies are the table's mistakes and the per-parameter diagnosis"
 
 
+def _other_layer(model: nn.Module, result: Any, layer_index: int) -> int | None:
+    """The layer other than ``layer_index`` that ``result`` is a right copy of, or None."""
+    return next((j for j in range(len(P.encoder_layers(model)))
+                 if j != layer_index and _same_module(result, _copied(model, j))), None)
+
+
 @exercise(solution=_solution_copy, needs=_MODEL,
           tables=(MistakeTable(COPY_MISTAKES, _copy_cases, _copied, same=lambda a, b: _same_module(a, b)),),
           not_generic={v: _A_MODULE for v in ("scaled by 2", "scaled by 0.5", "transposed", "shifted by one", "rolled by one",
@@ -604,6 +645,13 @@ def check_copy_layer(fn: Callable[[nn.Module, int], Any], layers: Sequence[int] 
             return wrong(f"your module shares {', '.join(shared)} with the model: copy the weights, do not share the "
                          "modules (or their Parameters). Build new nn.Linear layers and copy_ the weights into them, so "
                          "that changing your copy later (the ablations) leaves the model alone.")
+        fixed = _other_layer(model, result, layer_index)
+        if fixed is not None:  # asked for yet another layer, a hard-coded index gives the same one again
+            other_index = next(k for k in range(len(P.encoder_layers(model))) if k not in (fixed, layer_index))
+            again, fb = run_reader_code(fn, model, other_index)
+            if fb is None and _same_module(again, _copied(model, fixed)):
+                return wrong(f"you always copy layer {fixed}, whatever layer_index is: read "
+                             "model.encoder.layer[layer_index], the layer asked for.")
         for m in COPY_MISTAKES:
             if _same_module(result, m.compute(model, layer_index)):
                 return wrong(m.hint)
@@ -1074,9 +1122,9 @@ def heads_grid() -> Diagram:
         alt=f"A grid of {N_LAYERS} rows (layers 0 to {N_LAYERS - 1}, top to bottom) and {N_HEADS} columns "
             f"(heads 0 to {N_HEADS - 1}), one cell per head. The cell of layer {layer} head {head}, where "
             f"are gives books the most weight, is filled orange; three cells marked P, N and C are the "
-            f"top heads of three pattern scores: {named}. An arrow beside the grid points down: each "
-            f"layer reads the output of the one above it.")
-    cell, x0, y0 = 26, 72, 62
+            f"top heads of three pattern scores: {named}. An arrow beside the grid points down, labelled: "
+            f"each layer reads the output of the one above it.")
+    cell, x0, y0 = 22, 72, 62
     fills = [["none"] * N_HEADS for _ in range(N_LAYERS)]
     labels = [[""] * N_HEADS for _ in range(N_LAYERS)]
     fills[layer][head] = PALETTE["orange"]  # full colour: the chapter's head
@@ -1087,7 +1135,9 @@ def heads_grid() -> Diagram:
     d.grid(x0, y0, fills, cell=cell, labels=labels, row_labels=[f"layer {l}" for l in range(N_LAYERS)],
            col_labels=[str(h) for h in range(N_HEADS)], size=14)
     right = x0 + N_HEADS * cell
-    d.arrow(right + 22, y0 + 4, right + 22, y0 + N_LAYERS * cell - 4)
+    d.arrow(right + 18, y0 + 4, right + 18, y0 + N_LAYERS * cell - 4)
+    for k, word in enumerate(("each layer", "reads the", "one above")):
+        d.text(right + 26, y0 + 40 + 22 * k, word, size=14, anchor="start")
     y = y0 + N_LAYERS * cell + 30
     d.rect(20, y - 14, 18, 18, fill=PALETTE["orange"], stroke="orange", rx=0, width=2)
     d.text(46, y, f"are \u2192 books: layer {layer}, head {head}", size=14, anchor="start")

@@ -63,6 +63,18 @@ OTHER_LINK_MISTAKES = {
     "notes positions": (lambda w, t, q, k: divmod(int(w[:, :, 5, 1].argmax()), 12), "counting [CLS]"),
     "crash": (lambda w, t, q, k: t.index("nope"), "your code raised ValueError"),
     "not a pair": (lambda w, t, q, k: "3,1", "pair of ints"),
+    "last occurrence": (
+        lambda w, t, q, k: tuple(ch07._last_link(w, t, q, k).tolist()),
+        "last occurrence",
+    ),
+    "largest among peaking heads": (
+        lambda w, t, q, k: tuple(ch07._peak_link(w, t, q, k).tolist()),
+        "whose largest weight of the query falls on the key",
+    ),
+    "divmod by L": (
+        lambda w, t, q, k: divmod(int(w[:, :, t.index(q), t.index(k)].argmax()), w.shape[0]),
+        "f // H",
+    ),
 }
 
 
@@ -139,6 +151,7 @@ OTHER_COPY_MISTAKES = {
     "fresh module": (lambda m, i: MultiHeadSelfAttention(384, 12), "does not match layer"),
     "wrong heads": (lambda m, i: MultiHeadSelfAttention(384, 6), "num_heads = 6"),
     "not a module": (lambda m, i: m.encoder.layer[i].attention, "return an attnlib.MultiHeadSelfAttention"),
+    "hard-coded layer 3": (lambda m, i: copy_with(m, 3), "you always copy layer 3"),
 }
 
 
