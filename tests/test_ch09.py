@@ -507,3 +507,11 @@ def test_quiz_serial_cap_and_total_traffic_answers_get_their_own_feedback() -> N
     traffic = dict(_numeric_questions())[5]
     ok, feedback = _grade(traffic, f"{34_082_816 / 17_305_600:.2f}")  # the total traffic's ratio, 1.97
     assert not ok and "total traffic" in feedback, feedback
+
+
+@pytest.mark.parametrize("digits", [2, 3])
+def test_serial_cap_rounded_is_told_not_to_round(digits: int) -> None:
+    from attnbook.ch09 import check_serial_cap, reference_serial_cap
+
+    fb = check_serial_cap(lambda d, F, E: round(reference_serial_cap(d, F, E), digits))
+    assert fb.status == "wrong" and "unrounded" in fb.message, fb
