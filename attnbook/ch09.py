@@ -619,7 +619,7 @@ def check_serial_cap(fn: Callable[[int, float, float], float]) -> Feedback:
 # ---- exercise: a sliding window in the fused kernel -------------------------------------------------
 
 #: The sliding-window exercise's runs ``(S, D, window, BLOCK_Q, BLOCK_K)``: a window wider than a query
-#: block, and one narrower, where a row's first tile can hide all its keys (the -inf guard of section 8.4).
+#: block, and one narrower, where a row's first tile can hide all its keys (the kernel's m_ref guard).
 #: Every block is at least 16 wide, the smallest ``tl.dot`` a compiled Triton kernel accepts.
 WINDOW_RUNS: tuple[tuple[int, int, int, int, int], ...] = ((160, 16, 36, 16, 16), (75, 16, 10, 32, 16))
 
