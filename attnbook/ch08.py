@@ -575,17 +575,18 @@ def tile_loop_diagram() -> Diagram:
     n = DIAGRAM_S // DIAGRAM_BLOCK
     walker = n - 2  # the query block whose walk is numbered
     d = Diagram(
-        "ch08_tile_loop", 380, 466, title="The tile loop of tiled attention",
-        alt=(f"A {n} by {n} grid of score tiles for S = {DIAGRAM_S} with {DIAGRAM_BLOCK}-blocks, causal: tiles below "
+        "ch08_tile_loop", 380, 486, title="The tile loop of tiled attention",
+        alt=(f"A {n} by {n} grid of score tiles for S = {DIAGRAM_S} with {DIAGRAM_BLOCK}-row blocks, causal: tiles below "
              f"the diagonal are computed, tiles on the diagonal are masked inside, tiles above it are skipped. "
              f"Query block {walker} walks key blocks 0 to {walker} in order (steps 1 to {walker + 1}); after each "
              f"tile it updates its running max m, running sum \u2113 and accumulator acc, rescaling the last two by "
              f"\u03b1 = exp(old m \u2212 new m), and after the last tile it writes out = acc / \u2113 and lse = m + log \u2113."))
     d.text(190, 28, "One query block walks its key blocks", size=16, weight="bold")
-    cell, x0, y0 = 44, 44, 80
+    d.text(190, 50, f"S = {DIAGRAM_S}, {DIAGRAM_BLOCK}-row blocks, causal", size=14, color=MUTED)
+    cell, x0, y0 = 44, 44, 100
     fills = [["green" if j < i else "orange" if j == i else "grey" for j in range(n)] for i in range(n)]
     labels = [[str(j + 1) if i == walker and j <= i else "" for j in range(n)] for i in range(n)]
-    d.text(x0 + n * cell / 2, 52, "key blocks \u2192", size=14, color=MUTED)
+    d.text(x0 + n * cell / 2, 88, "key blocks \u2192", size=14, color=MUTED)
     d.grid(x0, y0, fills, cell=cell, labels=labels, row_labels=[f"q{i}" for i in range(n)], size=15)
     d.rect(x0 - 3, y0 + walker * cell - 3, (walker + 1) * cell + 6, cell + 6, stroke="blue", width=3, rx=2)
     for k, (colour, what) in enumerate((("green", "computed"), ("orange", "masked inside"), ("grey", "skipped"))):
