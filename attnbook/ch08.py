@@ -225,8 +225,20 @@ def reference_online_update(m: Tensor, l: Tensor, acc: Tensor, s: Tensor, v: Ten
 
 
 #: The online-softmax checker's cases ``(S_q, S_k, first tile's keys, D_v, dtype)``: the second
-#: differs in every size (and its tiles are uneven) and in the dtype.
-ONLINE_CASES: tuple[tuple[int, int, int, int, torch.dtype], ...] = ((3, 8, 4, 2, torch.float64), (5, 9, 6, 3, torch.float32))
+#: differs in every size (and its tiles are uneven) and in the dtype; the third has scores near
+#: :data:`LARGE_SCORE`, where ``exp(score)`` overflows even float64 unless the maximum is subtracted.
+ONLINE_CASES: tuple[tuple[int, int, int, int, torch.dtype], ...] = (
+    (3, 8, 4, 2, torch.float64), (5, 9, 6, 3, torch.float32), (4, 10, 5, 2, torch.float64))
+
+#: The score added in the online checker's last case: ``exp(800)`` is inf in float64 (above about 709).
+LARGE_SCORE = 800.0
+
+_NO_MAX_SUBTRACTED = (
+    "with scores near 800 your {name} contains inf or NaN: the tile is exponentiated without subtracting the "
+    "maximum first (exp(s), then a rescale by exp(-m_new)). exp(800) overflows even float64 (above about 709; "
+    "float32 above about 88), and no later factor brings inf back. Subtract before exponentiating: "
+    "p = exp(s - m_new), alpha = exp(m_old - m_new); every exponent is then at most 0."
+)
 
 
 def _case(seed: int, case: int = 0) -> tuple[Tensor, Tensor, Tensor]:
@@ -234,6 +246,8 @@ def _case(seed: int, case: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     gen = torch.Generator().manual_seed(seed + case)
     s = torch.randn(S_q, S_k, generator=gen, dtype=torch.float64) * 3  # [S_q, S_k] scores, two tiles
     s[0, split:] += 6  # query 0's maximum is in the second tile: the rescaling matters
+    if case == 2:
+        s += LARGE_SCORE  # exp(s) = inf: only an update that subtracts the maximum survives
     v = torch.randn(S_k, D_v, generator=gen, dtype=torch.float64)  # [S_k, D_v]
     s, v = s.to(dtype), v.to(dtype)
     return s, v, torch.softmax(s, dim=-1) @ v  # [S_q, D_v] the answer after both tiles
@@ -333,6 +347,11 @@ def _online_call(fn: Callable[..., Any], *args: Tensor) -> tuple[Any, Feedback |
     result, fb = run_reader_code(fn, *args)
     if fb is not None and "must match the size" in fb.message:
         return None, wrong(fb.message.rstrip(".") + "." + _ONLINE_BROADCAST)
+    if fb is not None and "same dtype" in fb.message:
+        dtypes = sorted({str(a.dtype) for a in args})
+        return None, wrong(fb.message.rstrip(".") + f". Here the inputs are {', '.join(dtypes)}: a cast inside "
+                           "your function (.double(), .float()) meets an uncast tensor in a product. Compute in "
+                           "the inputs' dtype, without casting, and return m_new, l_new, acc_new in that dtype.")
     return result, fb
 
 
@@ -357,6 +376,8 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         half = narrowed_dtype(name, got, exp)
         if half is not None:
             return half
+        if case == 2 and not torch.isfinite(got).all():
+            return wrong(_NO_MAX_SUBTRACTED.format(name=name))
         if torch.isinf(got).any() and name != "m_new":
             return wrong(
                 f"{name} contains inf on the first tile: exp(s - m_old) with m_old = -inf is exp(+inf). Compute the "
@@ -395,6 +416,8 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         half = narrowed_dtype(name, got, exp)
         if half is not None:
             return half
+        if case == 2 and not torch.isfinite(got).all():
+            return wrong(_NO_MAX_SUBTRACTED.format(name=name))
     if not close(m2, ref2[0]):
         if close(m2, ref1[0]):
             return wrong("on the second tile m_new is still the old maximum: m_new must be the running maximum, "
@@ -552,17 +575,18 @@ def tile_loop_diagram() -> Diagram:
     n = DIAGRAM_S // DIAGRAM_BLOCK
     walker = n - 2  # the query block whose walk is numbered
     d = Diagram(
-        "ch08_tile_loop", 380, 466, title="The tile loop of tiled attention",
-        alt=(f"A {n} by {n} grid of score tiles for S = {DIAGRAM_S} with {DIAGRAM_BLOCK}-blocks, causal: tiles below "
+        "ch08_tile_loop", 380, 486, title="The tile loop of tiled attention",
+        alt=(f"A {n} by {n} grid of score tiles for S = {DIAGRAM_S} with {DIAGRAM_BLOCK}-row blocks, causal: tiles below "
              f"the diagonal are computed, tiles on the diagonal are masked inside, tiles above it are skipped. "
              f"Query block {walker} walks key blocks 0 to {walker} in order (steps 1 to {walker + 1}); after each "
              f"tile it updates its running max m, running sum \u2113 and accumulator acc, rescaling the last two by "
              f"\u03b1 = exp(old m \u2212 new m), and after the last tile it writes out = acc / \u2113 and lse = m + log \u2113."))
     d.text(190, 28, "One query block walks its key blocks", size=16, weight="bold")
-    cell, x0, y0 = 44, 44, 80
+    d.text(190, 50, f"S = {DIAGRAM_S}, {DIAGRAM_BLOCK}-row blocks, causal", size=14, color=MUTED)
+    cell, x0, y0 = 44, 44, 100
     fills = [["green" if j < i else "orange" if j == i else "grey" for j in range(n)] for i in range(n)]
     labels = [[str(j + 1) if i == walker and j <= i else "" for j in range(n)] for i in range(n)]
-    d.text(x0 + n * cell / 2, 52, "key blocks \u2192", size=14, color=MUTED)
+    d.text(x0 + n * cell / 2, 88, "key blocks \u2192", size=14, color=MUTED)
     d.grid(x0, y0, fills, cell=cell, labels=labels, row_labels=[f"q{i}" for i in range(n)], size=15)
     d.rect(x0 - 3, y0 + walker * cell - 3, (walker + 1) * cell + 6, cell + 6, stroke="blue", width=3, rx=2)
     for k, (colour, what) in enumerate((("green", "computed"), ("orange", "masked inside"), ("grey", "skipped"))):

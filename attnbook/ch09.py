@@ -572,6 +572,12 @@ def _cap_same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return len(a) == len(b) and all(math.isclose(float(x), float(y), rel_tol=1e-6) for x, y in zip(a, b))
 
 
+def _rounded(got: tuple[Any, ...], want: tuple[Any, ...]) -> bool:
+    """Whether each of ``got`` is ``round(w, k)`` of its ``w`` in ``want`` for one k of 0..5."""
+    return any(all(math.isclose(float(g), round(float(w), k), rel_tol=1e-9) for g, w in zip(got, want))
+               for k in range(6))
+
+
 def _solution_cap(d: int, matmul_flops: float, exps_per_s: float) -> float:
     t_matmul = 4 * d / matmul_flops  # Q K^T and P V: 4 d FLOPs per score
     t_exp = 1 / exps_per_s  # one exponential per score
@@ -603,6 +609,9 @@ def check_serial_cap(fn: Callable[[int, float, float], float]) -> Feedback:
     for m in CAP_MISTAKES:
         if _cap_same(tuple(answers), _cap_vector(m.compute)):
             return wrong(m.hint)
+    if _rounded(tuple(answers), _cap_vector(reference_serial_cap)):
+        return wrong("your fractions are the right ones rounded: return the value unrounded (no round(...)); "
+                     "rounding is for printing, and the checker compares to six significant digits.")
     return wrong("per score the forward pass does 4 d matmul FLOPs and one exponential: t_matmul = 4 d / matmul_flops, "
                  "t_exp = 1 / exps_per_s, and the cap is t_matmul / (t_matmul + t_exp).")
 
@@ -610,7 +619,7 @@ def check_serial_cap(fn: Callable[[int, float, float], float]) -> Feedback:
 # ---- exercise: a sliding window in the fused kernel -------------------------------------------------
 
 #: The sliding-window exercise's runs ``(S, D, window, BLOCK_Q, BLOCK_K)``: a window wider than a query
-#: block, and one narrower, where a row's first tile can hide all its keys (the -inf guard of section 8.4).
+#: block, and one narrower, where a row's first tile can hide all its keys (the kernel's m_ref guard).
 #: Every block is at least 16 wide, the smallest ``tl.dot`` a compiled Triton kernel accepts.
 WINDOW_RUNS: tuple[tuple[int, int, int, int, int], ...] = ((160, 16, 36, 16, 16), (75, 16, 10, 32, 16))
 

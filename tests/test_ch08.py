@@ -514,3 +514,28 @@ def test_tile_weights_checks_a_float16_tile_and_accepts_a_right_float16_answer()
     assert fb is not None and fb.status == "wrong" and "tile's own row maximum" in fb.message, fb
     fb = _tile_one(lambda s_tile, lse: torch.exp(s_tile - lse[:, None]) * 1.05, 2)  # 5% off: beyond float16's error
     assert fb is not None and fb.status == "wrong", fb
+
+
+def test_online_update_without_the_max_subtracted_overflows_and_is_named() -> None:
+    # exp(s), then a rescale by exp(-m_new): right in exact arithmetic, inf at scores near 800
+    def no_max(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p = torch.exp(s)
+        scale = torch.exp(m) * torch.exp(-m_new)
+        down = torch.exp(-m_new)
+        return m_new, l * scale + p.sum(-1, keepdim=True) * down, acc * scale + (p @ v) * down
+
+    fb = check_online_softmax_update(no_max)
+    assert fb.status == "wrong" and "subtracting the maximum" in fb.message, fb
+
+
+def test_online_update_cast_to_float64_inside_is_told_the_dtype() -> None:
+    def widened(m, l, acc, s, v):
+        s = s.double()
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p = torch.exp(s - m_new)
+        alpha = torch.exp(m - m_new)
+        return m_new, l * alpha + p.sum(-1, keepdim=True), acc * alpha + p @ v
+
+    fb = check_online_softmax_update(widened)
+    assert fb.status == "wrong" and "inputs' dtype" in fb.message, fb

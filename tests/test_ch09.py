@@ -298,7 +298,7 @@ def test_quiz_accepts_every_rounding_of_the_right_answer(number: int, question: 
 
     h100 = GPUS["H100 SXM5 80GB"]
     exact = {3: 1 / (1 + math.exp(-2)), 5: 2,  # worked out by hand
-             6: reference_serial_cap(128, h100["fp16_flops"], exp_per_s(h100))}[number]
+             6: reference_serial_cap(256, h100["fp16_flops"], exp_per_s(h100))}[number]
     assert _grade(question, repr(exact))[0], question["question"]
     digits = 2 if exact != round(exact) else len(str(round(exact)))
     for d in range(digits, 7):
@@ -500,10 +500,18 @@ def test_quiz_serial_cap_and_total_traffic_answers_get_their_own_feedback() -> N
     from test_attnbook import _grade
 
     cap = dict(_numeric_questions())[6]
-    for typed, words in (("0.5", "d = 64"), ("0.333", "exponentials"), ("2", "t_mat / t_exp"),
-                         ("66.7", "percentage")):
+    for typed, words in (("0.667", "one matmul"), ("0.2", "exponentials"), ("4", "t_mat / t_exp"),
+                         ("80", "percentage")):
         ok, feedback = _grade(cap, typed)
         assert not ok and words in feedback, (typed, feedback)
     traffic = dict(_numeric_questions())[5]
     ok, feedback = _grade(traffic, f"{34_082_816 / 17_305_600:.2f}")  # the total traffic's ratio, 1.97
     assert not ok and "total traffic" in feedback, feedback
+
+
+@pytest.mark.parametrize("digits", [2, 3])
+def test_serial_cap_rounded_is_told_not_to_round(digits: int) -> None:
+    from attnbook.ch09 import check_serial_cap, reference_serial_cap
+
+    fb = check_serial_cap(lambda d, F, E: round(reference_serial_cap(d, F, E), digits))
+    assert fb.status == "wrong" and "unrounded" in fb.message, fb
