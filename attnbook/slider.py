@@ -438,7 +438,12 @@ def live_slider(frame: Callable[..., Frame], *, fmt: str = "{:.2f}", cmap: str =
     display(HTML(_LIVE_KEYS))
     # The widget's text form is what a notebook shows where the widget cannot be drawn (before
     # the cell has run, the stored output): a note, not the widget's repr.
-    display({**widget._repr_mimebundle_(), "text/plain": LIVE_NOTE}, raw=True)
+    if hasattr(widget, "_repr_mimebundle_"):  # ipywidgets 8
+        display({**widget._repr_mimebundle_(), "text/plain": LIVE_NOTE}, raw=True)
+    else:  # ipywidgets 7 (Colab): the same view, then the display hook that draws the first frame
+        view = {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}
+        display({"application/vnd.jupyter.widget-view+json": view, "text/plain": LIVE_NOTE}, raw=True)
+        widget._handle_displayed()
     return widget
 
 
