@@ -65,7 +65,9 @@ PAGE_BYTES_BUDGET = 4_000_000
 #: Measured: 1.1-2.3 MB; Font Awesome's full icon script alone would add 1.45 MB.
 SHARED_BYTES_BUDGET = 2_500_000
 #: The HTML of one page: a chapter carries its outputs, sliders and quiz inline.
-HTML_BYTES_BUDGET = {"book/07_pretrained_model": 300_000, "*": 400_000}
+#: Chapter 7 had a tighter budget of its own (300 kB) until it gained its end section checking the
+#: copy and the pair controls (329,606 bytes on 2026-12-02); it now has every chapter's budget.
+HTML_BYTES_BUDGET = {"*": 400_000}
 
 
 def test_page_weight(visit: tuple[TocPage, Visit]) -> None:
