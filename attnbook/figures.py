@@ -85,7 +85,8 @@ def attention_heatmap(
         )
     if ax is None:
         # narrow enough for a phone (PHONE_FIGURE_INCHES): the cells shrink before the text does
-        size = min(max(3.0, 0.5 * w.shape[1] + 1.5), PHONE_FIGURE_INCHES - (0.9 if colorbar else 0.0))
+        # (the tick labels and the axis label stick out of the figure by about 0.4 inches)
+        size = min(max(3.0, 0.5 * w.shape[1] + 1.5), PHONE_FIGURE_INCHES - (1.3 if colorbar else 0.4))
         _, ax = plt.subplots(figsize=(size + (0.9 if colorbar else 0.0), max(2.5, 0.45 * w.shape[0] + 1.2)))
     image = ax.imshow(w, cmap=cmap, vmin=vmin, vmax=vmax if vmax is not None else np.nanmax(w), aspect="auto")
     ax.set_xticks(range(w.shape[1]), labels=list(col_labels), rotation=45, ha="right")
