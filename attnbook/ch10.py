@@ -1183,7 +1183,7 @@ def latent_cache_diagram() -> Diagram:
                 alt=f"A token's input x is compressed by W_DKV into a latent c of width {L}, which is cached "
                     f"together with a rotary key of width {R}. Every one of the {H} heads rebuilds its value and "
                     f"key from the latent with its own up-projections W_UV and W_UK; the rotary key joins every "
-                    f"head's key. The cache holds {L + R} "
+                    f"head's key, which is {Dk} + {R} = {Dk + R} wide. The cache holds {L + R} "
                     f"numbers per token and layer instead of 2 x {H} x {Dk} = {2 * H * Dk:,d}.")
     d.box(16, 70, 58, 50, "x", sub="[D]", color="sky", size=16)
     d.arrow(76, 95, 134, 95, label="W_{DKV}", size=17, label_side=-15)
@@ -1191,11 +1191,11 @@ def latent_cache_diagram() -> Diagram:
     d.text(197, 32, "cached", size=14, color="orange", weight="bold")
     d.box(148, 52, 98, 50, "latent c", sub=f"[{L}]", color="orange", size=16)
     d.box(148, 110, 98, 50, "rope key", sub=f"[{R}]", color="orange", size=16)
-    d.arrow(258, 68, 314, 60, label="W_{UV}", size=17, label_side=-16)
-    d.arrow(258, 90, 314, 124, label="W_{UK}", size=17, label_side=-16)
-    d.arrow(258, 142, 314, 142)
-    d.box(318, 36, 108, 48, "values", sub=f"[{H}, {Dk}]", color="blue", size=16)
-    d.box(318, 108, 108, 48, "keys", sub=f"[{H}, {Dk}]", color="blue", size=16)
+    d.arrow(258, 68, 306, 60, label="W_{UV}", size=17, label_side=-16)
+    d.arrow(258, 90, 306, 124, label="W_{UK}", size=17, label_side=-16)
+    d.arrow(258, 142, 306, 142)
+    d.box(310, 36, 124, 48, "values", sub=f"[{H}, {Dk}]", color="blue", size=16)
+    d.box(310, 108, 124, 48, "keys", sub=f"[{H}, {Dk} + {R}]", color="blue", size=16)
     d.text(372, 178, "rebuilt per head", size=14, color=MUTED)
     d.text(20, 222, f"cached per token and layer: {L} + {R} = {L + R} numbers,", size=14, anchor="start")
     d.text(20, 244, f"instead of 2 x {H} heads x {Dk} = {2 * H * Dk:,d} (MHA)", size=14, anchor="start")
