@@ -433,8 +433,14 @@ APPEND_MISTAKES = (
             "diagonal sits one position too far right): with more than one new token a causal mask is needed, "
             "aligned bottom-right (causal_mask(S_new, S_k=S_k))."),
     Mistake("mask inverted", lambda *c: _attend(c[0], *_cat(*c), attn_mask=~_bottom_right(c)),
-            "your boolean mask is inverted: in F.scaled_dot_product_attention True means 'may attend' (nn.MultiheadAttention "
-            "uses the opposite convention, True = masked). Pass causal_mask(S_new, S_k=S_k) as it is, without ~."),
+            "your mask is inverted: in F.scaled_dot_product_attention a boolean True means 'may attend' (nn.MultiheadAttention "
+            "uses the opposite convention, True = masked). Pass causal_mask(S_new, S_k=S_k) as it is, without ~; an "
+            "additive mask is 0 where a query may attend and -inf elsewhere, not the other way round."),
+    Mistake("upper triangle kept", lambda *c: _attend(c[0], *_cat(*c), attn_mask=torch.ones(
+                c[0].shape[2], c[1].shape[2] + c[3].shape[2], dtype=torch.bool).triu(c[1].shape[2])),
+            "your mask keeps the upper triangle (triu): each new query then sees itself and the keys AFTER it. A query "
+            "may see the keys up to its own position, the lower triangle: causal_mask(S_new, S_k=S_k), which is "
+            "tril(S_k - S_new) of a [S_new, S_k] matrix of ones."),
     Mistake("no 1/sqrt(D_k)", lambda *c: _attend(c[0], *_cat(*c), attn_mask=_bottom_right(c), scale=1.0),
             "the scores are not divided by sqrt(D_k): scaled_dot_product_attention does it by default, so leave its "
             "scale argument alone (or divide q @ k^T by math.sqrt(D_k) if you compute the scores yourself)."),
@@ -904,6 +910,9 @@ MLA_MISTAKES = (
     Mistake("heads over all layers", lambda l, L, r, d: (float((L + r) * l * 2), (L + r) * l / (2 * d)),
             "your equivalent heads count all layers (or divide the bytes over all layers by 4 x head_dim): "
             "compare one layer's numbers, (latent + rope) / (2 x head_dim), because a GQA head is counted per layer too."),
+    Mistake("rotary key counted twice", lambda l, L, r, d: (float((L + 2 * r) * l * 2), (L + 2 * r) / (2 * d)),
+            "you counted the rotary key twice: it is one vector of rope numbers per token and layer, shared by all "
+            "heads (a key has no rotary value), so the cache holds latent + rope numbers."),
     Mistake("heads upside down", lambda l, L, r, d: (float((L + r) * l * 2), 2 * d / (L + r)),
             "your ratio of heads is upside down: divide MLA's numbers per token and layer by a GQA head's 2 x head_dim."),
 )

@@ -333,3 +333,27 @@ def test_merge_checker_tries_16_bit_partials() -> None:
     assert not fb.passed and "torch.float16" in fb.message and "overflow" in fb.message, fb
     wider = lambda outs, lses: ch10._solution_merge([o.double() for o in outs], [l.double() for l in lses])
     assert ch10.check_merge_partials(wider).passed
+
+
+def test_reading_1011_triu_additive_and_rope_twice() -> None:
+    import torch.nn.functional as F
+
+    from attnlib import causal_mask, repeat_kv
+
+    def with_mask(make):
+        def f(q, kc, vc, kn, vn):
+            k, v, H = torch.cat([kc, kn], 2), torch.cat([vc, vn], 2), q.shape[1]
+            m = causal_mask(q.shape[2], S_k=k.shape[2])
+            return F.scaled_dot_product_attention(q, repeat_kv(k, H), repeat_kv(v, H), attn_mask=make(m, q)), k, v
+        return f
+
+    triu = with_mask(lambda m, q: torch.ones(m.shape, dtype=torch.bool).triu(m.shape[1] - m.shape[0]))
+    fb = ch10.check_append_and_attend(triu)
+    assert not fb.passed and "upper triangle" in fb.message, fb
+    additive_flipped = with_mask(lambda m, q: torch.zeros(m.shape, dtype=q.dtype).masked_fill(m, float("-inf")))
+    fb = ch10.check_append_and_attend(additive_flipped)
+    assert not fb.passed and "additive mask is 0 where" in fb.message, fb
+    additive = with_mask(lambda m, q: torch.zeros(m.shape, dtype=q.dtype).masked_fill(~m, float("-inf")))
+    assert ch10.check_append_and_attend(additive).passed  # the additive form, right, in every dtype
+    fb = ch10.check_mla_cache(lambda l, L, r, d: (float((L + 2 * r) * l * 2), (L + 2 * r) / (2 * d)))
+    assert not fb.passed and "rotary key twice" in fb.message, fb
