@@ -80,6 +80,13 @@ def _combined(am: Tensor) -> Tensor:
 COMBINED_MASK_MISTAKES: tuple[Mistake, ...] = (
     Mistake("inverted", lambda am: ~_combined(am),
             "your mask is inverted: True must mean *may attend* (the visible, lower-left cells)."),
+    Mistake("padding inverted", lambda am: _tril(am.shape[1]) & ~_keys(am),
+            "your padding part is inverted: in attention_mask 1 marks a real token, so keep the keys where "
+            "`attention_mask == 1` (`attention_mask == 0` is the True = blocked form that nn.MultiheadAttention takes)."),
+    Mistake("transposed", lambda am: _combined(am).transpose(-1, -2),
+            "rows and columns are swapped: rows are queries and columns are keys, so the causal part is "
+            "`torch.tril(ones)` (key j <= query i) and the padding must hide columns, "
+            "`attention_mask[:, None, None, :]` (shape [B, 1, 1, S])."),
     Mistake("no head axis", lambda am: _combined(am)[:, 0],
             "your mask is [B, S, S]: it lacks the head axis. Against scores [B, H, S, S] it would line up B with H "
             "(broadcasting aligns shapes from the right), so insert an axis: `mask[:, None]` -> [B, 1, S, S]."),
@@ -214,6 +221,19 @@ MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
             "future keys get weight: nothing is masked. Hide the upper triangle of the scores before softmax."),
     Mistake("unscaled", lambda q, k, v: torch.softmax((q @ k.transpose(-2, -1)).masked_fill(_future(q), float("-inf")), dim=-1),
             "the mask is right, but the scores are not scaled: divide q @ k^T by sqrt(D_k) before masking."),
+    Mistake("transposed weights", lambda q, k, v: torch.softmax(_scores(q, k).masked_fill(_future(q), float("-inf")), dim=-1).transpose(-2, -1),
+            "your weights are transposed: the masking is right, but rows must be queries and columns keys "
+            "(each row sums to 1). Return the weights as softmax gives them, [B, H, S_q, S_k], not `.transpose(-2, -1)`."),
+    Mistake("softmax over queries", lambda q, k, v: torch.softmax(_scores(q, k).masked_fill(_future(q), float("-inf")), dim=-2),
+            "the mask is right, but your softmax normalises over the queries (dim=-2): each query's weights over the "
+            "keys must sum to 1, so use dim=-1."),
+    Mistake("divided by D_k", lambda q, k, v: torch.softmax((q @ k.transpose(-2, -1) / q.shape[-1]).masked_fill(_future(q), float("-inf")), dim=-1),
+            "the mask is right, but you divided the scores by D_k; divide by its square root, sqrt(D_k)."),
+    Mistake("multiplied by sqrt(D_k)", lambda q, k, v: torch.softmax((q @ k.transpose(-2, -1) * math.sqrt(q.shape[-1])).masked_fill(_future(q), float("-inf")), dim=-1),
+            "the mask is right, but you multiplied the scores by sqrt(D_k); divide by it."),
+    Mistake("tril diagonal=1", lambda q, k, v: torch.softmax(_scores(q, k).masked_fill(~torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).tril(1), float("-inf")), dim=-1),
+            "each query sees one key of the future: `torch.tril(ones, diagonal=1)` keeps the first diagonal above the "
+            "main one. The visible part is `torch.tril(ones)` (diagonal=0): key j <= query i."),
     Mistake("diagonal hidden", lambda q, k, v: _nan_as(torch.softmax(_scores(q, k).masked_fill(~causal_mask(q.shape[-2]).tril(-1), float("-inf")), dim=-1)),
             "you hid the diagonal too (triu(diagonal=0), or tril(diagonal=-1) as the visible part): a token may look "
             "at itself. That is why row 0 is NaN: its query sees nothing at all. Hide only the cells above the "
@@ -242,7 +262,7 @@ def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k
     # cast to float32 here
     for name, t, expected in (("weights", weights, exp_w), ("output", out, exp_out)):
         if isinstance(t, Tensor) and t.shape == expected.shape:
-            half = low_precision(t, expected, name=f"your {name}")
+            half = low_precision(t, expected, name=f"your {name} tensor")
             if half is not None:
                 return half
     wrong_dtype = [f"{name} are {t.dtype}" for name, t in (("weights", weights), ("outputs", out))
@@ -343,6 +363,9 @@ FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
         Mistake("one-hot", lambda: torch.tensor([1.0, 0.0, 0.0, 0.0]),
                 "a huge negative number does not pick out the largest score: the same -1e4 is added to all four, so "
                 "their differences (ln 3, 0, 0, 0) stay as they are and the row is softmax(scores), not one-hot."),
+        Mistake("3 to 1", lambda: torch.tensor([0.75, 1 / 12, 1 / 12, 1 / 12]),
+                "right idea (the row is softmax(scores), as if nothing were masked), but the sum is off: softmax divides "
+                "each exponential by the sum of all four, e^(ln 3) + e^0 + e^0 + e^0 = 3 + 1 + 1 + 1, not by 3 + 1."),
     ),
     "masked_fill -1e4": (
         Mistake("unmasked", lambda: torch.softmax(FULLY_MASKED_SCORES, dim=-1),
