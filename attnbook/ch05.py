@@ -630,3 +630,39 @@ def split_merge_diagram() -> Diagram:
         d.rect(sx + j * sw / H, sy, sw / H, 24, fill="sky" if j % 2 else "blue", tint=True, stroke="blue", rx=0, width=1)
     d.text(sx + sw / 2, sy + 44, f"{H} slices of {dk}", size=14)
     return d
+
+
+#: The key/value sharing diagram of section 5.7: query heads, and the key/value heads of MHA, GQA and MQA.
+KV_SHARING_QUERY_HEADS, KV_SHARING_KV_HEADS = 8, (8, 2, 1)
+
+
+@diagram
+def kv_sharing_diagram() -> Diagram:
+    """Multi-head, grouped-query and multi-query attention: which key/value head each query head reads."""
+    H = KV_SHARING_QUERY_HEADS
+    names = {H: "multi-head (MHA)", 1: "multi-query (MQA)"}
+    x0, qw, gap, row = 14, 40, 10, 124
+    width = x0 * 2 + H * qw + (H - 1) * gap
+    d = Diagram("ch05_kv_sharing", width, 24 + row * len(KV_SHARING_KV_HEADS) + 8,
+                title="Query heads sharing key/value heads",
+                alt=f"Three rows, each with {H} query heads on top. Multi-head attention: each query head has its "
+                    f"own key/value head, {H} in all. Grouped-query attention with {KV_SHARING_KV_HEADS[1]} key/value "
+                    f"heads: each group of {H // KV_SHARING_KV_HEADS[1]} query heads reads one key/value head. "
+                    "Multi-query attention: all query heads read a single key/value head. The KV cache stores only "
+                    "the key/value heads.")
+    for r, H_kv in enumerate(KV_SHARING_KV_HEADS):
+        y = 24 + r * row
+        label = names.get(H_kv, "grouped-query (GQA)")
+        d.text(x0, y + 4, f"{label}: {H_kv} K/V head{'s' if H_kv > 1 else ''} cached", size=14, anchor="start",
+               weight="bold")
+        group = H // H_kv
+        for h in range(H):
+            d.box(x0 + h * (qw + gap), y + 16, qw, 26, f"q{h}", color="sky", size=14)
+        for g in range(H_kv):
+            first = x0 + g * group * (qw + gap)
+            span = group * qw + (group - 1) * gap
+            d.box(first, y + 74, span, 26, f"kv{g}" if span < 80 else f"K/V head {g}", color="orange", size=14)
+            for h in range(g * group, (g + 1) * group):
+                cx = x0 + h * (qw + gap) + qw / 2
+                d.line(cx, y + 42, first + span / 2, y + 74, color=MUTED, width=1)
+    return d
