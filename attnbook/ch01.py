@@ -21,9 +21,11 @@ from torch import Tensor, nn
 
 from .diagrams import MUTED, Diagram, diagram
 from .feedback import (
+    HALF_TOL,
     Feedback,
     Mistake,
     MistakeTable,
+    as_cpu_float64,
     as_index,
     close,
     compare_tensors,
@@ -41,7 +43,7 @@ __all__ = [
     "reference_shapes", "check_attention_shapes", "SHAPE_KEYS", "SHAPE_MISTAKES", "SHAPE_CONFIGS",
     "layers_until_linked", "encoder_layer_figure", "residual_gradient_norms",
     "MINILM_ARE", "are_row_from_model", "HEAD_B", "HEAD_D", "draw_head_path", "one_head_diagram",
-    "TOY_QUERY", "TOY_KEYS", "soft_lookup_diagram", "lost_precision",
+    "TOY_QUERY", "TOY_KEYS", "soft_lookup_diagram", "lost_precision", "rounded_like_half", "not_finite", "reach_rows", "reach_diagram",
 ]
 
 
@@ -85,6 +87,21 @@ def _lookup(queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
     return _w(queries, keys) @ values  # [M, N] @ [N, D_v] -> [M, D_v]
 
 
+def _sqrt_count(n: int) -> float:
+    """sqrt(n) for the "divided by sqrt(M)" mistake; on a case where it is 2 (M = 4) that mistake is the
+    fixed temperature 2, so it does not apply there (the first case, M = 3, tells the two apart)."""
+    if n == 4:
+        raise ValueError("sqrt(M) = 2 here: the fixed-temperature mistake")
+    return math.sqrt(n)
+
+
+def _sqrt_keys(k: Tensor) -> float:
+    """sqrt(N) for the "divided by sqrt(N)" mistake; where N = D (the square probe) it is the sqrt(D) one."""
+    if k.shape[0] == k.shape[1]:
+        raise ValueError("N = D here: the sqrt(D) mistake")
+    return math.sqrt(k.shape[0])
+
+
 #: Known wrong answers of the soft-lookup exercise, tried in this order.
 SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
     Mistake("hard lookup", lambda q, k, v: v[_s(q, k).argmax(dim=-1)],
@@ -113,6 +130,17 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
     Mistake("divided by D", lambda q, k, v: torch.softmax(_s(q, k) / q.shape[1], dim=-1) @ v,
             "you divided the scores by D. This exercise asks for the plain lookup softmax(queries @ keys.T) @ values, "
             "with no scaling."),
+    Mistake("divided by sqrt(N)", lambda q, k, v: torch.softmax(_s(q, k) / _sqrt_keys(k), dim=-1) @ v,
+            "you divided the scores by the square root of N, the number of keys (keys.shape[0]). This exercise "
+            "leaves any scaling out; the one chapter 3 explains uses the width sqrt(D_k), shape[1], not the count "
+            "of rows: softmax(queries @ keys.T) @ values."),
+    Mistake("divided by sqrt(M)", lambda q, k, v: torch.softmax(_s(q, k) / _sqrt_count(q.shape[0]), dim=-1) @ v,
+            "you divided the scores by the square root of M, the number of queries (queries.shape[0]). This "
+            "exercise leaves any scaling out; the one chapter 3 explains uses the width sqrt(D_k), shape[1], not "
+            "a count of rows: softmax(queries @ keys.T) @ values."),
+    Mistake("fixed temperature", lambda q, k, v: torch.softmax(_s(q, k) / 2, dim=-1) @ v,
+            "you divided the scores by 2 (a fixed temperature). This exercise asks for the plain lookup "
+            "softmax(queries @ keys.T) @ values, with no scaling; chapter 3 is about temperatures."),
     Mistake("sigmoid", lambda q, k, v: torch.sigmoid(_s(q, k)) @ v,
             "you used sigmoid: it squashes each score on its own, so the weights do not sum to 1. softmax "
             "normalises them together: exp(s) / exp(s).sum()."),
@@ -133,10 +161,34 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
     Mistake("last key dropped", lambda q, k, v: torch.softmax(q @ k[:-1].T, dim=-1) @ v[:-1],
             "you left out the last key and value (a range or slice that stops one early, such as keys[:-1] or "
             "range(N - 1)): every one of the N rows takes part."),
+    Mistake("first key dropped", lambda q, k, v: torch.softmax(q @ k[1:].T, dim=-1) @ v[1:],
+            "you left out the first key and value (a range or slice that starts at 1, such as keys[1:] or "
+            "range(1, N)): Python counts from 0, and every one of the N rows takes part."),
     Mistake("queries @ keys", lambda q, k, v: torch.softmax(q @ k, dim=-1) @ v,
             "queries @ keys only runs when N == D: keys is [N, D] with one row per entry, so compare the "
             "queries with keys.T, [M, D] @ [D, N] = [M, N] (your code raised an error when N != D)."),
 )
+
+
+def rounded_like_half(got: Any, expected: Tensor, *, name: str = "your result") -> Feedback | None:
+    """The hint for a result in the inputs' dtype that is right only to half precision (``HALF_TOL``):
+    part of the computation ran in float16/bfloat16 and was cast back. ``None`` otherwise."""
+    if not isinstance(got, Tensor) or got.dtype in (torch.float16, torch.bfloat16) or got.shape != expected.shape:
+        return None
+    if close(got, expected) or not close(got, expected, atol=HALF_TOL, rtol=HALF_TOL):
+        return None
+    worst = float((as_cpu_float64(got) - as_cpu_float64(expected)).abs().max())
+    return wrong(f"{name} is right only to about 3 significant digits (largest difference {worst:.2g}): did part of "
+                 "the computation run in float16 or bfloat16 (.half(), .bfloat16(), autocast) before a cast back? "
+                 f"Keep the inputs' dtype ({expected.dtype}) throughout.")
+
+
+def not_finite(got: Any, *, name: str = "your result") -> Feedback | None:
+    """The hint for a result that holds inf or NaN (a division by zero, or an overflow); ``None`` otherwise."""
+    if isinstance(got, Tensor) and got.is_floating_point() and not bool(torch.isfinite(got).all()):
+        return wrong(f"{name} contains inf or NaN: something divided by zero or overflowed (a sum of weights "
+                     "that can be 0, or exp of a large number). softmax gives weights that are positive and finite.")
+    return None
 
 
 def lost_precision(got: Any, expected: Tensor, *, name: str = "your result") -> Feedback | None:
@@ -185,7 +237,7 @@ def _lookup_one(fn: Callable[..., Any], inputs: tuple[Tensor, Tensor, Tensor], s
         return lost
     if close(result, expected):
         return None
-    hint = diagnose(result, SOFT_LOOKUP_MISTAKES, *inputs)
+    hint = diagnose(result, SOFT_LOOKUP_MISTAKES, *inputs) or rounded_like_half(result, expected) or not_finite(result)
     if hint is not None:
         return hint
     N, D_v = inputs[2].shape
@@ -265,7 +317,9 @@ def _with(**changes: str) -> Callable[..., dict[str, tuple[int, ...]]]:
     return shapes
 
 
-#: Known wrong answers of the shape exercise. Each hint may use {B}, {S}, {D}, {D_k}, {D_v}.
+#: Known wrong answers of the shape exercise. Each hint may use {B}, {S}, {D}, {D_k}, {D_v}, and {step}:
+#: the step the reader got wrong (a hint that names its step this way fits a mistake in either of the
+#: steps it changes, such as the weights alone when the scores were right).
 SHAPE_MISTAKES: tuple[Mistake, ...] = (
     Mistake("sequence first", _with(q="S B D_k", k="S B D_k", v="S B D_v", scores="S B S", weights="S B S",
                                     context="S B D_v", output="S B D"),
@@ -276,6 +330,18 @@ SHAPE_MISTAKES: tuple[Mistake, ...] = (
     Mistake("v has width D_k", _with(v="B S D_k", context="B S D_k"),
             "'v' is [B, S, D_v] = ({B}, {S}, {D_v}): values have their own width D_v; only queries and keys "
             "must share D_k, because only they are multiplied together."),
+    Mistake("k of width D_v", _with(k="B S D_v"),
+            "'k' is [B, S, D_k] = ({B}, {S}, {D_k}), like 'q': queries and keys are dotted together, so they share "
+            "D_k; D_v = {D_v} is the values' width."),
+    Mistake("D_k and D_v swapped", _with(q="B S D_v", k="B S D_v", v="B S D_k", context="B S D_k"),
+            "you swapped D_k and D_v: 'q' and 'k' are dotted together, so they share the width D_k = {D_k}; "
+            "'v' and 'context' have the values' width D_v = {D_v}."),
+    Mistake("q, k, v without the batch", _with(q="S D_k", k="S D_k", v="S D_v"),
+            "'{step}' has lost the batch axis: the projections act on every token of every sequence, so "
+            "'q', 'k' and 'v' keep it, [B, S, D_k] and [B, S, D_v], with B = {B}."),
+    Mistake("v written as V^T", _with(v="B D_v S"),
+            "'v' is [B, S, D_v] = ({B}, {S}, {D_v}), one row per token like 'q' and 'k'; [B, D_v, S] would be "
+            "its transpose, and nothing in attention transposes V."),
     Mistake("k written as K^T", _with(k="B D_k S"),
             "'k' is [B, S, D_k] = ({B}, {S}, {D_k}), one row per token like 'q'. The transpose K^T, "
             "[B, D_k, S], appears only inside the score product, q @ k.transpose(-2, -1)."),
@@ -288,13 +354,16 @@ SHAPE_MISTAKES: tuple[Mistake, ...] = (
     Mistake("v alone keeps the model width", _with(v="B S D"),
             "'v' is [B, S, D_v] = ({B}, {S}, {D_v}): W^V maps each token's D = {D} features to D_v = {D_v}."),
     Mistake("scores with a head axis", _with(scores="B 1 S S", weights="B 1 S S"),
-            "'scores' is [B, S, S] = ({B}, {S}, {S}) for a single head: a head axis, [B, H, S, S], appears "
+            "'{step}' is [B, S, S] = ({B}, {S}, {S}) for a single head: a head axis, [B, H, S, S], appears "
             "only when there are several heads (chapter 5)."),
     Mistake("scores like q", _with(scores="B S D_k", weights="B S D_k"),
-            "'scores' is [B, S, S]: every query is compared with every key, so both of the last two axes "
-            "are positions, S = {S}."),
+            "'{step}' is [B, S, S], like the scores: every query is compared with every key, so both of the last "
+            "two axes are positions, S = {S}."),
     Mistake("scores without the batch", _with(scores="S S", weights="S S"),
-            "'scores' is [B, S, S] = ({B}, {S}, {S}): each sequence of the batch has its own scores; keep the batch axis."),
+            "'{step}' is [B, S, S] = ({B}, {S}, {S}): each sequence of the batch has its own scores and weights; keep the batch axis."),
+    Mistake("scores batch last", _with(scores="S S B", weights="S S B"),
+            "'{step}' is [B, S, S] = ({B}, {S}, {S}): the batch axis comes first, as in the input [B, S, D], and "
+            "the last two axes are the query and key positions."),
     Mistake("context = weights", _with(context="B S S"),
             "'context' is weights @ v, [S, S] @ [S, D_v], so it is [B, S, D_v] = ({B}, {S}, {D_v})."),
     Mistake("context transposed", _with(context="B D_v S"),
@@ -309,8 +378,8 @@ SHAPE_MISTAKES: tuple[Mistake, ...] = (
             "'output' is [B, S, D] = ({B}, {S}, {D}): W^O maps the context (width D_v) back to the model width D; "
             "D_k is only the width of queries and keys."),
     Mistake("scores like q^T k", _with(scores="B D_k D_k", weights="B D_k D_k"),
-            "'scores' is q @ k^T, [S, D_k] @ [D_k, S] = [S, S] per sequence: every query is compared with every "
-            "key. Your [B, D_k, D_k] is q^T @ k, which compares features, not positions."),
+            "'{step}' is [B, S, S], like the scores q @ k^T, [S, D_k] @ [D_k, S] = [S, S] per sequence: every query "
+            "is compared with every key. Your [B, D_k, D_k] is q^T @ k, which compares features, not positions."),
 )
 
 
@@ -352,21 +421,22 @@ def check_attention_shapes(fn: Callable[[int, int, int, int, int], dict[str, Any
         bad = next((step for step in SHAPE_KEYS if shapes[step] is None), None)
         if bad is not None:
             return wrong(f"'{bad}' should be a tuple of ints such as (2, 5, 12), got {result[bad]!r}: "
-                         "every size of a shape is a whole number.")
+                         "every size of a shape is a whole number, written as a Python int (5, not 5.0 or '5').")
         hints = {"B": B, "S": S, "D": D, "D_k": D_k, "D_v": D_v}
+        first_wrong = next((step for step in SHAPE_KEYS if shapes[step] != expected[step]), "q")
         for m in SHAPE_MISTAKES:  # a whole answer that equals a known mistake
             if shapes != expected and shapes == m.compute(*config):
-                return wrong(m.hint.format(**hints))
+                return wrong(m.hint.format(step=first_wrong, **hints))
         for step in SHAPE_KEYS:
             got = _as_shape(result[step])
             if got is None:
                 return wrong(f"'{step}' should be a tuple of ints such as (2, 5, 12), got {result[step]!r}: "
-                             "every size of a shape is a whole number.")
+                             "every size of a shape is a whole number, written as a Python int (5, not 5.0 or '5').")
             if got == expected[step]:
                 continue
             for m in SHAPE_MISTAKES:  # else the first mistake that gives this step this shape
                 if m.compute(*config)[step] == got != expected[step]:
-                    return wrong(m.hint.format(**hints))
+                    return wrong(m.hint.format(step=step, **hints))
             return wrong(f"'{step}' is {got}, which is not its shape for B={B}, S={S}, D={D}, D_k={D_k}, D_v={D_v}: "
                          "write the step's axes by name first (such as [B, S, D_k]), then put in the sizes.")
     names = ", ".join(f"(B, S, D, D_k, D_v) = {c}" for c in SHAPE_CONFIGS)
@@ -617,4 +687,57 @@ def soft_lookup_diagram() -> Diagram:
         d.rect(236, y + 4, bar, 26, fill="orange", stroke="orange", rx=2, tint=True)
         d.text(236 + bar + 4 if bar < 60 else 240, y + 23, f"{w:.2f}", size=14, anchor="start")
     d.text(180, 92 + 44 * n + 30, f"output = weighted sum of the {n} values", size=15)
+    return d
+
+
+# ---------------------------------------------------------------- the reach diagram
+
+
+def reach_rows(src: int, dst: int, *, S: int = 8, kernel: int = 3, dilation_growth: int = 1) -> list[set[int]]:
+    """The positions whose output depends on input ``src``, after 0, 1, 2, ... stacked centred convolutions,
+    until ``dst`` is among them (index 0 is the input itself). Counted from the kernel's taps, so that the
+    last index equals :func:`layers_until_linked` (``tests/test_ch01.py`` checks it)."""
+    rows = [{src}]
+    while dst not in rows[-1]:
+        dilation = dilation_growth ** (len(rows) - 1)
+        taps = range(-(kernel // 2) * dilation, (kernel // 2) * dilation + 1, dilation)
+        rows.append({p + t for p in rows[-1] for t in taps if 0 <= p + t < S})
+    return rows
+
+
+@diagram
+def reach_diagram() -> Diagram:
+    """Chapter 1, section 1.6: how far the input at "books" reaches, layer by layer, in three designs."""
+    from .examples import BOOKS_SENTENCE
+
+    S = len(BOOKS_SENTENCE)
+    src, dst = BOOKS_SENTENCE.index("books"), BOOKS_SENTENCE.index("are")
+    designs = [("kernel-3 convolutions", reach_rows(src, dst, S=S)),
+               ("kernel 3, dilations 1, 2, 4", reach_rows(src, dst, S=S, dilation_growth=2)),
+               ("self-attention", [{src}, set(range(S))])]
+    counts = "; ".join(f"{name}: {len(rows) - 1} layer{'s' if len(rows) > 2 else ''}" for name, rows in designs)
+    alt = (f"Three grids, one per design, with the {S} positions of the sentence as columns and the layers as rows, "
+           f"input at the bottom. Orange cells are the outputs that depend on the input at position {src}, "
+           f"\"{BOOKS_SENTENCE[src]}\"; the cell marked {dst}, a darker orange, is position {dst}, \"{BOOKS_SENTENCE[dst]}\", where it is "
+           f"first reached. Layers needed: {counts}. The input cell at position {src} is marked {src}. A plain convolution widens the reach by one position per "
+           "layer; doubling dilations double it; one attention layer reaches every position.")
+    cell, x0 = 26, 130
+    height = 24 + sum(60 + cell * len(rows) for _, rows in designs) + 16
+    d = Diagram("ch01_reach", 360, height, title="How far one input reaches, layer by layer", alt=alt)
+    y = 24
+    for name, rows in designs:
+        d.text(12, y, f"{name}: {len(rows) - 1} layer{'s' if len(rows) > 2 else ''}", size=15, anchor="start")
+        y += 34
+        fills = []
+        for layer in reversed(range(len(rows))):  # the last layer on top, the input at the bottom
+            first = layer == len(rows) - 1
+            fills.append(["vermillion" if first and p == dst else "orange" if p in rows[layer] else "none"
+                          for p in range(S)])
+        marks = [[str(p) if (p == src and layer == 0) or (p == dst and layer == len(rows) - 1) else ""
+                  for p in range(S)] for layer in reversed(range(len(rows)))]
+        labels = [f"layer {layer}" if layer else "input" for layer in reversed(range(len(rows)))]
+        d.grid(x0, y, fills, cell=cell, labels=marks, row_labels=labels, col_labels=[str(p) for p in range(S)], size=13)
+        y += cell * len(rows) + 26
+    d.text(12, y, f"columns: positions 0-{S - 1}; {src} = \"{BOOKS_SENTENCE[src]}\", {dst} = \"{BOOKS_SENTENCE[dst]}\"", size=13,
+           anchor="start", color=MUTED)
     return d

@@ -99,7 +99,9 @@ def test_shapes_name_each_mistake_of_its_table(mistake) -> None:
     fb = check_attention_shapes(mistake.compute)
     B, S, D, D_k, D_v = SHAPE_CONFIGS[0]
     assert fb.status == "wrong", fb
-    assert fb.message == mistake.hint.format(B=B, S=S, D=D, D_k=D_k, D_v=D_v), fb
+    expected = reference_shapes(*SHAPE_CONFIGS[0])
+    step = next(k for k, v in mistake.compute(*SHAPE_CONFIGS[0]).items() if v != expected[k])
+    assert fb.message == mistake.hint.format(B=B, S=S, D=D, D_k=D_k, D_v=D_v, step=step), fb
 
 
 def test_shapes_unknown_mistake_does_not_give_the_shape_away() -> None:
@@ -252,3 +254,73 @@ def test_the_soft_lookup_diagram_draws_the_notebook_toy() -> None:
     toy = next("".join(c["source"]) for c in nb["cells"] if "keys = torch.tensor(" in "".join(c["source"]))
     assert f"keys = torch.tensor({TOY_KEYS})" in toy and f"query = torch.tensor({TOY_QUERY})" in toy
     assert "weight 0.44" in soft_lookup_diagram().alt   # token 2's weight, printed by the toy cell
+
+
+# ---------------------------------------------------------------- the fresh reading of chapters 1-2
+
+
+def _shapes_with(**changes):
+    """The right shapes with some steps replaced by shapes written with axis names."""
+
+    def fn(B, S, D, D_k, D_v):
+        env = {"B": B, "S": S, "D": D, "D_k": D_k, "D_v": D_v, "1": 1}
+        out = reference_shapes(B, S, D, D_k, D_v)
+        out.update({k: tuple(env[a] for a in v.split()) for k, v in changes.items()})
+        return out
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    ("fn", "hint"),
+    [  # only the weights wrong: the hint names 'weights', not the scores the reader got right
+        (_shapes_with(weights="B S D_k"), "'weights' is [B, S, S], like the scores"),
+        (_shapes_with(weights="B 1 S S"), "'weights' is [B, S, S] = (2, 5, 5) for a single head"),
+        (_shapes_with(weights="S S"), "'weights' is [B, S, S] = (2, 5, 5): each sequence"),
+        (_shapes_with(q="B S D_v", k="B S D_v", v="B S D_k", context="B S D_k"), "you swapped D_k and D_v"),
+        (_shapes_with(k="B S D_v"), "'k' is [B, S, D_k] = (2, 5, 4), like 'q'"),
+        (_shapes_with(v="B D_v S"), "nothing in attention transposes V"),
+        (_shapes_with(q="S D_k", k="S D_k", v="S D_v"), "'q' has lost the batch axis"),
+        (_shapes_with(v="S D_v"), "'v' has lost the batch axis"),
+        (_shapes_with(scores="S S B", weights="S S B"), "the batch axis comes first"),
+        (lambda *a: {**reference_shapes(*a), "q": (2.0, 5.0, 4.0)}, "a Python int (5, not 5.0"),
+    ],
+)
+def test_shapes_name_the_step_and_the_slips_a_reader_made(fn, hint: str) -> None:
+    fb = check_attention_shapes(fn)
+    assert fb.status == "wrong" and hint in fb.message, fb
+
+
+def _half_then_back(dtype):
+    def fn(q, k, v):
+        return (torch.softmax(q.to(dtype) @ k.to(dtype).T, dim=-1) @ v.to(dtype)).to(q.dtype)
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    ("fn", "hint"),
+    [
+        (_half_then_back(torch.float16), "right only to about 3 significant digits"),
+        (_half_then_back(torch.bfloat16), "run in float16 or bfloat16"),
+        (lambda q, k, v: torch.softmax(q @ k.T / k.shape[0] ** 0.5, dim=-1) @ v, "the number of keys (keys.shape[0])"),
+        (lambda q, k, v: torch.softmax(q @ k.T / q.shape[0] ** 0.5, dim=-1) @ v, "the number of queries"),
+        (lambda q, k, v: torch.softmax(q @ k.T / 2, dim=-1) @ v, "a fixed temperature"),
+        (lambda q, k, v: torch.softmax(q @ k[1:].T, dim=-1) @ v[1:], "left out the first key"),
+        (lambda q, k, v: (torch.relu(q @ k.T) / torch.relu(q @ k.T).sum(-1, keepdim=True)) @ v, "inf or NaN"),
+    ],
+)
+def test_soft_lookup_names_the_reading_mistakes(fn, hint: str) -> None:
+    fb = check_soft_lookup(fn)
+    assert fb.status == "wrong" and hint in fb.message, fb
+    assert "largest difference inf" not in fb.message
+
+
+def test_soft_lookup_right_variants_still_pass() -> None:
+    variants = [
+        lambda q, k, v: torch.einsum("mn,nd->md", torch.softmax(torch.einsum("md,nd->mn", q, k), -1), v),
+        lambda q, k, v: (lambda e: (e / e.sum(-1, keepdim=True)) @ v)(torch.exp(q @ k.T - (q @ k.T).amax(-1, keepdim=True))),
+        lambda q, k, v: torch.stack([torch.softmax(k @ qi, 0) @ v for qi in q]),
+    ]
+    for fn in variants:
+        assert check_soft_lookup(fn).passed

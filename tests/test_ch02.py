@@ -237,3 +237,90 @@ def test_exercise_texts_state_the_sizes_the_checkers_use() -> None:
     for (s_q, s_k, d, d_k, d_v, _), b in zip(CASES, BATCHES):
         assert f"({b}, {s_k}, {d}, {d_k}, {d_v})" in text, "self-attention exercise: (B, S, D, D_k, D_v) of a case"
         assert f"$S_q = {s_q}$" in text and f"$S_k = {s_k}$" in text, "cross-attention exercise: S_q and S_k"
+
+
+# ---------------------------------------------------------------- the fresh reading of chapters 1-2
+
+
+def _self_in(dtype, *, output_only: bool = False):
+    def fn(x, w_q, w_k, w_v):
+        low = (lambda t: t) if output_only else (lambda t: t.to(dtype))
+        q, k, v = low(x) @ low(w_q), low(x) @ low(w_k), low(x) @ low(w_v)
+        w = torch.softmax(q @ k.mT / math.sqrt(k.shape[-1]), dim=-1)
+        out = w.to(dtype) @ v.to(dtype) if output_only else w @ v
+        return out.to(x.dtype), w.to(x.dtype)
+
+    return fn
+
+
+def _cross_in(dtype):
+    def fn(x_q, x_kv, w_q, w_k, w_v):
+        q, k, v = x_q.to(dtype) @ w_q.to(dtype), x_kv.to(dtype) @ w_k.to(dtype), x_kv.to(dtype) @ w_v.to(dtype)
+        w = torch.softmax(q @ k.T / math.sqrt(k.shape[-1]), dim=-1)
+        return (w @ v).to(x_q.dtype), w.to(x_q.dtype)
+
+    return fn
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_low_precision_cast_back_is_named_not_the_softmax_axis(dtype) -> None:
+    for fb in (check_self_attention(_self_in(dtype)), check_cross_attention(_cross_in(dtype))):
+        assert fb.status == "wrong" and "float16 or bfloat16" in fb.message, fb
+        assert "rows sum to" not in fb.message
+    fb = check_self_attention(_self_in(dtype, output_only=True))
+    assert fb.status == "wrong" and fb.message.startswith("your output is right only to about 3"), fb
+
+
+def _projected(q_map: str, k_map: str):
+    def fn(x_q, x_kv, w_q, w_k, w_v):
+        maps = {"q": w_q, "k": w_k}
+        w = torch.softmax((x_q @ maps[q_map]) @ (x_kv @ maps[k_map]).mT / math.sqrt(w_q.shape[1]), dim=-1)
+        return w @ (x_kv @ w_v), w
+
+    return fn
+
+
+def test_a_shared_projection_is_named() -> None:
+    assert "your keys were projected with w_q" in check_cross_attention(_projected("q", "q")).message
+    assert "your queries were projected with w_k" in check_cross_attention(_projected("k", "k")).message
+    for q_map, named in (("q", "keys projected with w_q"), ("k", "queries projected with w_k")):
+        self_shared = lambda x, w_q, w_k, w_v, m=q_map: _projected(m, m)(x, x, w_q, w_k, w_v)  # noqa: E731
+        assert named in check_self_attention(self_shared).message  # Q @ Q.T in self-attention
+
+
+def _batched(*, dim: int = -1, scale=lambda k: k.shape[-1], transpose=lambda k: k.transpose(-2, -1), only_first=False):
+    def fn(x, w_q, w_k, w_v):
+        q, k, v = x @ w_q, x @ w_k, x @ w_v
+        w = torch.softmax(q @ transpose(k) / math.sqrt(scale(k)), dim=dim)
+        out = w @ v
+        return (out[0], w[0]) if only_first else (out, w)
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    ("fn", "hint"),
+    [
+        (_batched(only_first=True), "expected [B, S, S] = (3, 7, 7)"),
+        (_batched(transpose=lambda k: k.transpose(0, 1)), "a transpose of the wrong pair"),
+        (_batched(transpose=lambda k: k.transpose(0, 2)), "a transpose of the wrong pair"),
+        (_batched(dim=0), "the batch axis B"),
+        (_batched(scale=lambda k: k.shape[0]), "the square root of the batch size B"),
+    ],
+)
+def test_batched_slips_get_batched_hints(fn, hint: str) -> None:
+    fb = check_self_attention(fn)
+    assert fb.status == "wrong" and hint in fb.message, fb
+
+
+def test_right_variants_still_pass() -> None:
+    def with_mT(x, w_q, w_k, w_v):
+        q, k, v = x @ w_q, x @ w_k, x @ w_v
+        return (lambda w: (w @ v, w))(torch.softmax((q / k.shape[-1] ** 0.25) @ (k / k.shape[-1] ** 0.25).mT, -1))
+
+    def loop(x, w_q, w_k, w_v):
+        pairs = [reference_attention(xb, xb, w_q, w_k, w_v) for xb in x]
+        return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+    assert check_self_attention(with_mT).passed and check_self_attention(loop).passed
+    assert check_cross_attention(lambda x_q, x_kv, *w: list(cross_right(x_q, x_kv, *w))).passed
