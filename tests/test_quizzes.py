@@ -54,7 +54,8 @@ def test_every_numeric_question_has_a_default_feedback() -> None:
                 assert any(a.get("type") == "default" for a in q["answers"]), f"{name} Q{n} has no default feedback"
 
 
-ASCII_MATHS = re.compile(r"(?<![\w.])sqrt\(|\^T\b|\^\d|(?<![\w.])[A-Za-z]_[A-Za-z0-9]+\b|(?<=\w) [@*.] (?=\w)| -> | >= | <= ")
+ASCII_MATHS = re.compile(r"(?<![\w.])sqrt\(|\^T\b|\^\d|(?<![\w.])(?:[A-Za-z]|sum)_[A-Za-z0-9]+(?:(?=ᵀ)|\b)"
+                         r"|(?<=\w) [@*.] (?=\w)| -> | >= | <= ")
 
 
 @pytest.mark.parametrize("name", QUIZZES)
@@ -170,6 +171,11 @@ def test_the_right_answer_does_not_sit_in_one_place(name: str) -> None:
 
 def test_a_transposed_factor_is_typeset() -> None:
     assert visible_text("x_i M (x_j)^T with M = W^Q (W^K)^T") == "xi M (xj)ᵀ with M = WQ (WK)ᵀ"
+    assert typeset("Q_h K_h^T") == "Q<sub>h</sub> K<sub>h</sub>ᵀ"  # a subscript before a transpose
+
+
+def test_a_sum_index_is_typeset() -> None:
+    assert typeset("sum_j w_ij f(x_j)") == "Σ<sub>j</sub> w<sub>ij</sub> f(x<sub>j</sub>)"
 
 
 def test_stored_quiz_outputs_match_their_json() -> None:
