@@ -13,6 +13,7 @@ The right answers are computed from the model itself (:mod:`attnlib.pretrained`)
 from __future__ import annotations
 
 import functools
+import re
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
@@ -370,6 +371,12 @@ LINK_MISTAKES: tuple[Mistake, ...] = (
     Mistake("last occurrence", _last_link,
             "the key (or the query) occurs twice in this sentence and you used its last occurrence: tokens.index(...) "
             "gives the first, which is the one asked for."),
+    Mistake("without [CLS]", lambda w, t, q, k: _link(w, t[1:], q, k),
+            "your positions are one too small: find them with tokens.index(...) on the tokens as given, counting "
+            "[CLS], which has a row and a column of its own in weights."),
+    Mistake("largest row maximum", lambda w, t, q, k: torch.tensor(divmod(int(w[:, :, list(t).index(q), :].amax(-1).argmax()), w.shape[1])),
+            "you found the head whose row for the query has the largest weight on any key; the key must be the one "
+            "asked for: the argmax of weights[:, :, i, j] over layers and heads, with j the key's position."),
     Mistake("among peaking heads", _peak_link,
             "you looked only among heads whose largest weight of the query falls on the key. The strongest link can "
             "be in a head whose row peaks on another token: take the argmax of weights[:, :, i, j] over all heads."),
@@ -416,11 +423,17 @@ def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Fe
             return hint
         if torch.equal(torch.tensor(got), _first_top_link(weights, toks, query, key)):
             return wrong(FIRST_TOP_LINK_HINT)
+        _, toks0, query0, key0 = link_case(0)
+        i0, j0 = toks0.index(query0), toks0.index(key0)  # the positions in the book's sentence
+        if (case != 0 and max(i0, j0) < len(toks) and (i0, j0) != (toks.index(query), toks.index(key))
+                and got == divmod(int(weights[:, :, i0, j0].argmax()), H)):
+            return wrong(f"for {LINK_CASES[case][0]!r} you used the positions of the book's sentence ({i0}, {j0}): find "
+                         f"the query's and the key's positions in each sentence with tokens.index(...), counting [CLS].")
         if not (0 <= got[0] < L and 0 <= got[1] < H):
             return wrong(f"({got[0]}, {got[1]}) is not a head of this model: layers are 0..{L - 1}, heads 0..{H - 1}.")
         return wrong(f"for {LINK_CASES[case][0]!r} (query {query!r}, key {key!r}) you returned {got}; the weight there is "
                      f"{float(weights[got[0], got[1], toks.index(query), toks.index(key)]):.2f}, but another head "
-                     f"puts more on {key!r}. Did you find the tokens' positions with tokens.index(...), counting [CLS]?")
+                     f"puts more on {key!r}: take the argmax of weights[:, :, i, j] over all 72 heads.")
     return correct(f"you found the head from the data, for the book's sentence and {len(LINK_CASES) - 1} more cases.")
 
 
@@ -444,6 +457,10 @@ PREVIOUS_MISTAKES: tuple[Mistake, ...] = (
             "you shifted with torch.roll, which wraps around: query 0 then counts its weight on the LAST token as its "
             "'previous' one. Query 0 has no previous token: average weights[..., i, i-1] over i = 1 .. S-1 only, "
             "weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)."),
+    Mistake("next token with roll", lambda w: (w.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1) + w[..., -1, 0]) / w.shape[-1],
+            "you rolled the wrong way: torch.roll(torch.eye(S), 1, dims=-1) puts 1 at [i, i+1], the NEXT token, and it "
+            "wraps around, so the last query counts [CLS] as its next token. The previous token is [i, i-1], just below "
+            "the diagonal, and query 0 has none: weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)."),
     Mistake("without the [SEP] query", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., :-1].mean(-1),
             "you left out the last query, [SEP]: it is a token of the sentence like any other and has a previous "
             "token, so average over every query i = 1 .. S-1."),
@@ -558,8 +575,16 @@ def _diagnose_copy(mine: MultiHeadSelfAttention, model: nn.Module, layer_index: 
                 return wrong(f"{name} has no bias; BERT's projections have one: build the module with bias=True "
                              "and copy .bias as well.")
             if not _same(got.bias, target.bias):
+                scale = _constant_ratio(got.bias, target.bias)
+                if scale is not None:
+                    return wrong(f"{name}.weight is right but {name}.bias is {_times(scale, mine)} the model's: "
+                                 "copy the bias as it is.")
                 return wrong(f"{name}.weight is right but {name}.bias is not: copy the bias too.")
             continue
+        scale = _constant_ratio(got.weight, target.weight)
+        if scale is not None:
+            return wrong(f"{name}.weight is {_times(scale, mine)} the model's. attnlib divides the scores by sqrt(D_k) "
+                         "itself, as BERT does: copy each weight and bias as it is, with no factor.")
         if _same(got.weight.T, target.weight):
             return wrong(f"{name}.weight is transposed. nn.Linear stores weight as [out, in] in both libraries, "
                          "so copy it as it is (no .T); with D x D weights the shapes cannot warn you.")
@@ -577,6 +602,26 @@ def _diagnose_copy(mine: MultiHeadSelfAttention, model: nn.Module, layer_index: 
                  "w_o": "attention.output.dense"}[name]
         return wrong(f"{name}.weight does not match layer {layer_index}'s {label}.weight.")
     return None
+
+
+def _constant_ratio(got: Tensor, target: Tensor) -> float | None:
+    """The factor c (not 1) with ``got == c * target`` up to float32 rounding, or None."""
+    if tuple(got.shape) != tuple(target.shape):
+        return None
+    a, b = got.detach().cpu().double(), target.detach().cpu().double()
+    c = float((a * b).sum() / (b * b).sum())
+    if abs(c - 1.0) < 1e-6 or c == 0.0 or not torch.allclose(a, c * b, rtol=1e-5, atol=1e-7):
+        return None
+    return c
+
+
+def _times(scale: float, mine: nn.Module) -> str:
+    """How a reader would name the factor ``scale``: -1, 1/sqrt(D_k), sqrt(D_k), or the number."""
+    d_k = getattr(mine, "d_k", 32)
+    for value, name in ((-1.0, "-1"), (d_k**-0.5, "1/sqrt(D_k)"), (d_k**0.5, "sqrt(D_k)")):
+        if abs(scale - value) < 1e-5 * max(1.0, abs(value)):
+            return "the negative of" if name == "-1" else f"{scale:.3g} = {name} times"
+    return f"{scale:.3g} times"
 
 
 def _shared_with(mine: nn.Module, model: nn.Module) -> list[str]:
@@ -771,10 +816,17 @@ def load_sentence_pairs() -> SentencePairs:
             kind, a, b = line.split("\t")
             if kind not in PAIR_KINDS:
                 raise ValueError(f"unknown kind of pair {kind!r} in sentence_pairs.tsv; expected one of {PAIR_KINDS}")
+            if kind == "swap" and (a == b or _words(a) != _words(b)):
+                raise ValueError(f"role swap {a!r} / {b!r} is not the same words in another order")
             kinds.append(kind)
             first.append(a)
             second.append(b)
     return SentencePairs(kinds, first, second)
+
+
+def _words(sentence: str) -> list[str]:
+    """The sentence's words, lower-cased and sorted: equal for two orders of the same words."""
+    return sorted(re.findall(r"[\w']+|[^\w\s]", sentence.lower()))
 
 
 class Ablation(NamedTuple):

@@ -515,6 +515,58 @@ def test_previous_token_score_names_a_wrap_around_roll() -> None:
     assert fb.status == "wrong" and "summed" in fb.message, fb
 
 
+def test_previous_token_score_names_a_roll_the_wrong_way() -> None:
+    def next_rolled(w):  # the reader's answer: torch.roll(eye, 1, dims=-1) is 1 at [i, i+1], wrapping around
+        S = w.shape[-1]
+        return (w * torch.roll(torch.eye(S), 1, dims=-1)).sum(-1).mean(-1)
+
+    fb = ch07.check_previous_token_score(next_rolled)
+    assert fb.status == "wrong" and "wrong way" in fb.message and "wraps" in fb.message, fb
+    # the right roll, written as a mask over all S queries without query 0, still passes
+    fb = ch07.check_previous_token_score(
+        lambda w: (w * torch.roll(torch.eye(w.shape[-1]), -1, dims=-1))[..., 1:, :].sum(-1).mean(-1)
+    )
+    assert fb.passed, fb
+
+
+@pytest.mark.parametrize(
+    ("answer", "hint"),
+    [
+        (lambda w, t, q, k: divmod(int(w[:, :, t.index(q), t.index(k)].argmin()), w.shape[1]), "argmax of weights[:, :, i, j]"),
+        (lambda w, t, q, k: divmod(int(w[:, :, t.index(q), :].max(-1).values.argmax()), w.shape[1]), "any key"),
+        (lambda w, t, q, k: divmod(int(w[:, :, t.index(q) - 1, t.index(k) - 1].argmax()), w.shape[1]), "[CLS]"),
+    ],
+    ids=["argmin", "largest row maximum", "without [CLS]"],
+)
+def test_strongest_link_names_what_the_reduction_did(answer, hint) -> None:  # type: ignore[no-untyped-def]
+    fb = ch07.check_strongest_link(answer)
+    assert fb.status == "wrong" and hint in fb.message, fb
+    if hint != "[CLS]":  # a slip in the reduction is not blamed on the positions
+        assert "[CLS]" not in fb.message, fb
+
+
+def _scaled(model, i, name, parts, factor):  # type: ignore[no-untyped-def]
+    m = copy_with(model, i)
+    with torch.no_grad():
+        for part in (parts,) if isinstance(parts, str) else parts:
+            getattr(getattr(m, name), part).mul_(factor)
+    return m
+
+
+@pytest.mark.parametrize(
+    ("answer", "hint"),
+    [
+        (lambda m, i: _scaled(m, i, "w_q", "weight", 32**-0.5), "w_q.weight is 0.177 = 1/sqrt(D_k) times the model's"),
+        (lambda m, i: _scaled(m, i, "w_k", ("weight", "bias"), 32**-0.5), "w_k.weight is 0.177 = 1/sqrt(D_k)"),
+        (lambda m, i: _scaled(m, i, "w_v", "bias", -1.0), "w_v.bias is the negative of the model's"),
+    ],
+    ids=["W_Q weight only", "W_K and b_K", "negated bias"],
+)
+def test_copy_layer_names_a_constant_factor(answer, hint) -> None:  # type: ignore[no-untyped-def]
+    fb = check_copy_layer(answer)
+    assert fb.status == "wrong" and hint in fb.message, fb
+
+
 #: The source texts' example sentences, as word lists so that this file does not contain them either.
 SOURCE_SENTENCES = [" ".join(words) for words in (
     ["the", "keys", "on", "the", "table"], ["the", "cat", "sat", "on", "the", "mat"],
@@ -548,8 +600,21 @@ def test_the_sentence_pairs_are_the_books_own() -> None:
     pairs = ch07.load_sentence_pairs()
     for kind, a, b in zip(*pairs):
         if kind == "swap":
-            words = lambda t: sorted(t.lower().strip(".").replace(" is ", " are ").split())
+            words = lambda t: sorted(t.lower().strip(".").split())
             assert words(a) == words(b) and a != b, (a, b)
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["swap\tThe books are on the shelf.\tThe shelf is on the books.", "swap\tThe dog bit the man.\tThe dog bit the man."],
+)
+def test_load_sentence_pairs_rejects_a_swap_that_is_not_the_same_words(tmp_path, monkeypatch, line) -> None:
+    from attnbook import toy_lm
+
+    (tmp_path / "sentence_pairs.tsv").write_text("# c\n" + line + "\n", encoding="utf-8")
+    monkeypatch.setattr(toy_lm, "DATA_DIR", tmp_path)
+    with pytest.raises(ValueError, match="not the same words"):
+        ch07.load_sentence_pairs()
 
 
 def test_load_sentence_pairs_rejects_an_unknown_kind(tmp_path, monkeypatch) -> None:
