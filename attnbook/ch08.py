@@ -333,6 +333,63 @@ _INVERTED_RESCALE = (
 )
 
 
+_ACC_NOT_MATMUL = (
+    " m_new and l_new are right, so the shapes go wrong in acc_new: the new tile adds the matrix product "
+    "p @ v, [S_q, S_blk] @ [S_blk, D_v] -> [S_q, D_v], a sum over the tile's keys. An elementwise product "
+    "summed over another axis (the features, say) gives a different shape and different numbers."
+)
+
+
+def _acc_not_matmul(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` gets m_new and l_new right on a first tile whose key count equals D_v (where a
+    wrong acc_new product still broadcasts), so that its shape error lies in acc_new."""
+    gen = torch.Generator().manual_seed(5)
+    s = torch.randn(3, 2, generator=gen, dtype=torch.float64)  # [S_q, S_blk]
+    v = torch.randn(2, 2, generator=gen, dtype=torch.float64)  # [S_blk, D_v], S_blk = D_v
+    m0, l0, acc0 = torch.full((3, 1), float("-inf"), dtype=s.dtype), torch.zeros(3, 1, dtype=s.dtype), torch.zeros(3, 2, dtype=s.dtype)
+    result, fb = run_reader_code(fn, m0, l0, acc0, s.clone(), v.clone())
+    if fb is not None or _triple(result) is not None:
+        return False
+    ref = reference_online_update(m0, l0, acc0, s, v)
+    return all(tuple(g.shape) == tuple(e.shape) and close(g, e) for g, e in zip(result[:2], ref[:2])) and not close(result[2], ref[2])
+
+
+def _first_tile_hint(result: tuple[Tensor, Tensor, Tensor], ref: tuple[Tensor, Tensor, Tensor], s: Tensor,
+                     D_v: int) -> Feedback | None:
+    """Hints for the first tile that name the step at fault, before the step-by-step checks below."""
+    names = ("m_new", "l_new", "acc_new")
+    for order in ((1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1)):
+        if all(tuple(result[i].shape) == tuple(ref[j].shape) and close(result[i], ref[j]) for i, j in enumerate(order)):
+            got = ", ".join(names[j] for j in order)
+            return wrong(f"your values are right but in the order ({got}): return (m_new, l_new, acc_new), in that order.")
+    m1, l1 = result[0], result[1]
+    if tuple(m1.shape) != tuple(ref[0].shape):
+        return None
+    if torch.isneginf(m1).all():
+        return wrong("m_new is still -inf after the first tile: the running maximum is the larger of the old one and "
+                     "the tile's, torch.maximum(m, s.amax(dim=-1, keepdim=True)); torch.minimum (or amin) keeps -inf.")
+    if close(m1, s.amin(dim=-1, keepdim=True)):
+        return wrong("m_new is each row's smallest score: use the largest, torch.maximum(m, s.amax(dim=-1, keepdim=True)) "
+                     "(amax, not amin), so that every exponent exp(s - m_new) is at most 0.")
+    for scale in (math.sqrt(D_v), math.sqrt(s.shape[-1])):
+        if scale != 1 and close(m1, ref[0] / scale):
+            return wrong("you divided the scores by sqrt(d) again: the tile s holds scaled scores already "
+                         "(q . k / sqrt(d_k)), so use it as it is.")
+    if not close(m1, ref[0]) or tuple(l1.shape) != tuple(ref[1].shape):
+        return None
+    if close(l1, torch.ones_like(l1)) and not close(ref[1], torch.ones_like(ref[1])):
+        return wrong("l_new is 1 for every row: you normalised the tile (softmax, or p / p.sum()). p is the "
+                     "unnormalised exp(s - m_new); the running sum l collects the denominators, and the division "
+                     "happens once, at the end (out = acc / l).")
+    if close(l1, torch.exp2(s - ref[0]).sum(dim=-1, keepdim=True)):
+        return wrong("you used base 2 (torch.exp2 or 2 ** x): softmax is in base e, so use torch.exp. (GPU kernels "
+                     "do use exp2, but on scores multiplied by log2(e) first, which gives the same numbers.)")
+    if close(l1, torch.exp(s - ref[0]).sum().expand_as(l1)):
+        return wrong("l_new is the same number on every row, the sum over the whole tile: sum each row over its "
+                     "keys only, p.sum(dim=-1, keepdim=True).")
+    return None
+
+
 def _inverted_rescale(fn: Callable[..., Any], state: tuple[Tensor, Tensor, Tensor], s2: Tensor, v2: Tensor) -> bool:
     """Whether ``fn``, started from the right state after the first tile, rescales by exp(m_new - m_old)."""
     result, fb = run_reader_code(fn, *(t.clone() for t in state), s2.clone(), v2.clone())
@@ -343,8 +400,26 @@ def _inverted_rescale(fn: Callable[..., Any], state: tuple[Tensor, Tensor, Tenso
     return close(result[1], l_old * torch.exp(m_new - m_old) + torch.exp(s2 - m_new).sum(-1, keepdim=True))
 
 
+_SCALAR_IDIOMS = (
+    "Boolean value of Tensor with more than one value is ambiguous",  # max(m, column)
+    "only one element tensors can be converted to Python scalars",  # math.exp(column)
+    "return_types.max",  # torch.maximum(m, torch.max(s, -1, keepdim=True)), a (values, indices) pair
+)
+
+_SCALAR_TO_TENSOR = (
+    " Section 8.3's worked example runs on single numbers, with Python's max and math.exp; here m, l and each "
+    "tile are columns of numbers, one per query. Use the tensor versions: torch.maximum(m, s.amax(dim=-1, "
+    "keepdim=True)) for the running maximum (torch.max(s, dim) returns a (values, indices) pair; amax returns "
+    "the values) and torch.exp for the exponentials."
+)
+
+
 def _online_call(fn: Callable[..., Any], *args: Tensor) -> tuple[Any, Feedback | None]:
     result, fb = run_reader_code(fn, *args)
+    if fb is not None and any(idiom in fb.message for idiom in _SCALAR_IDIOMS):
+        return None, wrong(fb.message.rstrip(".") + "." + _SCALAR_TO_TENSOR)
+    if fb is not None and "must match the size" in fb.message and _acc_not_matmul(fn):
+        return None, wrong(fb.message.rstrip(".") + "." + _ACC_NOT_MATMUL)
     if fb is not None and "must match the size" in fb.message:
         return None, wrong(fb.message.rstrip(".") + "." + _ONLINE_BROADCAST)
     if fb is not None and "same dtype" in fb.message:
@@ -370,6 +445,9 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     if problem is not None:
         return problem
     ref1 = reference_online_update(m0, l0, acc0, s[:, :split], v[:split])
+    hint = _first_tile_hint(result, ref1, s[:, :split], D_v)
+    if hint is not None:
+        return hint
     for name, got, exp in zip(("m_new", "l_new", "acc_new"), result, ref1):
         if tuple(got.shape) != tuple(exp.shape):
             return _online_shape(name, got, exp, split)
@@ -483,6 +561,13 @@ _TILE_MISTAKES = (
             "lse is the *log* of the denominator: divide by exp(lse), i.e. compute exp(s - lse)."),
     Mistake("no exp", lambda s, lse: s - lse[:, None],
             "that is the log of the weights; take exp of it."),
+    Mistake("softmax over the queries", lambda s, lse: torch.softmax(s, dim=0),
+            "your columns sum to 1: softmax over dim=0 normalises each key over the tile's queries. Attention "
+            "normalises each query's row over the keys, and here over the whole row, not just the tile: "
+            "exp(s - lse[:, None])."),
+    Mistake("base 2", lambda s, lse: torch.exp2(s - lse[:, None]),
+            "you used base 2 (torch.exp2 or 2 ** x): lse is a natural logarithm, so use torch.exp. (GPU kernels "
+            "use exp2, but on scores and lse both multiplied by log2(e) first.)"),
     Mistake("the tile's own max", lambda s, lse: torch.exp(s - s.amax(dim=-1, keepdim=True)),
             "you subtracted the tile's own row maximum (each row of your tile has a 1 where its largest score "
             "is): that keeps exp from overflowing but does not normalise. Subtract the whole row's logsumexp "
@@ -528,8 +613,31 @@ def _tile_one(fn: Callable[..., Any], case: int) -> Feedback | None:
                      f"lse is [{bq}]: broadcast it over the keys with lse[:, None].")
     if not got.is_complex() and not torch.isfinite(got.detach()).all():
         return wrong(_OVERFLOW)
-    hint = diagnose(got, _TILE_MISTAKES, s_tile, lse_rows)
+    hint = diagnose(got, _TILE_MISTAKES, s_tile, lse_rows) or _tile_log_hint(got, s_tile, lse_rows)
     return hint or wrong("the weights differ from softmax(s) in this block; the weight of key j for query i is exp(s_ij - lse_i).")
+
+
+def _tile_log_hint(got: Tensor, s_tile: Tensor, lse: Tensor) -> Feedback | None:
+    """Hints for weights that are exp of the right exponent scaled, shifted, or computed in float32."""
+    x = (s_tile - lse[:, None]).double()  # the right log-weights, at most 0
+    if s_tile.dtype == torch.float64 and close(got, torch.exp(s_tile.float() - lse.float()[:, None])):
+        return wrong("you computed in float32 (.float()): here the scores are float64 near 800, where float32 keeps "
+                     "only about 7 significant digits (its spacing at 800 is 6e-5), so the weights lose digits. "
+                     "Compute in the input's dtype, exp(s - lse[:, None]); upcast only float16 or bfloat16.")
+    if got.is_complex() or not (got.detach() > 0).all():
+        return None
+    logs = torch.log(got.detach().double())
+    ratio = logs / x.where(x.abs() > 1e-3, torch.ones_like(x))
+    mask = x.abs() > 1e-3
+    if mask.any() and float(ratio[mask].std(unbiased=False)) < 1e-5 and abs(float(ratio[mask].mean()) - 1) > 1e-3:
+        return wrong(f"your log-weights are {float(ratio[mask].mean()):.4g} times s - lse: the exponent is scaled. The "
+                     "scores in s_tile are already divided by sqrt(d), and lse belongs to those scores: the weight "
+                     "is exp(s - lse[:, None]), with no further factor.")
+    shift = logs - x
+    if float(shift.std(unbiased=False)) < 1e-5:
+        return wrong(f"your weights are the right ones times e^{float(shift.mean()):.3g}: the exponent is off by a "
+                     "constant. Subtract exactly lse, the logarithm of the row's softmax denominator: exp(s - lse[:, None]).")
+    return None
 
 
 def _tile_table_cases() -> list[tuple[Tensor, Tensor]]:

@@ -418,6 +418,18 @@ _MERGE_MISTAKES = (
             "your weights are upside down: exp(lse_total - lse_part) is at least 1 and grows as the part's share shrinks. "
             "A part's weight is its share of the denominator, exp(lse_part) / exp(lse_total) = "
             "exp(lse_part - lse_total), at most 1, and the two weights sum to 1."),
+    Mistake("max subtracted, not normalised", lambda oa, la, ob, lb, na, nb: (
+                torch.exp(la - torch.maximum(la, lb))[..., None] * oa + torch.exp(lb - torch.maximum(la, lb))[..., None] * ob),
+            "you subtracted the larger lse, which keeps exp from overflowing, but your two weights exp(lse_part - max) "
+            "do not sum to 1: divide them by their sum, or (the same thing) subtract the total "
+            "lse = torch.logaddexp(lse_a, lse_b) instead of the max: exp(lse_part - lse)."),
+    Mistake("sum", lambda oa, la, ob, lb, na, nb: oa + ob,
+            "each part is already an average over its own keys, so their plain sum counts the weight twice: weight "
+            "each by its share of the softmax denominator, exp(lse_part - lse_total), two weights that sum to 1."),
+    Mistake("weights exp(lse) unnormalised", lambda oa, la, ob, lb, na, nb: (
+                torch.exp(la)[..., None] * oa + torch.exp(lb)[..., None] * ob),
+            "exp(lse_a) and exp(lse_b) are the parts' denominators, not their shares: divide each by the total "
+            "exp(lse_a) + exp(lse_b), i.e. weight by exp(lse_part - lse_total), where lse_total = torch.logaddexp(lse_a, lse_b)."),
     Mistake("weights by key counts", _merge_by_counts,
             "you weighted the parts by how many keys each has: what matters is how much of the softmax denominator "
             "each part holds, exp(lse_part - lse_total), which depends on the scores, not on the counts."),
@@ -441,6 +453,9 @@ def _merge_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         return wrong(f"return two tensors (out, lse), got {describe(got)}: the merged lse is needed "
                      "to merge the result again with a third part.")
     got_out, got_lse = got
+    if (isinstance(got_out, Tensor) and isinstance(got_lse, Tensor) and tuple(got_out.shape) == tuple(lse.shape)
+            and tuple(got_lse.shape) == tuple(out.shape)):
+        return wrong("you returned (lse, out): return them in the order (out, lse), the merged output first.")
     for name, t, exp in (("out", got_out, out), ("lse", got_lse, lse)):
         if not isinstance(t, Tensor) or t.is_complex():
             return wrong(f"{name} should be a real torch.Tensor, got {describe(t)}.")
@@ -525,6 +540,8 @@ def _cap(flops_per_score: int = 4, share_of: str = "matmul", power: int = 1) -> 
             return t_matmul / t_exp
         if share_of == "capped ratio":
             return min(1.0, t_matmul / t_exp)
+        if share_of == "inverse ratio":
+            return t_exp / t_matmul
         return (t_matmul if share_of == "matmul" else t_exp) / (t_matmul + t_exp)
     return f
 
@@ -559,6 +576,14 @@ CAP_MISTAKES = (
             "you capped the ratio t_matmul / t_exp at 1: that treats the matmuls and the exponentials as if they ran "
             "at the same time. A kernel that takes turns spends both, one after the other, so the tensor cores are "
             "busy t_matmul / (t_matmul + t_exp) of the time, below 1 even when the exponentials are fast."),
+    Mistake("inverse ratio", _cap(share_of="inverse ratio"),
+            "you divided the exponential time by the matmul time, t_exp / t_matmul: that is upside down, and "
+            "it is not a share either. The kernel spends both times in turn, so the tensor cores are busy "
+            "t_matmul / (t_matmul + t_exp) of the time."),
+    *(Mistake(f"{n} d FLOPs per score", _cap(flops_per_score=n), f"you counted {n} d FLOPs per score ({why}): "
+              "Q K^T and P V are each one dot product of length d per score, d multiply-adds = 2 d FLOPs, so "
+              "4 d FLOPs in all.")
+      for n, why in ((8, "a multiply-add counted as 2 FLOPs twice over"), (3, "2 d for Q K^T but d for P V"))),
     Mistake("a percentage", lambda d, F, E: 100 * reference_serial_cap(d, F, E),
             "return a fraction of 1 (0.5 for half the peak), not a percentage."),
 )
@@ -609,6 +634,9 @@ def check_serial_cap(fn: Callable[[int, float, float], float]) -> Feedback:
     for m in CAP_MISTAKES:
         if _cap_same(tuple(answers), _cap_vector(m.compute)):
             return wrong(m.hint)
+    if all(a == 0 for a in answers):
+        return wrong("your fractions are all 0: integer division (//, or int(...) on the times, which are far "
+                     "below 1 second) rounds them down. Divide with / and keep the floats.")
     if _rounded(tuple(answers), _cap_vector(reference_serial_cap)):
         return wrong("your fractions are the right ones rounded: return the value unrounded (no round(...)); "
                      "rounding is for printing, and the checker compares to six significant digits.")
@@ -868,13 +896,34 @@ def _first_key_one(fn: Callable[..., Any], q0: int, window: int) -> Feedback | N
     except Exception:
         return wrong(f"`first_key` should return one whole number (an int), a key position, got {describe(got)}.")
     expected = reference_first_key(q0, window)
-    if _first_key_same(value, expected):
+    if _first_key_same(value, expected) or _first_key_rounded(value, expected):
         return None
     for m in FIRST_KEY_MISTAKES:
         if _first_key_same(value, m.compute(q0, window)):
             return wrong(m.hint)
     return wrong(f"for q_start = {q0} and window = {window} your first key is not the first key the block's "
                  "first row sees; that row, q_start, sees keys q_start - window + 1 .. q_start.")
+
+
+#: The smallest key block of :data:`WINDOW_RUNS`: a ``first_key`` rounded down within such a block
+#: gives the kernel the same walk, since the kernel rounds down to its key block anyway.
+_SMALLEST_BLOCK_K = min(run[4] for run in WINDOW_RUNS)
+
+
+def _first_key_rounded(value: Any, expected: int) -> bool:
+    """Whether ``value`` is ``expected`` rounded down to the start of its key block (clamped at 0); a
+    value merely inside that block (one key early, say) is not accepted: it is off by one, and only
+    this block size hides it."""
+    try:
+        got, want = _clamped(int(value)), _clamped(int(expected))
+    except Exception:
+        return False
+    return got == want // _SMALLEST_BLOCK_K * _SMALLEST_BLOCK_K
+
+
+_ROUNDED_NOTE = (" Your `first_key` rounds the first key down (or clamps it at 0) itself: that gives the same walk, "
+                 "since the kernel rounds down to its key block anyway, but `first_key` need not know the block "
+                 "size: q_start - window + 1 is enough.")
 
 
 def _solution_visible(rows: Tensor, cols: Tensor, window: int) -> Tensor:
@@ -910,6 +959,8 @@ def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, 
         problem = _first_key_one(first_key, q0, window)
         if problem is not None:
             return problem
+    rounded = any(not _first_key_same(as_index(_first_key_value(first_key(q0, window))), reference_first_key(q0, window))
+                  for q0, window in _first_key_cases())
     mode = triton_mode()
     lambda_note = ""
     if mode is not None and getattr(visible, "__name__", "") == "<lambda>":
@@ -944,7 +995,7 @@ def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, 
              None: "in the same tiled loop written in PyTorch" + ("" if lambda_note else f" ({off})")}[mode]
     return correct(f"the windowed kernel ran {where} and equals SDPA with the same mask. It computed {computed} "
                    f"tiles where a causal kernel computes {causal_tiles}: a window makes the work per query block "
-                   "constant, so the cost grows like S, not S^2." + lambda_note)
+                   "constant, so the cost grows like S, not S^2." + lambda_note + (_ROUNDED_NOTE if rounded else ""))
 
 
 def _first_key_value(got: Any) -> Any:

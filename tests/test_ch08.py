@@ -539,3 +539,88 @@ def test_online_update_cast_to_float64_inside_is_told_the_dtype() -> None:
 
     fb = check_online_softmax_update(widened)
     assert fb.status == "wrong" and "inputs' dtype" in fb.message, fb
+
+
+# --- findings of the ch08-09 reading: hints that name the step at fault -------------------------
+
+def _online(**change):
+    """An online update with one of the reading's slips (none: the right update)."""
+    import math
+
+    def f(m, l, acc, s, v):
+        if change.get("scaled_again"):
+            s = s / math.sqrt(v.shape[-1])
+        if change.get("minimum"):
+            m_new = torch.minimum(m, s.amin(-1, keepdim=True))
+        else:
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p = (torch.exp2 if change.get("exp2") else torch.exp)(s - m_new)
+        if change.get("softmax"):
+            p = torch.softmax(s, -1)
+        alpha = torch.exp(m - m_new)
+        total = p.sum() if change.get("no_dim") else p.sum(-1, keepdim=True)
+        pv = (p[..., None] * v).sum(-1) if change.get("summed_features") else p @ v
+        out = (m_new, l * alpha + total, acc * alpha + pv)
+        return (out[1], out[0], out[2]) if change.get("order") else out
+    return f
+
+
+@pytest.mark.parametrize("change, words", [
+    ("order", "in the order (l_new, m_new, acc_new)"),
+    ("scaled_again", "divided the scores by sqrt(d) again"),
+    ("summed_features", "the matrix product p @ v"),
+    ("softmax", "you normalised the tile"),
+    ("exp2", "base 2"),
+    ("no_dim", "the sum over the whole tile"),
+    ("minimum", "torch.minimum (or amin) keeps -inf"),
+])
+def test_online_update_slips_of_the_reading_name_their_step(change: str, words: str) -> None:
+    fb = check_online_softmax_update(_online(**{change: True}))
+    assert fb.status == "wrong" and words in fb.message, fb.message
+    assert check_online_softmax_update(_online()).passed
+
+
+def test_online_update_scalar_idioms_of_section_8_3_are_translated() -> None:
+    import math
+
+    def python_max(m, l, acc, s, v):
+        m_new = max(m, s.amax(-1, keepdim=True))
+        p = torch.exp(s - m_new)
+        return m_new, l * torch.exp(m - m_new) + p.sum(-1, keepdim=True), acc * torch.exp(m - m_new) + p @ v
+
+    def math_exp(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p, a = torch.exp(s - m_new), math.exp(m - m_new)
+        return m_new, l * a + p.sum(-1, keepdim=True), acc * a + p @ v
+
+    def torch_max_pair(m, l, acc, s, v):
+        m_new = torch.maximum(m, torch.max(s, -1, keepdim=True))
+        p = torch.exp(s - m_new)
+        return m_new, l * torch.exp(m - m_new) + p.sum(-1, keepdim=True), acc * torch.exp(m - m_new) + p @ v
+
+    for fn in (python_max, math_exp, torch_max_pair):
+        fb = check_online_softmax_update(fn)
+        assert fb.status == "wrong" and "torch.maximum(m, s.amax(dim=-1, keepdim=True))" in fb.message, fn.__name__
+        assert "torch.exp" in fb.message
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda s, lse: torch.exp(s.float() - lse.float()[:, None]).to(s.dtype), "you computed in float32"),
+    (lambda s, lse: torch.exp(s.float() - lse.float()[:, None]), "you computed in float32"),
+    (lambda s, lse: torch.exp((s - lse[:, None]) / 8), "0.125 times s - lse"),
+    (lambda s, lse: torch.exp(s - lse[:, None] - 1), "times e^-1"),
+    (lambda s, lse: 2 ** (s - lse[:, None]), "base 2"),
+    (lambda s, lse: torch.softmax(s, dim=0), "softmax over dim=0"),
+])
+def test_tile_weights_slips_of_the_reading_name_their_step(fn, words: str) -> None:
+    fb = check_tile_weights(fn)
+    assert fb.status == "wrong" and words in fb.message, fb.message
+
+
+def test_tile_weights_upcasting_only_half_precision_still_passes() -> None:
+    def upcast_half(s, lse):
+        if s.dtype in (torch.float16, torch.bfloat16):
+            return torch.exp(s.float() - lse.float()[:, None])
+        return torch.exp(s - lse[:, None])
+
+    assert check_tile_weights(upcast_half).passed

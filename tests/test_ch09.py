@@ -515,3 +515,47 @@ def test_serial_cap_rounded_is_told_not_to_round(digits: int) -> None:
 
     fb = check_serial_cap(lambda d, F, E: round(reference_serial_cap(d, F, E), digits))
     assert fb.status == "wrong" and "unrounded" in fb.message, fb
+
+
+# --- findings of the ch08-09 reading: hints that name the step at fault -------------------------
+
+def test_sliding_window_accepts_a_first_key_rounded_down_to_a_key_block_and_says_so() -> None:
+    from attnbook.ch09 import check_sliding_window, reference_visible
+
+    fb = check_sliding_window(reference_visible, lambda q0, w: max(0, (q0 - w + 1) // 16 * 16))
+    assert fb.passed, fb
+    assert "computed 41 tiles" in fb.message and "rounds the first key down" in fb.message
+    # one block too early is still refused: it computes a tile the window does not need
+    late = check_sliding_window(reference_visible, lambda q0, w: max(0, (q0 - w + 1) // 16 * 16 - 16))
+    assert not late.passed
+
+
+def test_serial_cap_inverse_ratio_8d_3d_and_integer_division_get_their_own_hints() -> None:
+    from attnbook.ch09 import check_serial_cap
+
+    def cap(flops: int):
+        return lambda d, mf, e: (flops * d / mf) / (flops * d / mf + 1 / e)
+
+    assert "upside down" in check_serial_cap(lambda d, mf, e: mf / (4 * d * e)).message
+    assert "8 d FLOPs" in check_serial_cap(cap(8)).message
+    assert "3 d FLOPs" in check_serial_cap(cap(3)).message
+    assert "integer division" in check_serial_cap(lambda d, mf, e: int(4 * d / mf) // 1).message
+    assert check_serial_cap(lambda d, mf, e: 1 / (1 + mf / (4 * d * e))).passed  # another right form
+
+
+def test_merge_unnormalised_max_subtraction_sum_and_swapped_return_get_their_own_hints() -> None:
+    def max_only(oa, la, ob, lb):
+        m = torch.maximum(la, lb)
+        return torch.exp(la - m)[..., None] * oa + torch.exp(lb - m)[..., None] * ob, torch.logaddexp(la, lb)
+
+    assert "do not sum to 1" in check_merge_partials(max_only).message
+    assert "plain sum" in check_merge_partials(lambda oa, la, ob, lb: (oa + ob, torch.logaddexp(la, lb))).message
+    unnormalised = check_merge_partials(
+        lambda oa, la, ob, lb: (torch.exp(la)[..., None] * oa + torch.exp(lb)[..., None] * ob, torch.logaddexp(la, lb)))
+    assert "not their shares" in unnormalised.message
+
+    def swapped(oa, la, ob, lb):
+        out, lse = reference_merge_partials(oa, la, ob, lb)
+        return lse, out
+
+    assert "you returned (lse, out)" in check_merge_partials(swapped).message
