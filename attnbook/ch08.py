@@ -1,7 +1,7 @@
 """Checkers, counts and figures for chapter 8, *What attention costs, and attention without the [S, S] matrix*.
 
-* :func:`standard_attention_io`, :func:`fused_forward_io`: exact HBM traffic (the tile slider's caption;
-  chapter 9 puts them on the roofline).
+* :func:`standard_attention_io`, :func:`fused_forward_io`: exact HBM traffic of a GPU kernel (chapter 9's
+  traffic table and roofline; defined here, next to the tile schedule they count).
 * :func:`causal_tile_counts`: the tiles and scores a causal tiled pass computes and masks.
 * :func:`tile_frame`, :func:`tile_grid_html`: the frame of the tile-schedule slider, and its live redraw.
 * :func:`steady_median_ms`: timings that load from other programs does not inflate (one thread, CPU time).
@@ -152,26 +152,21 @@ TILE_LEGEND = ("2 = on the diagonal (computed, the future hidden inside the tile
                "hatched (masked) = skipped, never loaded")
 
 
-def tile_frame(block: int, S: int = 1024, d: int = 64) -> Frame:
-    """The causal tile schedule for ``S`` positions and square ``block`` tiles, with its HBM traffic.
-
-    The caption's arithmetic intensity divides the FLOPs of the tiles really computed (``Q K^T`` and
-    ``P V`` over every computed tile, masked part included) by the float16 bytes of the fused kernel's
-    traffic in FlashAttention-2's order (:func:`fused_forward_io`).
-    """
+def tile_frame(block: int, S: int = 1024) -> Frame:
+    """The causal tile schedule for ``S`` positions and square ``block`` tiles: the tiles computed,
+    and how many of the scores they compute are masked away (the future inside the diagonal tiles)."""
     n = math.ceil(S / block)
     kind = torch.zeros(n, n)  # 1 = a full tile, 2 = on the diagonal (masked inside)
     for i in range(n):
         kind[i, : i + 1] = 1
         kind[i, i] = 2
     sizes = [min(block, S - i * block) for i in range(n)]  # rows (or keys) of each block
-    tile_flops = sum(4 * sizes[i] * sizes[j] * d for i in range(n) for j in range(i + 1))  # computed tiles
+    computed = sum(sizes[i] * sizes[j] for i in range(n) for j in range(i + 1))  # scores of the computed tiles
+    needed = S * (S + 1) // 2  # the causal pairs
     labels = [str(i * block) for i in range(n)]
-    fused, standard = fused_forward_io(S, d, block, causal=True), standard_attention_io(S, d)
-    caption = (f"{int((kind > 0).sum())} of {n * n} tiles computed ({int((kind == 2).sum())} on the diagonal). "
-               f"HBM traffic per head in FlashAttention-2's order: {fused / 1e6:.2f} M numbers, against "
-               f"{standard / 1e6:.2f} M for standard attention without its mask pass ({standard / fused:.1f}x less); FLOPs of the "
-               f"computed tiles per byte moved, in float16: about {tile_flops / (2 * fused):.0f}.")
+    caption = (f"{int((kind > 0).sum())} of {n * n} tiles computed ({int((kind == 2).sum())} on the diagonal): "
+               f"{computed:,} scores, of which {computed - needed:,} ({(computed - needed) / computed:.0%}) are "
+               "masked away inside the diagonal tiles.")
     panel = Panel(kind.numpy(), labels, labels, f"query block (rows) x key block (columns), block = {block}: {TILE_LEGEND}",
                   vmin=0, vmax=2, masked=(kind == 0).numpy())
     return Frame(label=f"block {block}", panels=[panel], caption=caption)
@@ -674,6 +669,12 @@ def check_tile_weights(fn: Callable[..., Any]) -> Feedback:
 DIAGRAM_S, DIAGRAM_BLOCK = 1024, 256
 
 
+def _formula_lines(d: Diagram, y: float, lines: tuple[str, ...]) -> None:
+    """The formula lines inside a diagram's box, 24 px apart from ``y`` down."""
+    for k, line in enumerate(lines):
+        d.text(34, y + 24 * k, line, size=15, anchor="start")
+
+
 @diagram
 def tile_loop_diagram() -> Diagram:
     """One query block's walk over the causal tile grid, and the three running statistics it updates."""
@@ -685,29 +686,66 @@ def tile_loop_diagram() -> Diagram:
     d = Diagram(
         "ch08_tile_loop", 380, 486, title="The tile loop of tiled attention",
         alt=(f"A {n} by {n} grid of score tiles for S = {DIAGRAM_S} with {DIAGRAM_BLOCK}-row blocks, causal: tiles below "
-             f"the diagonal are computed, tiles on the diagonal are masked inside, tiles above it are skipped. "
+             f"the diagonal are computed in full, tiles on the diagonal are computed and then masked inside, tiles above it are skipped. "
              f"Query block {walker} walks key blocks 0 to {walker} in order (steps 1 to {walker + 1}); after each "
              f"tile it updates its running max m, running sum \u2113 and accumulator acc, rescaling the last two by "
              f"\u03b1 = exp(old m \u2212 new m), and after the last tile it writes out = acc / \u2113 and lse = m + log \u2113."))
     d.text(190, 28, "One query block walks its key blocks", size=16, weight="bold")
     d.text(190, 50, f"S = {DIAGRAM_S}, {DIAGRAM_BLOCK}-row blocks, causal", size=14, color=MUTED)
-    cell, x0, y0 = 44, 44, 100
+    cell, x0, y0 = 40, 44, 100
     fills = [["green" if j < i else "orange" if j == i else "grey" for j in range(n)] for i in range(n)]
     labels = [[str(j + 1) if i == walker and j <= i else "" for j in range(n)] for i in range(n)]
     d.text(x0 + n * cell / 2, 88, "key blocks \u2192", size=14, color=MUTED)
     d.grid(x0, y0, fills, cell=cell, labels=labels, row_labels=[f"q{i}" for i in range(n)], size=15)
     d.rect(x0 - 3, y0 + walker * cell - 3, (walker + 1) * cell + 6, cell + 6, stroke="blue", width=3, rx=2)
-    for k, (colour, what) in enumerate((("green", "computed"), ("orange", "masked inside"), ("grey", "skipped"))):
+    for k, (colour, what) in enumerate((("green", "computed in full"), ("orange", "computed, masked"), ("grey", "skipped"))):
         y = y0 + 14 + k * 34
         d.rect(x0 + n * cell + 16, y, 20, 20, fill=colour, tint=True, stroke=INK, rx=0, width=1)
-        d.text(x0 + n * cell + 44, y + 15, what, size=14, anchor="start")
+        d.text(x0 + n * cell + 44, y + 15, what, size=13, anchor="start")
     top = y0 + n * cell
     d.arrow(x0 + (walker + 1) * cell / 2, top + 4, x0 + (walker + 1) * cell / 2, top + 36, color="blue")
     d.rect(20, top + 40, 340, 152, fill="sky", tint=True, stroke="blue", width=2)
     d.text(34, top + 64, "after each tile, per query row:", size=14, anchor="start", color=MUTED)
-    d.text(34, top + 90, "m \u2190 max(m, row max of the tile)", size=15, anchor="start")
-    d.text(34, top + 114, "\u03b1 = e^{old m \u2212 new m}", size=15, anchor="start")
-    d.text(34, top + 138, "\u2113 \u2190 \u2113 \u00b7 \u03b1 + \u03a3 e^{s \u2212 m}", size=15, anchor="start")
-    d.text(34, top + 162, "acc \u2190 acc \u00b7 \u03b1 + e^{s \u2212 m} V", size=15, anchor="start")
+    _formula_lines(d, top + 90, ("m \u2190 max(m, row max of the tile)", "\u03b1 = e^{old m \u2212 new m}",
+                                 "\u2113 \u2190 \u2113 \u00b7 \u03b1 + \u03a3 e^{s \u2212 m}",
+                                 "acc \u2190 acc \u00b7 \u03b1 + e^{s \u2212 m} V"))
     d.text(34, top + 184, "then out = acc / \u2113, lse = m + log \u2113", size=14, anchor="start", color=MUTED)
+    return d
+
+
+@diagram
+def backward_loop_diagram() -> Diagram:
+    """The recomputing backward pass of :func:`attnlib.flash_attention`: key blocks outside, each walking the
+    query blocks that see it; what the forward pass saved, and what each tile recomputes and adds."""
+    n = DIAGRAM_S // DIAGRAM_BLOCK
+    key = 1  # the key block whose walk is numbered
+    d = Diagram(
+        "ch08_backward_loop", 380, 560, title="The tile loop of the recomputing backward pass",
+        alt=(f"The same {n} by {n} grid of causal score tiles, now walked column by column: key block {key} "
+             f"visits query blocks {key} to {n - 1} in order (steps 1 to {n - key}). The forward pass saved only the "
+             "output O and one logsumexp per query row. Each tile recomputes its scores Z and weights "
+             "P = exp(Z \u2212 lse), adds P\u1d40dO into dV of the key block, forms dZ = P \u2218 (dP \u2212 \u0394), "
+             "adds dZ\u1d40Q into dK of the key block, complete after the walk, and adds dZ K into dQ of the "
+             "query block, which sums over all key blocks."))
+    d.text(190, 28, "One key block walks its query blocks", size=16, weight="bold")
+    d.text(190, 50, f"S = {DIAGRAM_S}, {DIAGRAM_BLOCK}-row blocks, causal", size=14, color=MUTED)
+    cell, x0, y0 = 40, 44, 100
+    fills = [["green" if j < i else "orange" if j == i else "grey" for j in range(n)] for i in range(n)]
+    labels = [[str(i - key + 1) if j == key and i >= key else "" for j in range(n)] for i in range(n)]
+    d.text(x0 + n * cell / 2, 88, "key blocks \u2192", size=14, color=MUTED)
+    d.grid(x0, y0, fills, cell=cell, labels=labels, row_labels=[f"q{i}" for i in range(n)], size=15)
+    d.rect(x0 + key * cell - 3, y0 + key * cell - 3, cell + 6, (n - key) * cell + 6, stroke="blue", width=3, rx=2)
+    d.text(x0 + n * cell + 16, y0 + 20, "saved by the", size=13, anchor="start", color=MUTED)
+    d.text(x0 + n * cell + 16, y0 + 38, "forward pass:", size=13, anchor="start", color=MUTED)
+    d.text(x0 + n * cell + 16, y0 + 60, "O, and one lse", size=13, anchor="start")
+    d.text(x0 + n * cell + 16, y0 + 78, "per query row", size=13, anchor="start")
+    top = y0 + n * cell
+    d.arrow(x0 + (key + 0.5) * cell, top + 4, x0 + (key + 0.5) * cell, top + 36, color="blue")
+    d.rect(14, top + 40, 352, 228, fill="sky", tint=True, stroke="blue", width=2)
+    d.text(34, top + 64, "each tile (query block i, key block j):", size=14, anchor="start", color=MUTED)
+    _formula_lines(d, top + 90, ("Z = Q\u1d62 K\u2c7c\u1d40 \u00b7 scale   (recomputed)", "P = e^{Z \u2212 lse}   (recomputed)",
+                                 "dV\u2c7c += P\u1d40 dO\u1d62,   dP = dO\u1d62 V\u2c7c\u1d40", "dZ = P \u2218 (dP \u2212 \u0394)",
+                                 "dK\u2c7c += dZ\u1d40 Q\u1d62 \u00b7 scale", "dQ\u1d62 += dZ K\u2c7c \u00b7 scale"))
+    d.text(34, top + 236, "dK\u2c7c, dV\u2c7c are complete after the walk;", size=13, anchor="start", color=MUTED)
+    d.text(34, top + 256, "dQ\u1d62 sums over all key blocks j", size=13, anchor="start", color=MUTED)
     return d

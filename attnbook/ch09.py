@@ -72,6 +72,9 @@ __all__ = [
     "triton_mode",
     "check_sliding_window",
     "sram_bytes_per_s",
+    "causal_traffic_lines",
+    "cudnn_first",
+    "sdpa_priority_line",
 ]
 
 
@@ -1003,3 +1006,135 @@ def _first_key_value(got: Any) -> Any:
     if isinstance(got, Tensor) and got.numel() == 1 and not got.is_floating_point() and got.dtype != torch.bool:
         return int(got.item())
     return got
+
+
+# ---- the causal tile schedule's traffic, by block size ---------------------------------------------
+
+def causal_traffic_lines(S: int = 1024, d: int = 64, blocks: tuple[int, ...] = (64, 128, 256, 512)) -> list[str]:
+    """One line per block size: a fused causal kernel's HBM traffic for one head in FlashAttention-2's
+    order (:func:`fused_forward_io`), against standard attention's (:func:`standard_attention_io`), and
+    the FLOPs of the tiles it computes (masked parts included) per float16 byte moved.
+
+    >>> causal_traffic_lines(blocks=(128,))[2].split()[:3]
+    ['128', '36', '0.72']
+    """
+    standard = standard_attention_io(S, d)
+    lines = [f"standard attention (no mask pass): {standard / 1e6:.2f} M numbers per head",
+             f"{'block':>5}  {'tiles':>5}  {'fused, M numbers':>16}  {'vs standard':>11}  {'FLOP per byte':>13}"]
+    for block in blocks:
+        n = math.ceil(S / block)
+        sizes = [min(block, S - i * block) for i in range(n)]
+        tiles = n * (n + 1) // 2
+        flops = sum(4 * sizes[i] * sizes[j] * d for i in range(n) for j in range(i + 1))  # QK^T and PV, computed tiles
+        fused = fused_forward_io(S, d, block, causal=True)
+        lines.append(f"{block:>5}  {tiles:>5}  {fused / 1e6:>16.2f}  {f'{standard / fused:.1f}x less':>11}  "
+                     f"{flops / (2 * fused):>13.0f}")
+    return lines
+
+
+# ---- SDPA's order of priority ----------------------------------------------------------------------
+
+def cudnn_first(capability: tuple[int, int], cudnn_version: int, cuda_version: str | None,
+                env: dict[str, str]) -> bool:
+    """Whether SDPA (torch 2.10 to 2.13) moves cuDNN to the front of its CUDA priority order.
+
+    The rule of ``check_prefer_cudnn_attention()`` in ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``:
+    a GPU of compute capability 9.x or 10.x (with a build for CUDA 12, only 9.0, 10.0 and 10.3), a cuDNN
+    loaded at run time newer than 9.15.0 (``torch.backends.cudnn.version() > 91500``), and no
+    ``TORCH_CUDNN_SDPA_DEPRIORITIZED=1`` (``TORCH_CUDNN_SDPA_PREFERRED=0`` in the releases that read that name).
+
+    >>> cudnn_first((9, 0), 92000, "13.0", {}), cudnn_first((8, 0), 92000, "13.0", {})
+    (True, False)
+    >>> cudnn_first((9, 0), 91002, "12.8", {}), cudnn_first((10, 0), 92000, "13.0", {"TORCH_CUDNN_SDPA_DEPRIORITIZED": "1"})
+    (False, False)
+    """
+    if env.get("TORCH_CUDNN_SDPA_DEPRIORITIZED") == "1" or env.get("TORCH_CUDNN_SDPA_PREFERRED") == "0":
+        return False
+    major, minor = capability
+    cuda_major = int(cuda_version.split(".")[0]) if cuda_version else 0
+    if cuda_major < 13 and minor not in (0, 3):
+        return False
+    return cudnn_version > 91500 and major in (9, 10)
+
+
+def sdpa_priority_line() -> tuple[str, list[str], str | None]:
+    """SDPA's order of priority on this machine: a sentence that says which machine and gives the order,
+    the order, and the backend :func:`cudnn_first` expects first (``None`` off an NVIDIA GPU, or with a
+    torch outside 2.10 to 2.13, whose rule differs).
+
+    On a CUDA GPU the order is read after one CUDA call, since the first call is what may put cuDNN first.
+    """
+    import os
+
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend
+
+    if torch.cuda.is_available():
+        x = torch.zeros(1, 1, 8, 64, device="cuda", dtype=torch.float16)  # [B, H, S, D_k]
+        F.scaled_dot_product_attention(x, x, x)  # the first CUDA call settles the order
+    order = [SDPBackend(i).name for i in torch._C._get_sdp_priority_order()]
+    expected = None
+    if not torch.cuda.is_available():
+        where = "This machine has no CUDA GPU, so SDPA keeps its default order"
+    elif torch.version.hip is not None:
+        where = f"On this ROCm GPU ({torch.cuda.get_device_name()}), SDPA's order"
+    else:
+        cap = torch.cuda.get_device_capability()
+        cudnn = torch.backends.cudnn.version() or 0
+        where = (f"On this GPU ({torch.cuda.get_device_name()}, compute capability {cap[0]}.{cap[1]}, cuDNN {cudnn}, "
+                 f"CUDA {torch.version.cuda}), after its first CUDA call, SDPA's order")
+        first = cudnn_first(cap, cudnn, torch.version.cuda, dict(os.environ))
+        if first:
+            where += " (cuDNN moved to the front)"
+        version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+        if (2, 10) <= version <= (2, 13):
+            expected = "CUDNN_ATTENTION" if first else "FLASH_ATTENTION"
+    return f"{where}: {', '.join(order)}", order, expected
+
+
+# ---- diagram: FlashAttention-3's ping-pong ----------------------------------------------------------
+
+@diagram
+def ping_pong_diagram() -> Diagram:
+    """Taking turns against FlashAttention-3's ping-pong, on an H100 at d = 128, where a block's
+    exponentials take half as long as its two matmuls (the serial cap's table)."""
+    u, x0 = 26, 62  # px per unit of time: the matmuls of one block take 2 units, its exponentials 1
+    d = Diagram(
+        "ch09_ping_pong", 380, 352, title="Taking turns against ping-pong scheduling",
+        alt=("Two timelines for an H100 at d = 128, where a block's exponentials take half as long as its two "
+             "matmuls. Above, one warpgroup takes turns: matmuls, then exponentials, then matmuls, so the tensor "
+             "cores idle during every exponential and are busy two thirds of the time. Below, FlashAttention-3's "
+             "ping-pong: two warpgroups alternate, and while one computes its exponentials on the special-function "
+             "units the other runs its matmuls, so the tensor cores are busy all the time."))
+    d.text(190, 26, "Who uses the tensor cores when", size=16, weight="bold")
+    d.text(190, 46, "H100, d = 128: exponentials take half as long as matmuls", size=12, color=MUTED)
+
+    def block(x: float, y: float, units: int, what: str) -> None:
+        colour = "blue" if what == "matmul" else "orange"
+        d.rect(x0 + x * u, y, units * u, 26, fill=colour, tint=True, stroke=colour, width=2, rx=2)
+        d.text(x0 + (x + units / 2) * u, y + 18, "MM" if what == "matmul" else "exp", size=12)
+
+    d.text(20, 78, "taking turns (one warpgroup)", size=13, anchor="start", color=MUTED)
+    for k in range(4):  # matmuls 2 units, then exponentials 1 unit
+        block(3 * k, 88, 2, "matmul")
+        block(3 * k + 2, 88, 1, "exp")
+    d.text(x0 - 8, 106, "WG", size=13, anchor="end")
+    d.text(x0 - 8, 142, "TC", size=13, anchor="end")
+    for k in range(4):
+        d.rect(x0 + 3 * k * u, 126, 2 * u, 24, fill="green", tint=True, stroke="green", width=1.5, rx=2)
+    d.text(190, 170, "tensor cores busy 2/3 of the time", size=13, color=MUTED)
+
+    d.text(20, 200, "ping-pong (two warpgroups)", size=13, anchor="start", color=MUTED)
+    for k in range(3):  # warpgroup 1 starts at 0, warpgroup 2 at 2: each one's exponentials hide under the other's matmuls
+        block(4 * k, 210, 2, "matmul")
+        block(4 * k + 2, 210, 1, "exp")
+        block(4 * k + 2, 242, 2, "matmul")
+        if k < 2:
+            block(4 * k + 4, 242, 1, "exp")
+    d.text(x0 - 8, 228, "WG 1", size=13, anchor="end")
+    d.text(x0 - 8, 260, "WG 2", size=13, anchor="end")
+    d.text(x0 - 8, 292, "TC", size=13, anchor="end")
+    d.rect(x0, 276, 12 * u, 24, fill="green", tint=True, stroke="green", width=1.5, rx=2)
+    d.text(190, 322, "MM: matmuls, on the tensor cores (TC)", size=12, color=MUTED)
+    d.text(190, 340, "exp: exponentials, on the special-function units", size=12, color=MUTED)
+    return d

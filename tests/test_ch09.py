@@ -559,3 +559,45 @@ def test_merge_unnormalised_max_subtraction_sum_and_swapped_return_get_their_own
         return lse, out
 
     assert "you returned (lse, out)" in check_merge_partials(swapped).message
+
+
+def test_causal_traffic_table_counts_the_computed_tiles_per_byte() -> None:
+    """At block 512 three tiles run: 1.5x the useful causal FLOPs, and the table divides those by the bytes."""
+    from attnbook.ch09 import causal_traffic_lines
+
+    S, d, block = 1024, 64, 512
+    computed = 3 * 4 * block * block * d
+    assert computed == 1.5 * 4 * d * S * S / 2
+    line = causal_traffic_lines(S, d, (block,))[2].split()
+    assert line[:2] == ["512", "3"] and int(line[-1]) == round(computed / (2 * fused_forward_io(S, d, block, causal=True)))
+    assert "4.46 M" in causal_traffic_lines(S, d, (block,))[0]  # 4 S d + 4 S^2
+    # FlashAttention-2's order: about block FLOPs per float16 byte, whatever d is, once K/V re-reads dominate
+    for d_ in (64, 128):
+        flops = 4 * 8192 * 8192 * d_
+        assert abs(flops / (2 * fused_forward_io(8192, d_, 128)) / 128 - 1) < 0.05
+
+
+def test_cudnn_first_follows_the_rule_of_sdp_utils() -> None:
+    """torch 2.10-2.13's check_prefer_cudnn_attention: capability 9.x/10.x (9.0, 10.0, 10.3 with CUDA 12),
+    cuDNN > 9.15.0 at run time, and not switched off by the environment."""
+    from attnbook.ch09 import cudnn_first
+
+    assert cudnn_first((9, 0), 92000, "13.0", {}) and cudnn_first((10, 0), 91501, "12.9", {})
+    assert cudnn_first((10, 3), 92000, "12.9", {}) and cudnn_first((10, 1), 92000, "13.0", {})
+    assert not cudnn_first((10, 1), 92000, "12.9", {})  # CUDA 12 builds: minor 0 or 3 only
+    assert not cudnn_first((9, 0), 91500, "13.0", {})  # 9.15.0 itself is too old
+    assert not cudnn_first((8, 0), 92000, "13.0", {}) and not cudnn_first((12, 0), 92000, "13.0", {})
+    assert not cudnn_first((9, 0), 92000, "13.0", {"TORCH_CUDNN_SDPA_DEPRIORITIZED": "1"})
+    assert not cudnn_first((9, 0), 92000, "13.0", {"TORCH_CUDNN_SDPA_PREFERRED": "0"})
+
+
+def test_sdpa_priority_line_names_the_machine_and_expects_nothing_without_a_gpu() -> None:
+    from attnbook.ch09 import sdpa_priority_line
+
+    line, order, expected = sdpa_priority_line()
+    assert order[0] in line.replace(", ", " ").split() and line.endswith(", ".join(order))
+    if not torch.cuda.is_available():
+        assert line.startswith("This machine has no CUDA GPU") and expected is None
+        assert order[:4] == ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION"]
+    elif expected is not None:
+        assert order[0] == expected
