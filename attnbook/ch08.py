@@ -1,7 +1,7 @@
 """Checkers, counts and figures for chapter 8, *What attention costs, and attention without the [S, S] matrix*.
 
-* :func:`standard_attention_io`, :func:`fused_forward_io`: exact HBM traffic (the tile slider's caption;
-  chapter 9 puts them on the roofline).
+* :func:`standard_attention_io`, :func:`fused_forward_io`: exact HBM traffic of a GPU kernel (chapter 9's
+  traffic table and roofline; defined here, next to the tile schedule they count).
 * :func:`causal_tile_counts`: the tiles and scores a causal tiled pass computes and masks.
 * :func:`tile_frame`, :func:`tile_grid_html`: the frame of the tile-schedule slider, and its live redraw.
 * :func:`steady_median_ms`: timings that load from other programs does not inflate (one thread, CPU time).
@@ -212,26 +212,21 @@ TILE_LEGEND = ("2 = on the diagonal (computed, the future hidden inside the tile
                "hatched (masked) = skipped, never loaded")
 
 
-def tile_frame(block: int, S: int = 1024, d: int = 64) -> Frame:
-    """The causal tile schedule for ``S`` positions and square ``block`` tiles, with its HBM traffic.
-
-    The caption's arithmetic intensity divides the FLOPs of the tiles really computed (``Q K^T`` and
-    ``P V`` over every computed tile, masked part included) by the float16 bytes of the fused kernel's
-    traffic in FlashAttention-2's order (:func:`fused_forward_io`).
-    """
+def tile_frame(block: int, S: int = 1024) -> Frame:
+    """The causal tile schedule for ``S`` positions and square ``block`` tiles: the tiles computed,
+    and how many of the scores they compute are masked away (the future inside the diagonal tiles)."""
     n = math.ceil(S / block)
     kind = torch.zeros(n, n)  # 1 = a full tile, 2 = on the diagonal (masked inside)
     for i in range(n):
         kind[i, : i + 1] = 1
         kind[i, i] = 2
     sizes = [min(block, S - i * block) for i in range(n)]  # rows (or keys) of each block
-    tile_flops = sum(4 * sizes[i] * sizes[j] * d for i in range(n) for j in range(i + 1))  # computed tiles
+    computed = sum(sizes[i] * sizes[j] for i in range(n) for j in range(i + 1))  # scores of the computed tiles
+    needed = S * (S + 1) // 2  # the causal pairs
     labels = [str(i * block) for i in range(n)]
-    fused, standard = fused_forward_io(S, d, block, causal=True), standard_attention_io(S, d)
-    caption = (f"{int((kind > 0).sum())} of {n * n} tiles computed ({int((kind == 2).sum())} on the diagonal). "
-               f"HBM traffic per head in FlashAttention-2's order: {fused / 1e6:.2f} M numbers, against "
-               f"{standard / 1e6:.2f} M for standard attention without its mask pass ({standard / fused:.1f}x less); FLOPs of the "
-               f"computed tiles per byte moved, in float16: about {tile_flops / (2 * fused):.0f}.")
+    caption = (f"{int((kind > 0).sum())} of {n * n} tiles computed ({int((kind == 2).sum())} on the diagonal): "
+               f"{computed:,} scores, of which {computed - needed:,} ({(computed - needed) / computed:.0%}) are "
+               "masked away inside the diagonal tiles.")
     panel = Panel(kind.numpy(), labels, labels, f"query block (rows) x key block (columns), block = {block}: {TILE_LEGEND}",
                   vmin=0, vmax=2, masked=(kind == 0).numpy())
     return Frame(label=f"block {block}", panels=[panel], caption=caption)
@@ -393,6 +388,63 @@ _INVERTED_RESCALE = (
 )
 
 
+_ACC_NOT_MATMUL = (
+    " m_new and l_new are right, so the shapes go wrong in acc_new: the new tile adds the matrix product "
+    "p @ v, [S_q, S_blk] @ [S_blk, D_v] -> [S_q, D_v], a sum over the tile's keys. An elementwise product "
+    "summed over another axis (the features, say) gives a different shape and different numbers."
+)
+
+
+def _acc_not_matmul(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` gets m_new and l_new right on a first tile whose key count equals D_v (where a
+    wrong acc_new product still broadcasts), so that its shape error lies in acc_new."""
+    gen = torch.Generator().manual_seed(5)
+    s = torch.randn(3, 2, generator=gen, dtype=torch.float64)  # [S_q, S_blk]
+    v = torch.randn(2, 2, generator=gen, dtype=torch.float64)  # [S_blk, D_v], S_blk = D_v
+    m0, l0, acc0 = torch.full((3, 1), float("-inf"), dtype=s.dtype), torch.zeros(3, 1, dtype=s.dtype), torch.zeros(3, 2, dtype=s.dtype)
+    result, fb = run_reader_code(fn, m0, l0, acc0, s.clone(), v.clone())
+    if fb is not None or _triple(result) is not None:
+        return False
+    ref = reference_online_update(m0, l0, acc0, s, v)
+    return all(tuple(g.shape) == tuple(e.shape) and close(g, e) for g, e in zip(result[:2], ref[:2])) and not close(result[2], ref[2])
+
+
+def _first_tile_hint(result: tuple[Tensor, Tensor, Tensor], ref: tuple[Tensor, Tensor, Tensor], s: Tensor,
+                     D_v: int) -> Feedback | None:
+    """Hints for the first tile that name the step at fault, before the step-by-step checks below."""
+    names = ("m_new", "l_new", "acc_new")
+    for order in ((1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1)):
+        if all(tuple(result[i].shape) == tuple(ref[j].shape) and close(result[i], ref[j]) for i, j in enumerate(order)):
+            got = ", ".join(names[j] for j in order)
+            return wrong(f"your values are right but in the order ({got}): return (m_new, l_new, acc_new), in that order.")
+    m1, l1 = result[0], result[1]
+    if tuple(m1.shape) != tuple(ref[0].shape):
+        return None
+    if torch.isneginf(m1).all():
+        return wrong("m_new is still -inf after the first tile: the running maximum is the larger of the old one and "
+                     "the tile's, torch.maximum(m, s.amax(dim=-1, keepdim=True)); torch.minimum (or amin) keeps -inf.")
+    if close(m1, s.amin(dim=-1, keepdim=True)):
+        return wrong("m_new is each row's smallest score: use the largest, torch.maximum(m, s.amax(dim=-1, keepdim=True)) "
+                     "(amax, not amin), so that every exponent exp(s - m_new) is at most 0.")
+    for scale in (math.sqrt(D_v), math.sqrt(s.shape[-1])):
+        if scale != 1 and close(m1, ref[0] / scale):
+            return wrong("you divided the scores by sqrt(d) again: the tile s holds scaled scores already "
+                         "(q . k / sqrt(d_k)), so use it as it is.")
+    if not close(m1, ref[0]) or tuple(l1.shape) != tuple(ref[1].shape):
+        return None
+    if close(l1, torch.ones_like(l1)) and not close(ref[1], torch.ones_like(ref[1])):
+        return wrong("l_new is 1 for every row: you normalised the tile (softmax, or p / p.sum()). p is the "
+                     "unnormalised exp(s - m_new); the running sum l collects the denominators, and the division "
+                     "happens once, at the end (out = acc / l).")
+    if close(l1, torch.exp2(s - ref[0]).sum(dim=-1, keepdim=True)):
+        return wrong("you used base 2 (torch.exp2 or 2 ** x): softmax is in base e, so use torch.exp. (GPU kernels "
+                     "do use exp2, but on scores multiplied by log2(e) first, which gives the same numbers.)")
+    if close(l1, torch.exp(s - ref[0]).sum().expand_as(l1)):
+        return wrong("l_new is the same number on every row, the sum over the whole tile: sum each row over its "
+                     "keys only, p.sum(dim=-1, keepdim=True).")
+    return None
+
+
 def _inverted_rescale(fn: Callable[..., Any], state: tuple[Tensor, Tensor, Tensor], s2: Tensor, v2: Tensor) -> bool:
     """Whether ``fn``, started from the right state after the first tile, rescales by exp(m_new - m_old)."""
     result, fb = run_reader_code(fn, *(t.clone() for t in state), s2.clone(), v2.clone())
@@ -403,8 +455,26 @@ def _inverted_rescale(fn: Callable[..., Any], state: tuple[Tensor, Tensor, Tenso
     return close(result[1], l_old * torch.exp(m_new - m_old) + torch.exp(s2 - m_new).sum(-1, keepdim=True))
 
 
+_SCALAR_IDIOMS = (
+    "Boolean value of Tensor with more than one value is ambiguous",  # max(m, column)
+    "only one element tensors can be converted to Python scalars",  # math.exp(column)
+    "return_types.max",  # torch.maximum(m, torch.max(s, -1, keepdim=True)), a (values, indices) pair
+)
+
+_SCALAR_TO_TENSOR = (
+    " Section 8.3's worked example runs on single numbers, with Python's max and math.exp; here m, l and each "
+    "tile are columns of numbers, one per query. Use the tensor versions: torch.maximum(m, s.amax(dim=-1, "
+    "keepdim=True)) for the running maximum (torch.max(s, dim) returns a (values, indices) pair; amax returns "
+    "the values) and torch.exp for the exponentials."
+)
+
+
 def _online_call(fn: Callable[..., Any], *args: Tensor) -> tuple[Any, Feedback | None]:
     result, fb = run_reader_code(fn, *args)
+    if fb is not None and any(idiom in fb.message for idiom in _SCALAR_IDIOMS):
+        return None, wrong(fb.message.rstrip(".") + "." + _SCALAR_TO_TENSOR)
+    if fb is not None and "must match the size" in fb.message and _acc_not_matmul(fn):
+        return None, wrong(fb.message.rstrip(".") + "." + _ACC_NOT_MATMUL)
     if fb is not None and "must match the size" in fb.message:
         return None, wrong(fb.message.rstrip(".") + "." + _ONLINE_BROADCAST)
     if fb is not None and "same dtype" in fb.message:
@@ -430,6 +500,9 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     if problem is not None:
         return problem
     ref1 = reference_online_update(m0, l0, acc0, s[:, :split], v[:split])
+    hint = _first_tile_hint(result, ref1, s[:, :split], D_v)
+    if hint is not None:
+        return hint
     for name, got, exp in zip(("m_new", "l_new", "acc_new"), result, ref1):
         if tuple(got.shape) != tuple(exp.shape):
             return _online_shape(name, got, exp, split)
@@ -543,6 +616,13 @@ _TILE_MISTAKES = (
             "lse is the *log* of the denominator: divide by exp(lse), i.e. compute exp(s - lse)."),
     Mistake("no exp", lambda s, lse: s - lse[:, None],
             "that is the log of the weights; take exp of it."),
+    Mistake("softmax over the queries", lambda s, lse: torch.softmax(s, dim=0),
+            "your columns sum to 1: softmax over dim=0 normalises each key over the tile's queries. Attention "
+            "normalises each query's row over the keys, and here over the whole row, not just the tile: "
+            "exp(s - lse[:, None])."),
+    Mistake("base 2", lambda s, lse: torch.exp2(s - lse[:, None]),
+            "you used base 2 (torch.exp2 or 2 ** x): lse is a natural logarithm, so use torch.exp. (GPU kernels "
+            "use exp2, but on scores and lse both multiplied by log2(e) first.)"),
     Mistake("the tile's own max", lambda s, lse: torch.exp(s - s.amax(dim=-1, keepdim=True)),
             "you subtracted the tile's own row maximum (each row of your tile has a 1 where its largest score "
             "is): that keeps exp from overflowing but does not normalise. Subtract the whole row's logsumexp "
@@ -588,8 +668,31 @@ def _tile_one(fn: Callable[..., Any], case: int) -> Feedback | None:
                      f"lse is [{bq}]: broadcast it over the keys with lse[:, None].")
     if not got.is_complex() and not torch.isfinite(got.detach()).all():
         return wrong(_OVERFLOW)
-    hint = diagnose(got, _TILE_MISTAKES, s_tile, lse_rows)
+    hint = diagnose(got, _TILE_MISTAKES, s_tile, lse_rows) or _tile_log_hint(got, s_tile, lse_rows)
     return hint or wrong("the weights differ from softmax(s) in this block; the weight of key j for query i is exp(s_ij - lse_i).")
+
+
+def _tile_log_hint(got: Tensor, s_tile: Tensor, lse: Tensor) -> Feedback | None:
+    """Hints for weights that are exp of the right exponent scaled, shifted, or computed in float32."""
+    x = (s_tile - lse[:, None]).double()  # the right log-weights, at most 0
+    if s_tile.dtype == torch.float64 and close(got, torch.exp(s_tile.float() - lse.float()[:, None])):
+        return wrong("you computed in float32 (.float()): here the scores are float64 near 800, where float32 keeps "
+                     "only about 7 significant digits (its spacing at 800 is 6e-5), so the weights lose digits. "
+                     "Compute in the input's dtype, exp(s - lse[:, None]); upcast only float16 or bfloat16.")
+    if got.is_complex() or not (got.detach() > 0).all():
+        return None
+    logs = torch.log(got.detach().double())
+    ratio = logs / x.where(x.abs() > 1e-3, torch.ones_like(x))
+    mask = x.abs() > 1e-3
+    if mask.any() and float(ratio[mask].std(unbiased=False)) < 1e-5 and abs(float(ratio[mask].mean()) - 1) > 1e-3:
+        return wrong(f"your log-weights are {float(ratio[mask].mean()):.4g} times s - lse: the exponent is scaled. The "
+                     "scores in s_tile are already divided by sqrt(d), and lse belongs to those scores: the weight "
+                     "is exp(s - lse[:, None]), with no further factor.")
+    shift = logs - x
+    if float(shift.std(unbiased=False)) < 1e-5:
+        return wrong(f"your weights are the right ones times e^{float(shift.mean()):.3g}: the exponent is off by a "
+                     "constant. Subtract exactly lse, the logarithm of the row's softmax denominator: exp(s - lse[:, None]).")
+    return None
 
 
 def _tile_table_cases() -> list[tuple[Tensor, Tensor]]:
@@ -626,6 +729,12 @@ def check_tile_weights(fn: Callable[..., Any]) -> Feedback:
 DIAGRAM_S, DIAGRAM_BLOCK = 1024, 256
 
 
+def _formula_lines(d: Diagram, y: float, lines: tuple[str, ...]) -> None:
+    """The formula lines inside a diagram's box, 24 px apart from ``y`` down."""
+    for k, line in enumerate(lines):
+        d.text(34, y + 24 * k, line, size=15, anchor="start")
+
+
 @diagram
 def tile_loop_diagram() -> Diagram:
     """One query block's walk over the causal tile grid, and the three running statistics it updates."""
@@ -637,29 +746,66 @@ def tile_loop_diagram() -> Diagram:
     d = Diagram(
         "ch08_tile_loop", 380, 486, title="The tile loop of tiled attention",
         alt=(f"A {n} by {n} grid of score tiles for S = {DIAGRAM_S} with {DIAGRAM_BLOCK}-row blocks, causal: tiles below "
-             f"the diagonal are computed, tiles on the diagonal are masked inside, tiles above it are skipped. "
+             f"the diagonal are computed in full, tiles on the diagonal are computed and then masked inside, tiles above it are skipped. "
              f"Query block {walker} walks key blocks 0 to {walker} in order (steps 1 to {walker + 1}); after each "
              f"tile it updates its running max m, running sum \u2113 and accumulator acc, rescaling the last two by "
              f"\u03b1 = exp(old m \u2212 new m), and after the last tile it writes out = acc / \u2113 and lse = m + log \u2113."))
     d.text(190, 28, "One query block walks its key blocks", size=16, weight="bold")
     d.text(190, 50, f"S = {DIAGRAM_S}, {DIAGRAM_BLOCK}-row blocks, causal", size=14, color=MUTED)
-    cell, x0, y0 = 44, 44, 100
+    cell, x0, y0 = 40, 44, 100
     fills = [["green" if j < i else "orange" if j == i else "grey" for j in range(n)] for i in range(n)]
     labels = [[str(j + 1) if i == walker and j <= i else "" for j in range(n)] for i in range(n)]
     d.text(x0 + n * cell / 2, 88, "key blocks \u2192", size=14, color=MUTED)
     d.grid(x0, y0, fills, cell=cell, labels=labels, row_labels=[f"q{i}" for i in range(n)], size=15)
     d.rect(x0 - 3, y0 + walker * cell - 3, (walker + 1) * cell + 6, cell + 6, stroke="blue", width=3, rx=2)
-    for k, (colour, what) in enumerate((("green", "computed"), ("orange", "masked inside"), ("grey", "skipped"))):
+    for k, (colour, what) in enumerate((("green", "computed in full"), ("orange", "computed, masked"), ("grey", "skipped"))):
         y = y0 + 14 + k * 34
         d.rect(x0 + n * cell + 16, y, 20, 20, fill=colour, tint=True, stroke=INK, rx=0, width=1)
-        d.text(x0 + n * cell + 44, y + 15, what, size=14, anchor="start")
+        d.text(x0 + n * cell + 44, y + 15, what, size=13, anchor="start")
     top = y0 + n * cell
     d.arrow(x0 + (walker + 1) * cell / 2, top + 4, x0 + (walker + 1) * cell / 2, top + 36, color="blue")
     d.rect(20, top + 40, 340, 152, fill="sky", tint=True, stroke="blue", width=2)
     d.text(34, top + 64, "after each tile, per query row:", size=14, anchor="start", color=MUTED)
-    d.text(34, top + 90, "m \u2190 max(m, row max of the tile)", size=15, anchor="start")
-    d.text(34, top + 114, "\u03b1 = e^{old m \u2212 new m}", size=15, anchor="start")
-    d.text(34, top + 138, "\u2113 \u2190 \u2113 \u00b7 \u03b1 + \u03a3 e^{s \u2212 m}", size=15, anchor="start")
-    d.text(34, top + 162, "acc \u2190 acc \u00b7 \u03b1 + e^{s \u2212 m} V", size=15, anchor="start")
+    _formula_lines(d, top + 90, ("m \u2190 max(m, row max of the tile)", "\u03b1 = e^{old m \u2212 new m}",
+                                 "\u2113 \u2190 \u2113 \u00b7 \u03b1 + \u03a3 e^{s \u2212 m}",
+                                 "acc \u2190 acc \u00b7 \u03b1 + e^{s \u2212 m} V"))
     d.text(34, top + 184, "then out = acc / \u2113, lse = m + log \u2113", size=14, anchor="start", color=MUTED)
+    return d
+
+
+@diagram
+def backward_loop_diagram() -> Diagram:
+    """The recomputing backward pass of :func:`attnlib.flash_attention`: key blocks outside, each walking the
+    query blocks that see it; what the forward pass saved, and what each tile recomputes and adds."""
+    n = DIAGRAM_S // DIAGRAM_BLOCK
+    key = 1  # the key block whose walk is numbered
+    d = Diagram(
+        "ch08_backward_loop", 380, 560, title="The tile loop of the recomputing backward pass",
+        alt=(f"The same {n} by {n} grid of causal score tiles, now walked column by column: key block {key} "
+             f"visits query blocks {key} to {n - 1} in order (steps 1 to {n - key}). The forward pass saved only the "
+             "output O and one logsumexp per query row. Each tile recomputes its scores Z and weights "
+             "P = exp(Z \u2212 lse), adds P\u1d40dO into dV of the key block, forms dZ = P \u2218 (dP \u2212 \u0394), "
+             "adds dZ\u1d40Q into dK of the key block, complete after the walk, and adds dZ K into dQ of the "
+             "query block, which sums over all key blocks."))
+    d.text(190, 28, "One key block walks its query blocks", size=16, weight="bold")
+    d.text(190, 50, f"S = {DIAGRAM_S}, {DIAGRAM_BLOCK}-row blocks, causal", size=14, color=MUTED)
+    cell, x0, y0 = 40, 44, 100
+    fills = [["green" if j < i else "orange" if j == i else "grey" for j in range(n)] for i in range(n)]
+    labels = [[str(i - key + 1) if j == key and i >= key else "" for j in range(n)] for i in range(n)]
+    d.text(x0 + n * cell / 2, 88, "key blocks \u2192", size=14, color=MUTED)
+    d.grid(x0, y0, fills, cell=cell, labels=labels, row_labels=[f"q{i}" for i in range(n)], size=15)
+    d.rect(x0 + key * cell - 3, y0 + key * cell - 3, cell + 6, (n - key) * cell + 6, stroke="blue", width=3, rx=2)
+    d.text(x0 + n * cell + 16, y0 + 20, "saved by the", size=13, anchor="start", color=MUTED)
+    d.text(x0 + n * cell + 16, y0 + 38, "forward pass:", size=13, anchor="start", color=MUTED)
+    d.text(x0 + n * cell + 16, y0 + 60, "O, and one lse", size=13, anchor="start")
+    d.text(x0 + n * cell + 16, y0 + 78, "per query row", size=13, anchor="start")
+    top = y0 + n * cell
+    d.arrow(x0 + (key + 0.5) * cell, top + 4, x0 + (key + 0.5) * cell, top + 36, color="blue")
+    d.rect(14, top + 40, 352, 228, fill="sky", tint=True, stroke="blue", width=2)
+    d.text(34, top + 64, "each tile (query block i, key block j):", size=14, anchor="start", color=MUTED)
+    _formula_lines(d, top + 90, ("Z = Q\u1d62 K\u2c7c\u1d40 \u00b7 scale   (recomputed)", "P = e^{Z \u2212 lse}   (recomputed)",
+                                 "dV\u2c7c += P\u1d40 dO\u1d62,   dP = dO\u1d62 V\u2c7c\u1d40", "dZ = P \u2218 (dP \u2212 \u0394)",
+                                 "dK\u2c7c += dZ\u1d40 Q\u1d62 \u00b7 scale", "dQ\u1d62 += dZ K\u2c7c \u00b7 scale"))
+    d.text(34, top + 236, "dK\u2c7c, dV\u2c7c are complete after the walk;", size=13, anchor="start", color=MUTED)
+    d.text(34, top + 256, "dQ\u1d62 sums over all key blocks j", size=13, anchor="start", color=MUTED)
     return d

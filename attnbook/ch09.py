@@ -72,6 +72,9 @@ __all__ = [
     "triton_mode",
     "check_sliding_window",
     "sram_bytes_per_s",
+    "causal_traffic_lines",
+    "cudnn_first",
+    "sdpa_priority_line",
 ]
 
 
@@ -419,6 +422,18 @@ _MERGE_MISTAKES = (
             "your weights are upside down: exp(lse_total - lse_part) is at least 1 and grows as the part's share shrinks. "
             "A part's weight is its share of the denominator, exp(lse_part) / exp(lse_total) = "
             "exp(lse_part - lse_total), at most 1, and the two weights sum to 1."),
+    Mistake("max subtracted, not normalised", lambda oa, la, ob, lb, na, nb: (
+                torch.exp(la - torch.maximum(la, lb))[..., None] * oa + torch.exp(lb - torch.maximum(la, lb))[..., None] * ob),
+            "you subtracted the larger lse, which keeps exp from overflowing, but your two weights exp(lse_part - max) "
+            "do not sum to 1: divide them by their sum, or (the same thing) subtract the total "
+            "lse = torch.logaddexp(lse_a, lse_b) instead of the max: exp(lse_part - lse)."),
+    Mistake("sum", lambda oa, la, ob, lb, na, nb: oa + ob,
+            "each part is already an average over its own keys, so their plain sum counts the weight twice: weight "
+            "each by its share of the softmax denominator, exp(lse_part - lse_total), two weights that sum to 1."),
+    Mistake("weights exp(lse) unnormalised", lambda oa, la, ob, lb, na, nb: (
+                torch.exp(la)[..., None] * oa + torch.exp(lb)[..., None] * ob),
+            "exp(lse_a) and exp(lse_b) are the parts' denominators, not their shares: divide each by the total "
+            "exp(lse_a) + exp(lse_b), i.e. weight by exp(lse_part - lse_total), where lse_total = torch.logaddexp(lse_a, lse_b)."),
     Mistake("weights by key counts", _merge_by_counts,
             "you weighted the parts by how many keys each has: what matters is how much of the softmax denominator "
             "each part holds, exp(lse_part - lse_total), which depends on the scores, not on the counts."),
@@ -442,6 +457,9 @@ def _merge_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         return wrong(f"return two tensors (out, lse), got {describe(got)}: the merged lse is needed "
                      "to merge the result again with a third part.")
     got_out, got_lse = got
+    if (isinstance(got_out, Tensor) and isinstance(got_lse, Tensor) and tuple(got_out.shape) == tuple(lse.shape)
+            and tuple(got_lse.shape) == tuple(out.shape)):
+        return wrong("you returned (lse, out): return them in the order (out, lse), the merged output first.")
     for name, t, exp in (("out", got_out, out), ("lse", got_lse, lse)):
         if not isinstance(t, Tensor) or t.is_complex():
             return wrong(f"{name} should be a real torch.Tensor, got {describe(t)}.")
@@ -526,6 +544,8 @@ def _cap(flops_per_score: int = 4, share_of: str = "matmul", power: int = 1) -> 
             return t_matmul / t_exp
         if share_of == "capped ratio":
             return min(1.0, t_matmul / t_exp)
+        if share_of == "inverse ratio":
+            return t_exp / t_matmul
         return (t_matmul if share_of == "matmul" else t_exp) / (t_matmul + t_exp)
     return f
 
@@ -560,6 +580,14 @@ CAP_MISTAKES = (
             "you capped the ratio t_matmul / t_exp at 1: that treats the matmuls and the exponentials as if they ran "
             "at the same time. A kernel that takes turns spends both, one after the other, so the tensor cores are "
             "busy t_matmul / (t_matmul + t_exp) of the time, below 1 even when the exponentials are fast."),
+    Mistake("inverse ratio", _cap(share_of="inverse ratio"),
+            "you divided the exponential time by the matmul time, t_exp / t_matmul: that is upside down, and "
+            "it is not a share either. The kernel spends both times in turn, so the tensor cores are busy "
+            "t_matmul / (t_matmul + t_exp) of the time."),
+    *(Mistake(f"{n} d FLOPs per score", _cap(flops_per_score=n), f"you counted {n} d FLOPs per score ({why}): "
+              "Q K^T and P V are each one dot product of length d per score, d multiply-adds = 2 d FLOPs, so "
+              "4 d FLOPs in all.")
+      for n, why in ((8, "a multiply-add counted as 2 FLOPs twice over"), (3, "2 d for Q K^T but d for P V"))),
     Mistake("a percentage", lambda d, F, E: 100 * reference_serial_cap(d, F, E),
             "return a fraction of 1 (0.5 for half the peak), not a percentage."),
 )
@@ -610,6 +638,9 @@ def check_serial_cap(fn: Callable[[int, float, float], float]) -> Feedback:
     for m in CAP_MISTAKES:
         if _cap_same(tuple(answers), _cap_vector(m.compute)):
             return wrong(m.hint)
+    if all(a == 0 for a in answers):
+        return wrong("your fractions are all 0: integer division (//, or int(...) on the times, which are far "
+                     "below 1 second) rounds them down. Divide with / and keep the floats.")
     if _rounded(tuple(answers), _cap_vector(reference_serial_cap)):
         return wrong("your fractions are the right ones rounded: return the value unrounded (no round(...)); "
                      "rounding is for printing, and the checker compares to six significant digits.")
@@ -869,13 +900,34 @@ def _first_key_one(fn: Callable[..., Any], q0: int, window: int) -> Feedback | N
     except Exception:
         return wrong(f"`first_key` should return one whole number (an int), a key position, got {describe(got)}.")
     expected = reference_first_key(q0, window)
-    if _first_key_same(value, expected):
+    if _first_key_same(value, expected) or _first_key_rounded(value, expected):
         return None
     for m in FIRST_KEY_MISTAKES:
         if _first_key_same(value, m.compute(q0, window)):
             return wrong(m.hint)
     return wrong(f"for q_start = {q0} and window = {window} your first key is not the first key the block's "
                  "first row sees; that row, q_start, sees keys q_start - window + 1 .. q_start.")
+
+
+#: The smallest key block of :data:`WINDOW_RUNS`: a ``first_key`` rounded down within such a block
+#: gives the kernel the same walk, since the kernel rounds down to its key block anyway.
+_SMALLEST_BLOCK_K = min(run[4] for run in WINDOW_RUNS)
+
+
+def _first_key_rounded(value: Any, expected: int) -> bool:
+    """Whether ``value`` is ``expected`` rounded down to the start of its key block (clamped at 0); a
+    value merely inside that block (one key early, say) is not accepted: it is off by one, and only
+    this block size hides it."""
+    try:
+        got, want = _clamped(int(value)), _clamped(int(expected))
+    except Exception:
+        return False
+    return got == want // _SMALLEST_BLOCK_K * _SMALLEST_BLOCK_K
+
+
+_ROUNDED_NOTE = (" Your `first_key` rounds the first key down (or clamps it at 0) itself: that gives the same walk, "
+                 "since the kernel rounds down to its key block anyway, but `first_key` need not know the block "
+                 "size: q_start - window + 1 is enough.")
 
 
 def _solution_visible(rows: Tensor, cols: Tensor, window: int) -> Tensor:
@@ -911,6 +963,8 @@ def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, 
         problem = _first_key_one(first_key, q0, window)
         if problem is not None:
             return problem
+    rounded = any(not _first_key_same(as_index(_first_key_value(first_key(q0, window))), reference_first_key(q0, window))
+                  for q0, window in _first_key_cases())
     mode = triton_mode()
     lambda_note = ""
     if mode is not None and getattr(visible, "__name__", "") == "<lambda>":
@@ -945,7 +999,7 @@ def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, 
              None: "in the same tiled loop written in PyTorch" + ("" if lambda_note else f" ({off})")}[mode]
     return correct(f"the windowed kernel ran {where} and equals SDPA with the same mask. It computed {computed} "
                    f"tiles where a causal kernel computes {causal_tiles}: a window makes the work per query block "
-                   "constant, so the cost grows like S, not S^2." + lambda_note)
+                   "constant, so the cost grows like S, not S^2." + lambda_note + (_ROUNDED_NOTE if rounded else ""))
 
 
 def _first_key_value(got: Any) -> Any:
@@ -953,3 +1007,135 @@ def _first_key_value(got: Any) -> Any:
     if isinstance(got, Tensor) and got.numel() == 1 and not got.is_floating_point() and got.dtype != torch.bool:
         return int(got.item())
     return got
+
+
+# ---- the causal tile schedule's traffic, by block size ---------------------------------------------
+
+def causal_traffic_lines(S: int = 1024, d: int = 64, blocks: tuple[int, ...] = (64, 128, 256, 512)) -> list[str]:
+    """One line per block size: a fused causal kernel's HBM traffic for one head in FlashAttention-2's
+    order (:func:`fused_forward_io`), against standard attention's (:func:`standard_attention_io`), and
+    the FLOPs of the tiles it computes (masked parts included) per float16 byte moved.
+
+    >>> causal_traffic_lines(blocks=(128,))[2].split()[:3]
+    ['128', '36', '0.72']
+    """
+    standard = standard_attention_io(S, d)
+    lines = [f"standard attention (no mask pass): {standard / 1e6:.2f} M numbers per head",
+             f"{'block':>5}  {'tiles':>5}  {'fused, M numbers':>16}  {'vs standard':>11}  {'FLOP per byte':>13}"]
+    for block in blocks:
+        n = math.ceil(S / block)
+        sizes = [min(block, S - i * block) for i in range(n)]
+        tiles = n * (n + 1) // 2
+        flops = sum(4 * sizes[i] * sizes[j] * d for i in range(n) for j in range(i + 1))  # QK^T and PV, computed tiles
+        fused = fused_forward_io(S, d, block, causal=True)
+        lines.append(f"{block:>5}  {tiles:>5}  {fused / 1e6:>16.2f}  {f'{standard / fused:.1f}x less':>11}  "
+                     f"{flops / (2 * fused):>13.0f}")
+    return lines
+
+
+# ---- SDPA's order of priority ----------------------------------------------------------------------
+
+def cudnn_first(capability: tuple[int, int], cudnn_version: int, cuda_version: str | None,
+                env: dict[str, str]) -> bool:
+    """Whether SDPA (torch 2.10 to 2.13) moves cuDNN to the front of its CUDA priority order.
+
+    The rule of ``check_prefer_cudnn_attention()`` in ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``:
+    a GPU of compute capability 9.x or 10.x (with a build for CUDA 12, only 9.0, 10.0 and 10.3), a cuDNN
+    loaded at run time newer than 9.15.0 (``torch.backends.cudnn.version() > 91500``), and no
+    ``TORCH_CUDNN_SDPA_DEPRIORITIZED=1`` (``TORCH_CUDNN_SDPA_PREFERRED=0`` in the releases that read that name).
+
+    >>> cudnn_first((9, 0), 92000, "13.0", {}), cudnn_first((8, 0), 92000, "13.0", {})
+    (True, False)
+    >>> cudnn_first((9, 0), 91002, "12.8", {}), cudnn_first((10, 0), 92000, "13.0", {"TORCH_CUDNN_SDPA_DEPRIORITIZED": "1"})
+    (False, False)
+    """
+    if env.get("TORCH_CUDNN_SDPA_DEPRIORITIZED") == "1" or env.get("TORCH_CUDNN_SDPA_PREFERRED") == "0":
+        return False
+    major, minor = capability
+    cuda_major = int(cuda_version.split(".")[0]) if cuda_version else 0
+    if cuda_major < 13 and minor not in (0, 3):
+        return False
+    return cudnn_version > 91500 and major in (9, 10)
+
+
+def sdpa_priority_line() -> tuple[str, list[str], str | None]:
+    """SDPA's order of priority on this machine: a sentence that says which machine and gives the order,
+    the order, and the backend :func:`cudnn_first` expects first (``None`` off an NVIDIA GPU, or with a
+    torch outside 2.10 to 2.13, whose rule differs).
+
+    On a CUDA GPU the order is read after one CUDA call, since the first call is what may put cuDNN first.
+    """
+    import os
+
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend
+
+    if torch.cuda.is_available():
+        x = torch.zeros(1, 1, 8, 64, device="cuda", dtype=torch.float16)  # [B, H, S, D_k]
+        F.scaled_dot_product_attention(x, x, x)  # the first CUDA call settles the order
+    order = [SDPBackend(i).name for i in torch._C._get_sdp_priority_order()]
+    expected = None
+    if not torch.cuda.is_available():
+        where = "This machine has no CUDA GPU, so SDPA keeps its default order"
+    elif torch.version.hip is not None:
+        where = f"On this ROCm GPU ({torch.cuda.get_device_name()}), SDPA's order"
+    else:
+        cap = torch.cuda.get_device_capability()
+        cudnn = torch.backends.cudnn.version() or 0
+        where = (f"On this GPU ({torch.cuda.get_device_name()}, compute capability {cap[0]}.{cap[1]}, cuDNN {cudnn}, "
+                 f"CUDA {torch.version.cuda}), after its first CUDA call, SDPA's order")
+        first = cudnn_first(cap, cudnn, torch.version.cuda, dict(os.environ))
+        if first:
+            where += " (cuDNN moved to the front)"
+        version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+        if (2, 10) <= version <= (2, 13):
+            expected = "CUDNN_ATTENTION" if first else "FLASH_ATTENTION"
+    return f"{where}: {', '.join(order)}", order, expected
+
+
+# ---- diagram: FlashAttention-3's ping-pong ----------------------------------------------------------
+
+@diagram
+def ping_pong_diagram() -> Diagram:
+    """Taking turns against FlashAttention-3's ping-pong, on an H100 at d = 128, where a block's
+    exponentials take half as long as its two matmuls (the serial cap's table)."""
+    u, x0 = 26, 62  # px per unit of time: the matmuls of one block take 2 units, its exponentials 1
+    d = Diagram(
+        "ch09_ping_pong", 380, 352, title="Taking turns against ping-pong scheduling",
+        alt=("Two timelines for an H100 at d = 128, where a block's exponentials take half as long as its two "
+             "matmuls. Above, one warpgroup takes turns: matmuls, then exponentials, then matmuls, so the tensor "
+             "cores idle during every exponential and are busy two thirds of the time. Below, FlashAttention-3's "
+             "ping-pong: two warpgroups alternate, and while one computes its exponentials on the special-function "
+             "units the other runs its matmuls, so the tensor cores are busy all the time."))
+    d.text(190, 26, "Who uses the tensor cores when", size=16, weight="bold")
+    d.text(190, 46, "H100, d = 128: exponentials take half as long as matmuls", size=12, color=MUTED)
+
+    def block(x: float, y: float, units: int, what: str) -> None:
+        colour = "blue" if what == "matmul" else "orange"
+        d.rect(x0 + x * u, y, units * u, 26, fill=colour, tint=True, stroke=colour, width=2, rx=2)
+        d.text(x0 + (x + units / 2) * u, y + 18, "MM" if what == "matmul" else "exp", size=12)
+
+    d.text(20, 78, "taking turns (one warpgroup)", size=13, anchor="start", color=MUTED)
+    for k in range(4):  # matmuls 2 units, then exponentials 1 unit
+        block(3 * k, 88, 2, "matmul")
+        block(3 * k + 2, 88, 1, "exp")
+    d.text(x0 - 8, 106, "WG", size=13, anchor="end")
+    d.text(x0 - 8, 142, "TC", size=13, anchor="end")
+    for k in range(4):
+        d.rect(x0 + 3 * k * u, 126, 2 * u, 24, fill="green", tint=True, stroke="green", width=1.5, rx=2)
+    d.text(190, 170, "tensor cores busy 2/3 of the time", size=13, color=MUTED)
+
+    d.text(20, 200, "ping-pong (two warpgroups)", size=13, anchor="start", color=MUTED)
+    for k in range(3):  # warpgroup 1 starts at 0, warpgroup 2 at 2: each one's exponentials hide under the other's matmuls
+        block(4 * k, 210, 2, "matmul")
+        block(4 * k + 2, 210, 1, "exp")
+        block(4 * k + 2, 242, 2, "matmul")
+        if k < 2:
+            block(4 * k + 4, 242, 1, "exp")
+    d.text(x0 - 8, 228, "WG 1", size=13, anchor="end")
+    d.text(x0 - 8, 260, "WG 2", size=13, anchor="end")
+    d.text(x0 - 8, 292, "TC", size=13, anchor="end")
+    d.rect(x0, 276, 12 * u, 24, fill="green", tint=True, stroke="green", width=1.5, rx=2)
+    d.text(190, 322, "MM: matmuls, on the tensor cores (TC)", size=12, color=MUTED)
+    d.text(190, 340, "exp: exponentials, on the special-function units", size=12, color=MUTED)
+    return d

@@ -10,7 +10,6 @@ from attnbook.ch08 import (
     check_online_softmax_update,
     check_tile_weights,
     causal_tile_counts,
-    fused_forward_io,
     reference_online_update,
     reference_tile_weights,
     tile_frame,
@@ -121,17 +120,12 @@ def test_tile_frame_counts_the_causal_tiles() -> None:
     assert int(frame.panels[0].masked.sum()) == 6
 
 
-def test_tile_frame_intensity_counts_the_computed_tiles() -> None:
-    """At block 512 three tiles run: 1.5x the useful causal FLOPs, and the caption divides those by the bytes."""
-    S, d, block = 1024, 64, 512
-    computed = 3 * 4 * block * block * d
-    assert computed == 1.5 * 4 * d * S * S / 2
-    caption = tile_frame(block, S, d).caption
-    assert f"about {computed / (2 * fused_forward_io(S, d, block, causal=True)):.0f}." in caption
-    # FlashAttention-2's order: about block FLOPs per float16 byte, whatever d is, once K/V re-reads dominate
-    for d_ in (64, 128):
-        flops = 4 * 8192 * 8192 * d_
-        assert abs(flops / (2 * fused_forward_io(8192, d_, 128)) / 128 - 1) < 0.05
+def test_tile_frame_counts_the_masked_scores_of_the_diagonal_tiles() -> None:
+    """At block 512 three tiles run, 786,432 scores; the causal pairs are 1024 * 1025 / 2, the rest is masked."""
+    caption = tile_frame(512).caption
+    assert "3 of 4 tiles computed (2 on the diagonal): 786,432 scores" in caption
+    assert f"of which {786_432 - 1024 * 1025 // 2:,} (33%) are masked away" in caption
+    assert "HBM" not in caption  # traffic belongs to chapter 9, next to its formulas
 
 
 def test_live_and_static_tile_grids_format_alike() -> None:
@@ -145,7 +139,7 @@ def test_live_and_static_tile_grids_format_alike() -> None:
     assert set(values) == {"", "1", "2"}
     assert ">2<" in live and ">1<" in live and "2.00" not in live
     assert TILE_LEGEND in live and TILE_LEGEND in static
-    assert re.search(r"HBM traffic per head", live)
+    assert re.search(r"scores, of which [\d,]+ \(\d+%\) are masked away", live)
 
 
 def test_steady_median_ms_uses_one_thread_and_restores_the_setting() -> None:
@@ -539,6 +533,91 @@ def test_online_update_cast_to_float64_inside_is_told_the_dtype() -> None:
 
     fb = check_online_softmax_update(widened)
     assert fb.status == "wrong" and "inputs' dtype" in fb.message, fb
+
+
+# --- findings of the ch08-09 reading: hints that name the step at fault -------------------------
+
+def _online(**change):
+    """An online update with one of the reading's slips (none: the right update)."""
+    import math
+
+    def f(m, l, acc, s, v):
+        if change.get("scaled_again"):
+            s = s / math.sqrt(v.shape[-1])
+        if change.get("minimum"):
+            m_new = torch.minimum(m, s.amin(-1, keepdim=True))
+        else:
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p = (torch.exp2 if change.get("exp2") else torch.exp)(s - m_new)
+        if change.get("softmax"):
+            p = torch.softmax(s, -1)
+        alpha = torch.exp(m - m_new)
+        total = p.sum() if change.get("no_dim") else p.sum(-1, keepdim=True)
+        pv = (p[..., None] * v).sum(-1) if change.get("summed_features") else p @ v
+        out = (m_new, l * alpha + total, acc * alpha + pv)
+        return (out[1], out[0], out[2]) if change.get("order") else out
+    return f
+
+
+@pytest.mark.parametrize("change, words", [
+    ("order", "in the order (l_new, m_new, acc_new)"),
+    ("scaled_again", "divided the scores by sqrt(d) again"),
+    ("summed_features", "the matrix product p @ v"),
+    ("softmax", "you normalised the tile"),
+    ("exp2", "base 2"),
+    ("no_dim", "the sum over the whole tile"),
+    ("minimum", "torch.minimum (or amin) keeps -inf"),
+])
+def test_online_update_slips_of_the_reading_name_their_step(change: str, words: str) -> None:
+    fb = check_online_softmax_update(_online(**{change: True}))
+    assert fb.status == "wrong" and words in fb.message, fb.message
+    assert check_online_softmax_update(_online()).passed
+
+
+def test_online_update_scalar_idioms_of_section_8_3_are_translated() -> None:
+    import math
+
+    def python_max(m, l, acc, s, v):
+        m_new = max(m, s.amax(-1, keepdim=True))
+        p = torch.exp(s - m_new)
+        return m_new, l * torch.exp(m - m_new) + p.sum(-1, keepdim=True), acc * torch.exp(m - m_new) + p @ v
+
+    def math_exp(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p, a = torch.exp(s - m_new), math.exp(m - m_new)
+        return m_new, l * a + p.sum(-1, keepdim=True), acc * a + p @ v
+
+    def torch_max_pair(m, l, acc, s, v):
+        m_new = torch.maximum(m, torch.max(s, -1, keepdim=True))
+        p = torch.exp(s - m_new)
+        return m_new, l * torch.exp(m - m_new) + p.sum(-1, keepdim=True), acc * torch.exp(m - m_new) + p @ v
+
+    for fn in (python_max, math_exp, torch_max_pair):
+        fb = check_online_softmax_update(fn)
+        assert fb.status == "wrong" and "torch.maximum(m, s.amax(dim=-1, keepdim=True))" in fb.message, fn.__name__
+        assert "torch.exp" in fb.message
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda s, lse: torch.exp(s.float() - lse.float()[:, None]).to(s.dtype), "you computed in float32"),
+    (lambda s, lse: torch.exp(s.float() - lse.float()[:, None]), "you computed in float32"),
+    (lambda s, lse: torch.exp((s - lse[:, None]) / 8), "0.125 times s - lse"),
+    (lambda s, lse: torch.exp(s - lse[:, None] - 1), "times e^-1"),
+    (lambda s, lse: 2 ** (s - lse[:, None]), "base 2"),
+    (lambda s, lse: torch.softmax(s, dim=0), "softmax over dim=0"),
+])
+def test_tile_weights_slips_of_the_reading_name_their_step(fn, words: str) -> None:
+    fb = check_tile_weights(fn)
+    assert fb.status == "wrong" and words in fb.message, fb.message
+
+
+def test_tile_weights_upcasting_only_half_precision_still_passes() -> None:
+    def upcast_half(s, lse):
+        if s.dtype in (torch.float16, torch.bfloat16):
+            return torch.exp(s.float() - lse.float()[:, None])
+        return torch.exp(s - lse[:, None])
+
+    assert check_tile_weights(upcast_half).passed
 
 
 def test_time_projections_and_cores_prints_each_size_and_grows_with_s(capsys: pytest.CaptureFixture[str]) -> None:

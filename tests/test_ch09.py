@@ -515,3 +515,89 @@ def test_serial_cap_rounded_is_told_not_to_round(digits: int) -> None:
 
     fb = check_serial_cap(lambda d, F, E: round(reference_serial_cap(d, F, E), digits))
     assert fb.status == "wrong" and "unrounded" in fb.message, fb
+
+
+# --- findings of the ch08-09 reading: hints that name the step at fault -------------------------
+
+def test_sliding_window_accepts_a_first_key_rounded_down_to_a_key_block_and_says_so() -> None:
+    from attnbook.ch09 import check_sliding_window, reference_visible
+
+    fb = check_sliding_window(reference_visible, lambda q0, w: max(0, (q0 - w + 1) // 16 * 16))
+    assert fb.passed, fb
+    assert "computed 41 tiles" in fb.message and "rounds the first key down" in fb.message
+    # one block too early is still refused: it computes a tile the window does not need
+    late = check_sliding_window(reference_visible, lambda q0, w: max(0, (q0 - w + 1) // 16 * 16 - 16))
+    assert not late.passed
+
+
+def test_serial_cap_inverse_ratio_8d_3d_and_integer_division_get_their_own_hints() -> None:
+    from attnbook.ch09 import check_serial_cap
+
+    def cap(flops: int):
+        return lambda d, mf, e: (flops * d / mf) / (flops * d / mf + 1 / e)
+
+    assert "upside down" in check_serial_cap(lambda d, mf, e: mf / (4 * d * e)).message
+    assert "8 d FLOPs" in check_serial_cap(cap(8)).message
+    assert "3 d FLOPs" in check_serial_cap(cap(3)).message
+    assert "integer division" in check_serial_cap(lambda d, mf, e: int(4 * d / mf) // 1).message
+    assert check_serial_cap(lambda d, mf, e: 1 / (1 + mf / (4 * d * e))).passed  # another right form
+
+
+def test_merge_unnormalised_max_subtraction_sum_and_swapped_return_get_their_own_hints() -> None:
+    def max_only(oa, la, ob, lb):
+        m = torch.maximum(la, lb)
+        return torch.exp(la - m)[..., None] * oa + torch.exp(lb - m)[..., None] * ob, torch.logaddexp(la, lb)
+
+    assert "do not sum to 1" in check_merge_partials(max_only).message
+    assert "plain sum" in check_merge_partials(lambda oa, la, ob, lb: (oa + ob, torch.logaddexp(la, lb))).message
+    unnormalised = check_merge_partials(
+        lambda oa, la, ob, lb: (torch.exp(la)[..., None] * oa + torch.exp(lb)[..., None] * ob, torch.logaddexp(la, lb)))
+    assert "not their shares" in unnormalised.message
+
+    def swapped(oa, la, ob, lb):
+        out, lse = reference_merge_partials(oa, la, ob, lb)
+        return lse, out
+
+    assert "you returned (lse, out)" in check_merge_partials(swapped).message
+
+
+def test_causal_traffic_table_counts_the_computed_tiles_per_byte() -> None:
+    """At block 512 three tiles run: 1.5x the useful causal FLOPs, and the table divides those by the bytes."""
+    from attnbook.ch09 import causal_traffic_lines
+
+    S, d, block = 1024, 64, 512
+    computed = 3 * 4 * block * block * d
+    assert computed == 1.5 * 4 * d * S * S / 2
+    line = causal_traffic_lines(S, d, (block,))[2].split()
+    assert line[:2] == ["512", "3"] and int(line[-1]) == round(computed / (2 * fused_forward_io(S, d, block, causal=True)))
+    assert "4.46 M" in causal_traffic_lines(S, d, (block,))[0]  # 4 S d + 4 S^2
+    # FlashAttention-2's order: about block FLOPs per float16 byte, whatever d is, once K/V re-reads dominate
+    for d_ in (64, 128):
+        flops = 4 * 8192 * 8192 * d_
+        assert abs(flops / (2 * fused_forward_io(8192, d_, 128)) / 128 - 1) < 0.05
+
+
+def test_cudnn_first_follows_the_rule_of_sdp_utils() -> None:
+    """torch 2.10-2.13's check_prefer_cudnn_attention: capability 9.x/10.x (9.0, 10.0, 10.3 with CUDA 12),
+    cuDNN > 9.15.0 at run time, and not switched off by the environment."""
+    from attnbook.ch09 import cudnn_first
+
+    assert cudnn_first((9, 0), 92000, "13.0", {}) and cudnn_first((10, 0), 91501, "12.9", {})
+    assert cudnn_first((10, 3), 92000, "12.9", {}) and cudnn_first((10, 1), 92000, "13.0", {})
+    assert not cudnn_first((10, 1), 92000, "12.9", {})  # CUDA 12 builds: minor 0 or 3 only
+    assert not cudnn_first((9, 0), 91500, "13.0", {})  # 9.15.0 itself is too old
+    assert not cudnn_first((8, 0), 92000, "13.0", {}) and not cudnn_first((12, 0), 92000, "13.0", {})
+    assert not cudnn_first((9, 0), 92000, "13.0", {"TORCH_CUDNN_SDPA_DEPRIORITIZED": "1"})
+    assert not cudnn_first((9, 0), 92000, "13.0", {"TORCH_CUDNN_SDPA_PREFERRED": "0"})
+
+
+def test_sdpa_priority_line_names_the_machine_and_expects_nothing_without_a_gpu() -> None:
+    from attnbook.ch09 import sdpa_priority_line
+
+    line, order, expected = sdpa_priority_line()
+    assert order[0] in line.replace(", ", " ").split() and line.endswith(", ".join(order))
+    if not torch.cuda.is_available():
+        assert line.startswith("This machine has no CUDA GPU") and expected is None
+        assert order[:4] == ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION"]
+    elif expected is not None:
+        assert order[0] == expected
