@@ -29,6 +29,8 @@ outputs, the markdown translated:
   notebook was generated with. Where it cannot load, the diagram's alt text shows.
 * The setup cell (``tools/sync_colab.py``'s install cell) stays first, folded in form view with
   a ``# @title``; the title cell gets one line that says so and links the chapter's website page.
+* An optional code cell (tagged ``hide-cell``, first line ``# Going further (optional): ...``, the
+  code of a folded "Going further" block) gets Colab's form view, titled by that first comment.
 
 Everything else (code, outputs, cell ids, metadata) is copied unchanged. The result depends on
 nothing but the notebooks, ``_config.yml``, ``_toc.yml`` and the book's pages (glossary terms,
@@ -538,6 +540,17 @@ def _without_fence(source: str, pattern: re.Pattern[str]) -> str:
     return source[:match.start()] + source[close:]
 
 
+def optional_cell_source(lines: list[str]) -> str:
+    """An optional code cell (``# Going further (optional): ...`` first) titled for Colab's form view:
+    its leading comment, joined into one line, becomes the ``# @title`` (just "Going further
+    (optional)" when that is longer than a code line)."""
+    count = next((i for i, line in enumerate(lines) if not line.startswith("# ")), len(lines))
+    title = "# @title " + " ".join(line[2:].strip() for line in lines[:count])
+    if len(title) > MAX_LINE:
+        return "\n".join(["# @title Going further (optional)", *lines])
+    return "\n".join([title, *lines[count:]])
+
+
 def edition(path: Path, book: Book | None = None) -> Any:
     """The Colab edition of the chapter notebook ``path`` (from the repository root)."""
     book = book or Book.read()
@@ -562,6 +575,8 @@ def edition(path: Path, book: Book | None = None) -> Any:
                 if len(heading) > MAX_LINE:  # the exercise's heading just above names it in full
                     heading = f"# @title Solution to Exercise {number}"
                 cell.source = "\n".join([heading, *lines[1:]])
+            elif "hide-cell" in cell.metadata.get("tags", []) and lines[0].startswith(sync_notebooks.OPTIONAL):
+                cell.source, cell.metadata["cellView"] = optional_cell_source(lines), "form"
             cells.append(cell)
             continue
         if cell.cell_type != "markdown":

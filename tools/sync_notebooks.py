@@ -46,6 +46,12 @@ The rules:
    that calls ``static_slider(`` and defines no function or class (its settings, title and alt
    text) is tagged ``hide-input``: the website folds its code behind "Show code cell source".
 
+2b. **An optional code cell is folded everywhere.** A code cell tagged ``hide-cell`` whose first
+   line is ``# Going further (optional): <what it shows>`` (:data:`OPTIONAL`), the code of a folded
+   "Going further" block, gets ``jupyter.source_hidden`` and ``outputs_hidden`` (with ``collapsed:
+   true``): JupyterLab shows that first line folded, as the website shows the cell behind "Show code
+   cell content". (The Colab edition gives it Colab's form view, titled by that line.)
+
 3. **Code shown from the library stays equal to it.** A markdown cell may show lines of a source
    file as a fenced Python block, marked by an HTML comment on the line just above the fence::
 
@@ -104,6 +110,8 @@ START = re.compile(r"^(:{3,})\{solution-start\}", re.M)
 END = re.compile(r"^(:{3,})\{solution-end\}", re.M)
 EXERCISE = re.compile(r"^:{3,}\{exercise(?:-start)?\}[ \t]*(.*)$", re.M)
 TITLE = "# @title "
+#: The first line of an optional code cell (tagged ``hide-cell``): the code of a folded "Going further" block.
+OPTIONAL = "# Going further (optional): "
 COMMENT = "% Solution: "
 #: The fold around a written solution's text: a MyST dropdown that jupyterlab-myst draws closed,
 #: whatever re-renders the cell, with the text inside rendered as everywhere else (maths, roles).
@@ -397,7 +405,8 @@ def sync(nb: Any, folder: Path = ROOT / "book") -> bool:
         meta = cell.metadata
         jupyter = dict(meta.get("jupyter", {}))
         colab = index == 0 and cell.cell_type == "code" and cell.source.startswith(COLAB_MARKER)
-        hidden = role is not None or colab
+        optional = cell.cell_type == "code" and "hide-cell" in meta.get("tags", []) and cell.source.startswith(OPTIONAL)
+        hidden = role is not None or colab or optional
         if hidden:
             jupyter["source_hidden"] = True
             if cell.cell_type == "code" and not colab:
