@@ -34,7 +34,7 @@ from .feedback import (
     wrong,
 )
 
-__all__ = ["train_marker_scaling", "marker_query_grad", "TRAIN_LR", "check_scaled_weights", "check_entropy", "entropy", "WEIGHT_MISTAKES", "ENTROPY_MISTAKES", "TEMPERATURE"]
+__all__ = ["train_marker_scaling", "marker_query_grad", "SOFTCAP", "TRAIN_LR", "check_scaled_weights", "check_entropy", "entropy", "WEIGHT_MISTAKES", "ENTROPY_MISTAKES", "TEMPERATURE"]
 
 #: The temperature the weights checker uses (not 1, so that ignoring it shows).
 TEMPERATURE = 2.5
@@ -497,4 +497,47 @@ def softmax_row_diagram() -> Diagram:
             d.rect(cx, base - h, bw, h, fill=colour, stroke=colour, rx=1, width=1)
             d.text(cx + bw / 2, base - h - 5, f"{v:.2f}", size=13)
         y += row_h
+    return d
+
+
+# --- diagram: logit soft-capping ---------------------------------------------------------------
+
+#: Gemma 2's cap on attention scores (its ``attn_logit_softcapping``; the chapter checks it in transformers).
+SOFTCAP = 50.0
+_CAP_RANGE = 150.0  # scores drawn from -_CAP_RANGE to _CAP_RANGE
+
+
+@diagram
+def softcap_diagram() -> Diagram:
+    """Soft-capping ``c tanh(s / c)`` against the identity: nearly equal for small scores, never beyond +-c."""
+    c, r = SOFTCAP, _CAP_RANGE
+    at = {s: c * math.tanh(s / c) for s in (10.0, 50.0, 150.0)}
+    alt = (f"Scores s from {-r:g} to {r:g} on the horizontal axis. The identity line keeps growing; the soft-capped "
+           f"score {c:g} tanh(s / {c:g}) follows it for small scores ({at[10.0]:.2f} at s = 10), bends away "
+           f"({at[50.0]:.1f} at s = {c:g}) and flattens below the cap {c:g} ({at[150.0]:.1f} at s = {r:g}), "
+           f"and the same below -{c:g}.")
+    d = Diagram("ch03_softcap", 420, 300, title="Logit soft-capping", alt=alt)
+    x0, x1, y_mid, half = 60.0, 400.0, 150.0, 105.0  # plot box: s in [-r, r] -> [x0, x1]; value in [-r, r] -> +-half
+
+    def px(s: float) -> float:
+        return x0 + (s + r) / (2 * r) * (x1 - x0)
+
+    def py(v: float) -> float:
+        return y_mid - v / r * half
+
+    d.line(x0, y_mid, x1, y_mid, color=MUTED, width=1)  # the s axis
+    d.line(px(0), py(r), px(0), py(-r), color=MUTED, width=1)  # the value axis
+    for v in (c, -c):
+        d.line(x0, py(v), x1, py(v), color=MUTED, width=1, dash=True)
+        d.text(x0 - 6, py(v) + 5, f"{v:+g}", size=14, anchor="end", color=MUTED)
+    d.line(px(-r), py(-r), px(r), py(r), color="grey", width=2, dash=True)  # the identity
+    d.text(px(r) - 4, py(r) + 16, "identity", size=14, anchor="end", color=MUTED)
+    steps = 60
+    pts = [(-r + 2 * r * i / steps) for i in range(steps + 1)]
+    for a, b in zip(pts, pts[1:]):
+        d.line(px(a), py(c * math.tanh(a / c)), px(b), py(c * math.tanh(b / c)), color="vermillion", width=3)
+    d.text(px(r), py(c) - 10, f"{c:g} tanh(s / {c:g})", size=15, anchor="end", color="vermillion")
+    d.text(x1, y_mid + 22, f"s = {r:g}", size=14, anchor="end", color=MUTED)
+    d.text(x0, y_mid + 22, f"{-r:g}", size=14, anchor="start", color=MUTED)
+    d.text(210, 292, f"nearly the identity for small scores, never beyond ±{c:g}", size=14, color=MUTED)
     return d

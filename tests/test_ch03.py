@@ -206,3 +206,10 @@ def test_first_step_gradient_ratio_is_not_sqrt_dk() -> None:
     threads = torch.get_num_threads()
     ratio = marker_query_grad(False, seed=0, d_k=256) / marker_query_grad(True, seed=0, d_k=256)
     assert 1 < ratio < 16 and torch.get_num_threads() == threads
+
+
+def test_softcap_diagram_draws_the_chapters_cap() -> None:
+    from attnbook.ch03 import SOFTCAP, softcap_diagram
+
+    assert SOFTCAP == 50.0  # the notebook asserts Gemma 2's attn_logit_softcapping is this value
+    assert f"{50 * math.tanh(1):.1f} at s = 50" in softcap_diagram().alt
