@@ -19,6 +19,21 @@ from .feedback import Feedback, compare_tensors, run_reader_code
 from .quiz import show_quiz
 from .slider import Frame, Panel, frame_html, live_slider, redraw_ms, static_slider
 
+
+def _in_ipython() -> bool:
+    from IPython import get_ipython
+
+    return get_ipython() is not None
+
+
+if _in_ipython():
+    # Figures drawn for a phone's column, and every inline figure's PNG carries the size of its
+    # smallest text there (attnbook.figures).
+    from .figures import install_png_text_size, use_book_style
+
+    use_book_style()
+    install_png_text_size()
+
 __all__ = [
     "Feedback", "compare_tensors", "run_reader_code", "show_quiz",
     "Frame", "Panel", "frame_html", "live_slider", "redraw_ms", "static_slider",

@@ -738,19 +738,20 @@ def memory_layout(seq_len: int = 3, num_heads: int = 2, d_k: int = 2, tokens: Se
     ]
     gap = 0.6
     width = S * D + gap * (max(S, H) - 1)
-    fig, axes = plt.subplots(len(rows), 1, figsize=(10, 1.3 * len(rows) + 0.9))
+    # phone-sized: 5.2 inches wide, every text at least 12 pt (attnbook.figures.PHONE_FIGURE_INCHES)
+    fig, axes = plt.subplots(len(rows), 1, figsize=(5.2, 1.45 * len(rows) + 1.8))
     for ax, (label, t, outer, note) in zip(axes, rows):
         x = 0.0
         for i in range(t.shape[0]):
             if outer is not None:
                 group = tokens[i] if outer == "position" else f"head {i}"
                 n = t[i].numel()
-                ax.text(x + n / 2, 1.12, group, ha="center", va="bottom", fontsize=9)
+                ax.text(x + n / 2, 1.12, group, ha="center", va="bottom", fontsize=12)
             for offset in t[i].reshape(-1).tolist():
                 s, f = divmod(int(offset), D)
                 ax.add_patch(Rectangle((x, 0), 1, 1, facecolor=_OKABE_ITO[s], edgecolor="black",
                                        hatch=hatches[(f // d_k) % len(hatches)], linewidth=1))
-                ax.text(x + 0.5, 0.5, str(int(offset)), ha="center", va="center", fontsize=10, fontweight="bold",
+                ax.text(x + 0.5, 0.5, str(int(offset)), ha="center", va="center", fontsize=12, fontweight="bold",
                         bbox=dict(boxstyle="round,pad=0.1", facecolor="white", edgecolor="none", alpha=0.85))
                 x += 1
             if outer is not None:
@@ -762,14 +763,14 @@ def memory_layout(seq_len: int = 3, num_heads: int = 2, d_k: int = 2, tokens: Se
         ax.set_yticks([])
         for side in ("top", "right", "bottom", "left"):
             ax.spines[side].set_visible(False)
-        ax.set_title(f"{label}: {note}", fontsize=10, loc="left")
-    fig.suptitle(f"One [S, D] = [{S}, {D}] tensor in memory (B = 1 dropped) and three ways to read it\n"
-                 f"(cell = memory offset read; colour = position; hatching = head)", fontsize=11)
+        ax.set_title(f"{label}\n{note}", fontsize=12, loc="left")
+    fig.suptitle(f"One [S, D] = [{S}, {D}] tensor in memory (B = 1\ndropped) and three ways to read it (cell =\n"
+                 f"memory offset read; colour = position;\nhatching = head)", fontsize=12)
     keys = [Rectangle((0, 0), 1, 1, facecolor=_OKABE_ITO[s], edgecolor="black") for s in range(S)]
     keys += [Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="black", hatch=hatches[h % len(hatches)]) for h in range(H)]
     names = list(tokens) + [f"head {h}" + (" (no hatching)" if hatches[h % len(hatches)] == "" else "") for h in range(H)]
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.legend(keys, names, loc="lower center", ncol=S + H, fontsize=9, frameon=False, handlelength=1.6, handleheight=1.2)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    fig.legend(keys, names, loc="lower center", ncol=3, fontsize=12, frameon=False, handlelength=1.6, handleheight=1.2)
     return fig
 
 

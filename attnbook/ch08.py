@@ -5,6 +5,8 @@
 * :func:`causal_tile_counts`: the tiles and scores a causal tiled pass computes and masks.
 * :func:`tile_frame`, :func:`tile_grid_html`: the frame of the tile-schedule slider, and its live redraw.
 * :func:`steady_median_ms`: timings that load from other programs does not inflate (one thread, CPU time).
+* :func:`time_projections_and_cores`: the chapter's timing of the projections against three
+  attention cores over the sequence length (and the readable core's peak memory), printed.
 * :func:`check_online_softmax_update`: one step of the online softmax (fold a tile of scores
   into the running max ``m``, running sum ``l`` and running output ``acc``).
 * :func:`check_tile_weights`: recover one tile's weights from the scores and the logsumexp.
@@ -50,6 +52,7 @@ __all__ = [
     "TILE_FMT",
     "TILE_LEGEND",
     "steady_median_ms",
+    "time_projections_and_cores",
     "tile_grid_html",
     "reference_tile_weights",
     "check_tile_weights",
@@ -102,6 +105,63 @@ def steady_median_ms(fns: dict[str, Callable[[], Any]], *, repeats: int, warmup:
         return interleaved_median_ms(fns, repeats=repeats, warmup=warmup, device=device, clock=time.thread_time)
     finally:
         torch.set_num_threads(threads)
+
+
+def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.device | str = "cpu"
+                               ) -> tuple[float, dict[str, list[float]], list[int | None]]:
+    """Time the four projections of a ``MultiHeadSelfAttention(D, H)`` and three attention cores at
+    each sequence length of ``sizes`` (batch 1), and print the results.
+
+    Returns ``(peak_gflops, times, core_mem)``: the speed of one ``[1024, 1024] @ [1024, 1024]``
+    float32 matmul (GFLOP/s); for ``"projections"``, ``"attnlib core"``, ``"torch.softmax core"``
+    and ``"SDPA core"`` the median seconds at each size; and the readable core's peak extra
+    memory in bytes at each size (None where it cannot be measured). The callables of one size
+    take turns (:func:`steady_median_ms`: medians of interleaved repeats, 7 up to S = 512 and 3
+    above). The last line compares the growth from the fourth size to the last (S = 512 to 2048
+    in the chapter).
+    """
+    import torch.nn.functional as F
+
+    import attnlib
+    from attnlib import MultiHeadSelfAttention, split_heads
+
+    from .measure import peak_memory_bytes
+
+    MiB = 2**20
+    a_big = torch.randn(1024, 1024, device=device)
+    peak_gflops = 2 * 1024**3 / steady_median_ms({"matmul": lambda: a_big @ a_big}, repeats=5, device=device)["matmul"] / 1e6
+    print(f"one [1024, 1024] @ [1024, 1024] matmul, float32: ~{peak_gflops:.0f} GFLOP/s")
+    mha = MultiHeadSelfAttention(D, H).to(device)
+    # three implementations of softmax(q k^T / sqrt(D_k)) v, all materialising [1, H, S, S] or fused
+    cores = {
+        "attnlib core": lambda q, k, v: attnlib.scaled_dot_product_attention(q, k, v).output,
+        "torch.softmax core": lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(D // H), dim=-1) @ v,
+        "SDPA core": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+    }
+    times: dict[str, list[float]] = {name: [] for name in ("projections", *cores)}  # seconds, one entry per S
+    core_mem: list[int | None] = []
+    with torch.inference_mode():
+        for S in sizes:
+            x = torch.randn(1, S, D, device=device)
+            q, k, v = (split_heads(layer(x), H) for layer in (mha.w_q, mha.w_k, mha.w_v))  # [1, H, S, D_k]
+            fns = {
+                "projections": lambda: [layer(x) for layer in (mha.w_q, mha.w_k, mha.w_v, mha.w_o)],
+                **{name: (lambda f=f: f(q, k, v)) for name, f in cores.items()},
+            }
+            ms = steady_median_ms(fns, repeats=7 if S <= 512 else 3, warmup=1, device=device)
+            for name in times:
+                times[name].append(ms[name] / 1e3)
+            core_mem.append(peak_memory_bytes(fns["attnlib core"], device))
+    for i, S in enumerate(sizes):
+        mem = "n/a" if core_mem[i] is None else f"~{core_mem[i] / MiB:.0f} MiB"
+        print(f"S = {S:>4} ({S / D:.2f} D): "
+              + ", ".join(f"{name} ~{t[i] * 1e3:.2f} ms" for name, t in times.items())
+              + f" | attnlib core peak extra memory {mem}")
+    if len(sizes) > 3:
+        print(f"growth from S = {sizes[3]} to {sizes[-1]}: projections "
+              f"~{times['projections'][-1] / times['projections'][3]:.1f}x (FLOPs {sizes[-1] // sizes[3]}x), attnlib "
+              f"core ~{times['attnlib core'][-1] / times['attnlib core'][3]:.1f}x (FLOPs {(sizes[-1] // sizes[3]) ** 2}x)")
+    return peak_gflops, times, core_mem
 
 
 def causal_tile_counts(S: int, block_q: int, block_k: int) -> dict[str, int]:

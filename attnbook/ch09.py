@@ -206,7 +206,8 @@ def loop_order_figure() -> Any:
     from matplotlib.patches import Rectangle
 
     n = 4
-    fig, axes = plt.subplots(1, 2, figsize=(7.2, 4.9))
+    # one grid above the other: each keeps 12 pt text legible in a phone's column
+    fig, axes = plt.subplots(2, 1, figsize=(4.6, 9.8))
     orders = (
         ("FlashAttention-1: key blocks outside", lambda i, j: j * n + i, lambda i, j: j == 0,
          "steps 1-4: K1, V1 stay in SRAM\nevery step: read Q_i, and read and\nwrite back O_i, l_i, m_i in HBM"),
@@ -218,17 +219,17 @@ def loop_order_figure() -> Any:
             for j in range(n):
                 ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#E69F00" if first(i, j) else "#FFFFFF",
                                        edgecolor="#555555", lw=1))
-                ax.text(j + 0.5, i + 0.5, str(step(i, j) + 1), ha="center", va="center", fontsize=12)
+                ax.text(j + 0.5, i + 0.5, str(step(i, j) + 1), ha="center", va="center", fontsize=13)
         ax.set(xlim=(0, n), ylim=(n, 0), aspect="equal")
-        ax.set_title(title, fontsize=10)
-        ax.set_xticks([j + 0.5 for j in range(n)], [f"K{j + 1}" for j in range(n)], fontsize=9)
-        ax.set_yticks([i + 0.5 for i in range(n)], [f"Q{i + 1}" for i in range(n)], fontsize=9)
-        ax.set_xlabel("key/value blocks", fontsize=9)
-        ax.set_ylabel("query blocks", fontsize=9)
+        ax.set_title(title, fontsize=12)
+        ax.set_xticks([j + 0.5 for j in range(n)], [f"K{j + 1}" for j in range(n)], fontsize=12)
+        ax.set_yticks([i + 0.5 for i in range(n)], [f"Q{i + 1}" for i in range(n)], fontsize=12)
+        ax.set_xlabel("key/value blocks", fontsize=12)
+        ax.set_ylabel("query blocks", fontsize=12)
         ax.tick_params(length=0)
-        ax.text(0.0, -0.2, text, ha="left", va="top", fontsize=9.5, transform=ax.transAxes)
-    fig.suptitle("Tiles numbered in the order computed (orange: steps 1-4)", fontsize=11)
-    fig.subplots_adjust(left=0.08, right=0.98, top=0.88, bottom=0.27, wspace=0.3)
+        ax.text(0.0, -0.16, text, ha="left", va="top", fontsize=12, transform=ax.transAxes)
+    fig.suptitle("Tiles numbered in the order computed\n(orange: steps 1-4)", fontsize=12)
+    fig.subplots_adjust(left=0.16, right=0.97, top=0.9, bottom=0.1, hspace=0.62)
     return fig
 
 

@@ -677,7 +677,7 @@ def cache_vs_context_figure(models: list[ModelConfig] | None = None) -> Any:
 
     models = MODELS if models is None else models
     styles = [("o", 4.0), ("s", 1.8), ("^", 2.6), ("D", 1.8), ("v", 2.6), ("P", 1.8)]
-    fig, ax = plt.subplots(figsize=(6.4, 5.8))
+    fig, ax = plt.subplots(figsize=(5.0, 5.8))
     for m, colour, (marker, lw) in zip(models, OKABE_ITO, styles):
         lengths = np.unique(np.geomspace(256, m.context, 60).astype(int))
         ax.plot(lengths, [m.cache_bytes(int(S)) / 2**30 for S in lengths], color=colour, lw=lw, ls="-",
@@ -702,8 +702,8 @@ def cache_vs_context_figure(models: list[ModelConfig] | None = None) -> Any:
     ax.tick_params(labelsize=12)
     ax.set_xlabel("context length (tokens, one sequence)", fontsize=12)
     ax.set_ylabel("GiB (16-bit)", fontsize=12)
-    ax.set_title("KV cache of one sequence (solid) against the weights (dashed)", fontsize=12)
-    ax.legend(fontsize=11, loc="upper center", bbox_to_anchor=(0.45, -0.16), ncol=2, frameon=False)
+    ax.set_title("KV cache of one sequence (solid)\nagainst the weights (dashed)", fontsize=12)
+    ax.legend(fontsize=12, loc="upper center", bbox_to_anchor=(0.45, -0.16), ncol=2, frameon=False)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     return fig

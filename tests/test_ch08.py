@@ -539,3 +539,22 @@ def test_online_update_cast_to_float64_inside_is_told_the_dtype() -> None:
 
     fb = check_online_softmax_update(widened)
     assert fb.status == "wrong" and "inputs' dtype" in fb.message, fb
+
+
+def test_time_projections_and_cores_prints_each_size_and_grows_with_s(capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    from attnbook.ch08 import time_projections_and_cores
+
+    sizes = [32, 64, 128, 512]
+    peak, times, mem = time_projections_and_cores(sizes, 64, 4)
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"one \[1024, 1024\] @ \[1024, 1024\] matmul, float32: ~\d+ GFLOP/s", lines[0]) and peak > 0
+    names = ["projections", "attnlib core", "torch.softmax core", "SDPA core"]
+    assert list(times) == names and all(len(t) == len(sizes) for t in times.values()) and len(mem) == len(sizes)
+    for line, S in zip(lines[1:5], sizes):
+        assert re.fullmatch(rf"S = {S:>4} \({S / 64:.2f} D\): " + ", ".join(rf"{n} ~\d+\.\d\d ms" for n in names)
+                            + r" \| attnlib core peak extra memory (~\d+ MiB|n/a)", line), line
+    assert re.fullmatch(r"growth from S = 512 to 512: projections ~\d+\.\dx \(FLOPs 1x\), attnlib core ~\d+\.\dx \(FLOPs 1x\)", lines[5])
+    # CPU time of one thread: the S^2 core at S = 512 does 256x the work of S = 32; 4x holds on a busy machine
+    assert times["attnlib core"][3] > 4 * times["attnlib core"][0]

@@ -17,7 +17,8 @@ outputs, the markdown translated:
   dropdown``, such as every "Going further") a ``<details>`` block with its title as the summary.
 * A solution's written part becomes a ``<details>`` block ("Solution to Exercise N.k: title"),
   one per cell, since Colab renders each cell on its own; a cell that held only a fence is left
-  out. A solution's code cell keeps Colab's form view (``cellView: form``), its ``# @title``
+  out (JupyterLab's "Show the solution" fold, :func:`sync_notebooks.unfold_written_solution`, is
+  removed first: one fold, not two). A solution's code cell keeps Colab's form view (``cellView: form``), its ``# @title``
   naming the exercise by number.
 * MyST comments (``%`` lines), targets (``(label)=``) and ``<script>`` elements are removed.
 * An image given by a relative path (the diagrams, ``diagrams/NAME.svg``) points at the file in
@@ -568,7 +569,8 @@ def edition(path: Path, book: Book | None = None) -> Any:
             continue
         if "remove-cell" in cell.metadata.get("tags", []):
             continue  # JupyterLab's own cells (the chapter's glossary), which the website drops too
-        source = cell.source
+        # A written solution's fold for JupyterLab: this edition folds it its own way, once.
+        source = sync_notebooks.unfold_written_solution(cell.source) if role is not None else cell.source
         if role == "start":
             match = sync_notebooks.START.search(source)
             label = source[match.end():].split("\n", 1)[0].strip()

@@ -26,6 +26,17 @@ The rules:
      visible, an empty box that closes the solution). A folded cell shows its first line, so a
      folded markdown cell starts with the MyST comment ``% Solution: <the exercise's title>,
      continued`` (not rendered, on the website or in JupyterLab) instead of the solution's first words;
+   * the written part of a solution (every markdown cell's text, less its fences and its
+     ``% Solution`` comment) is wrapped in a closed dropdown, "Show the solution" (:data:`FOLD`),
+     and a ``solution-end`` fence in an HTML ``<div>`` (:data:`GATE_OPEN`, :data:`GATE_CLOSE`).
+     JupyterLab's Run All renders every markdown cell it runs and unfolds it (it sets
+     ``inputHidden = false``), so ``source_hidden`` alone left every written solution open after
+     Run All, and each ``solution-end`` an empty box; a fold in the cell's own text survives a
+     re-render. (The ``solution-start`` fence still renders then, as jupyterlab-myst's closed
+     "Start of Solution to Exercise N" dropdown, with nothing inside.) The website, which folds the
+     whole solution in one dropdown, drops both wrappers (``book/_ext/attnbook_site.py``), and so
+     does the Colab edition, which folds each written part its own way
+     (``tools/colab_edition.py``); :func:`unfold_written_solution` removes them;
    * every code cell of a solution gets Colab's form view, ``"cellView": "form"``, and a first
      line ``# @title Solution: <the exercise's title>``: Colab shows the title and hides the code
      until "Show code" is clicked. (The website leaves the ``# @title`` line out, see
@@ -94,6 +105,17 @@ END = re.compile(r"^(:{3,})\{solution-end\}", re.M)
 EXERCISE = re.compile(r"^:{3,}\{exercise(?:-start)?\}[ \t]*(.*)$", re.M)
 TITLE = "# @title "
 COMMENT = "% Solution: "
+#: The fold around a written solution's text: a MyST dropdown that jupyterlab-myst draws closed,
+#: whatever re-renders the cell, with the text inside rendered as everywhere else (maths, roles).
+#: (A raw ``<details>`` block folds too, but jupyterlab-myst renders the markdown inside it as plain
+#: HTML: no maths, and ``{term}`` roles shown as "{undefined}".) Its fence is longer than any in the text.
+FOLD_TITLE = "Show the solution"
+FOLD = re.compile(r"^(?P<fence>:{4,})\{admonition\} " + re.escape(FOLD_TITLE) + r"\n:class: dropdown\n\n(?P<text>.*?)\n(?P=fence)$",
+                  re.M | re.S)
+#: Around a ``solution-end`` fence: jupyterlab-myst draws that fence alone as an empty box, and
+#: inside an HTML block as nothing. The website drops these two lines.
+GATE_OPEN, GATE_CLOSE = '<div class="attnbook-gate">', "</div><!-- attnbook-gate -->"
+GATE = re.compile(r"^" + re.escape(GATE_OPEN) + r"\n\n(?P<text>.*?)\n\n" + re.escape(GATE_CLOSE) + r"$", re.M | re.S)
 CODE_FROM = re.compile(r'^<!-- code from (?P<path>\S+), from "(?P<start>[^"]+)" to "(?P<end>[^"]+)" -->[ \t]*\n'
                        r'(?P<fence>```python[ \t]*\n)(?P<body>.*?)^```[ \t]*$', re.M | re.S)
 
@@ -121,7 +143,8 @@ def split_points(text: str) -> list[int]:
             points.append(match.start())
     for match in END.finditer(text):
         after = _fence_end(text, match.start(), len(match.group(1)))
-        if text[after:].strip():
+        rest = text[after:].strip()
+        if rest and rest != GATE_CLOSE:  # the line that closes the fence's own <div> stays with it
             points.append(after)
     return sorted(set(points))
 
@@ -159,7 +182,7 @@ def solution_roles(nb: Any) -> list[str | None]:
             roles.append("start")
         elif inside and is_md and END.search(cell.source):
             inside = False
-            text = "\n".join(line for line in cell.source.split("\n") if not line.startswith(COMMENT))
+            text = "\n".join(line for line in unfold_written_solution(cell.source).split("\n") if not line.startswith(COMMENT))
             only_fence = not END.sub("", text).replace(":", "").strip()
             roles.append("end-fence" if only_fence else "end")
         else:
@@ -167,6 +190,28 @@ def solution_roles(nb: Any) -> list[str | None]:
     if inside:
         raise ValueError("a solution-start has no solution-end")
     return roles
+
+
+def unfold_written_solution(text: str) -> str:
+    """``text`` (a solution's markdown) without the folds that :func:`fold_written_solution` adds."""
+    return GATE.sub(lambda m: m["text"], FOLD.sub(lambda m: m["text"], text))
+
+
+def fold_written_solution(text: str) -> str:
+    """``text`` (a solution's markdown, without its ``% Solution`` comment) with the part that is
+    not a fence folded in one closed dropdown, "Show the solution", and a ``solution-end`` fence
+    inside :data:`GATE_OPEN` and :data:`GATE_CLOSE`."""
+    text = unfold_written_solution(text)
+    start, end = START.search(text), END.search(text)
+    head_end = _fence_end(text, start.start(), len(start.group(1))) if start else 0
+    tail_start = end.start() if end and end.start() >= head_end else len(text)
+    head, body, tail = text[:head_end].strip("\n"), text[head_end:tail_start].strip("\n"), text[tail_start:].strip("\n")
+    if body.strip():
+        fence = ":" * max([4, *(len(m.group()) + 1 for m in re.finditer(r"^:{3,}", body, re.M))])
+        body = f"{fence}{{admonition}} {FOLD_TITLE}\n:class: dropdown\n\n{body}\n{fence}"
+    if tail:
+        tail = f"{GATE_OPEN}\n\n{tail}\n\n{GATE_CLOSE}"
+    return "\n\n".join(part for part in (head, body, tail) if part)
 
 
 def exercise_titles(nb: Any) -> list[str | None]:
@@ -378,11 +423,13 @@ def sync(nb: Any, folder: Path = ROOT / "book") -> bool:
                 name = title or "exercise"
                 comment = {"start": f"{COMMENT}{name}", "end-fence": f"{COMMENT}{name}, end"}.get(
                     role, f"{COMMENT}{name}, continued")
-                if lines[0] != comment:
-                    cell.source = "\n".join([comment, *(lines[1:] if has_comment else lines)])
+                text = fold_written_solution("\n".join(lines[1:] if has_comment else lines))
+                source = f"{comment}\n{text}" if text else comment
+                if cell.source != source:
+                    cell.source = source
                     changed = True
-            elif has_comment:
-                cell.source = "\n".join(lines[1:])
+            elif has_comment or FOLD.search(cell.source) or GATE.search(cell.source):
+                cell.source = unfold_written_solution("\n".join(lines[1:] if has_comment else lines))
                 changed = True
         if cell.cell_type != "code":
             continue

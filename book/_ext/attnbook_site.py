@@ -11,6 +11,9 @@
 * The book's own static files (``book/_static``) are copied on every build, changed or not.
 * A solution's ``# @title`` line (Colab's form title, written by ``tools/sync_notebooks.py``) is
   left out of the page (:func:`drop_colab_titles`): the website folds the solution its own way.
+* A written solution's "Show the solution" dropdown and the HTML around its ``solution-end``
+  fence (written by ``tools/sync_notebooks.py`` so that JupyterLab keeps it folded after Run All)
+  are left out of the page (:func:`drop_lab_folds`): the website folds the whole solution in one dropdown.
 * Exercises are numbered per chapter, "Exercise 3.1" (:func:`number_exercises_by_chapter`).
 * ``fontawesome.js`` (1.45 MB, every icon of Font Awesome 6) is replaced by a few kilobytes
   holding only the icons the built pages use (see :func:`slim_fontawesome`).
@@ -142,6 +145,25 @@ def drop_colab_titles(app: Any, doctree: Any) -> None:
             break
 
 
+def drop_lab_folds(app: Any, doctree: Any) -> None:
+    """Leave out what folds a written solution for JupyterLab: the "Show the solution" dropdown
+    around its text (the text stays) and the HTML lines around its ``solution-end`` fence."""
+    import sys
+
+    from docutils import nodes
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    from sync_notebooks import FOLD_TITLE, GATE_CLOSE, GATE_OPEN
+
+    for node in list(doctree.findall(nodes.raw)):
+        if "html" in node.get("format", "").split() and node.astext().strip() in (GATE_OPEN, GATE_CLOSE):
+            node.parent.remove(node)
+    for node in list(doctree.findall(nodes.admonition)):
+        title = node.next_node(nodes.title)
+        if "dropdown" in node["classes"] and title is not None and title.astext() == FOLD_TITLE:
+            node.replace_self([child for child in node.children if not isinstance(child, nodes.title)])
+
+
 def colab_edition_button(app: Any, pagename: str, templatename: str, context: dict, doctree: Any) -> None:
     """Point the theme's Colab launch button (``.../blob/BRANCH/book/NAME.ipynb``) at the chapter's
     Colab edition, ``.../blob/BRANCH/colab/NAME.ipynb``, where there is one."""
@@ -229,6 +251,7 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("doctree-read", add_search_aliases)
     app.connect("doctree-read", mark_long_literals)
     app.connect("doctree-read", drop_colab_titles)
+    app.connect("doctree-read", drop_lab_folds)
     app.connect("build-finished", refresh_static)
     app.connect("build-finished", slim_fontawesome)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
