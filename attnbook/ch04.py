@@ -80,6 +80,13 @@ def _combined(am: Tensor) -> Tensor:
 COMBINED_MASK_MISTAKES: tuple[Mistake, ...] = (
     Mistake("inverted", lambda am: ~_combined(am),
             "your mask is inverted: True must mean *may attend* (the visible, lower-left cells)."),
+    Mistake("padding inverted", lambda am: _tril(am.shape[1]) & ~_keys(am),
+            "your padding part is inverted: in attention_mask 1 marks a real token, so keep the keys where "
+            "`attention_mask == 1` (`attention_mask == 0` is the True = blocked form that nn.MultiheadAttention takes)."),
+    Mistake("transposed", lambda am: _combined(am).transpose(-1, -2),
+            "rows and columns are swapped: rows are queries and columns are keys, so the causal part is "
+            "`torch.tril(ones)` (key j <= query i) and the padding must hide columns, "
+            "`attention_mask[:, None, None, :]` (shape [B, 1, 1, S])."),
     Mistake("no head axis", lambda am: _combined(am)[:, 0],
             "your mask is [B, S, S]: it lacks the head axis. Against scores [B, H, S, S] it would line up B with H "
             "(broadcasting aligns shapes from the right), so insert an axis: `mask[:, None]` -> [B, 1, S, S]."),
@@ -214,6 +221,19 @@ MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
             "future keys get weight: nothing is masked. Hide the upper triangle of the scores before softmax."),
     Mistake("unscaled", lambda q, k, v: torch.softmax((q @ k.transpose(-2, -1)).masked_fill(_future(q), float("-inf")), dim=-1),
             "the mask is right, but the scores are not scaled: divide q @ k^T by sqrt(D_k) before masking."),
+    Mistake("transposed weights", lambda q, k, v: torch.softmax(_scores(q, k).masked_fill(_future(q), float("-inf")), dim=-1).transpose(-2, -1),
+            "your weights are transposed: the masking is right, but rows must be queries and columns keys "
+            "(each row sums to 1). Return the weights as softmax gives them, [B, H, S_q, S_k], not `.transpose(-2, -1)`."),
+    Mistake("softmax over queries", lambda q, k, v: torch.softmax(_scores(q, k).masked_fill(_future(q), float("-inf")), dim=-2),
+            "the mask is right, but your softmax normalises over the queries (dim=-2): each query's weights over the "
+            "keys must sum to 1, so use dim=-1."),
+    Mistake("divided by D_k", lambda q, k, v: torch.softmax((q @ k.transpose(-2, -1) / q.shape[-1]).masked_fill(_future(q), float("-inf")), dim=-1),
+            "the mask is right, but you divided the scores by D_k; divide by its square root, sqrt(D_k)."),
+    Mistake("multiplied by sqrt(D_k)", lambda q, k, v: torch.softmax((q @ k.transpose(-2, -1) * math.sqrt(q.shape[-1])).masked_fill(_future(q), float("-inf")), dim=-1),
+            "the mask is right, but you multiplied the scores by sqrt(D_k); divide by it."),
+    Mistake("tril diagonal=1", lambda q, k, v: torch.softmax(_scores(q, k).masked_fill(~torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).tril(1), float("-inf")), dim=-1),
+            "each query sees one key of the future: `torch.tril(ones, diagonal=1)` keeps the first diagonal above the "
+            "main one. The visible part is `torch.tril(ones)` (diagonal=0): key j <= query i."),
     Mistake("diagonal hidden", lambda q, k, v: _nan_as(torch.softmax(_scores(q, k).masked_fill(~causal_mask(q.shape[-2]).tril(-1), float("-inf")), dim=-1)),
             "you hid the diagonal too (triu(diagonal=0), or tril(diagonal=-1) as the visible part): a token may look "
             "at itself. That is why row 0 is NaN: its query sees nothing at all. Hide only the cells above the "
@@ -242,7 +262,7 @@ def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k
     # cast to float32 here
     for name, t, expected in (("weights", weights, exp_w), ("output", out, exp_out)):
         if isinstance(t, Tensor) and t.shape == expected.shape:
-            half = low_precision(t, expected, name=f"your {name}")
+            half = low_precision(t, expected, name=f"your {name} tensor")
             if half is not None:
                 return half
     wrong_dtype = [f"{name} are {t.dtype}" for name, t in (("weights", weights), ("outputs", out))
@@ -343,6 +363,9 @@ FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
         Mistake("one-hot", lambda: torch.tensor([1.0, 0.0, 0.0, 0.0]),
                 "a huge negative number does not pick out the largest score: the same -1e4 is added to all four, so "
                 "their differences (ln 3, 0, 0, 0) stay as they are and the row is softmax(scores), not one-hot."),
+        Mistake("3 to 1", lambda: torch.tensor([0.75, 1 / 12, 1 / 12, 1 / 12]),
+                "right idea (the row is softmax(scores), as if nothing were masked), but the sum is off: softmax divides "
+                "each exponential by the sum of all four, e^(ln 3) + e^0 + e^0 + e^0 = 3 + 1 + 1 + 1, not by 3 + 1."),
     ),
     "masked_fill -1e4": (
         Mistake("unmasked", lambda: torch.softmax(FULLY_MASKED_SCORES, dim=-1),
@@ -954,4 +977,103 @@ def encoder_decoder_diagram() -> Diagram:
     d.text(8, 364, "one output row per query: the decoder's T positions", size=14, anchor="start", color=MUTED)
     d.text(8, 388, "each may read the whole source (only its padding hidden)", size=14, anchor="start",
            color=MUTED)
+    return d
+
+
+#: The KV-cache example of section 4.9: S_q new queries against S_k keys (the cache and the new tokens).
+KV_CACHE_QUERIES, KV_CACHE_KEYS = 2, 5
+
+
+@diagram
+def kv_cache_alignment_diagram() -> Diagram:
+    """The same S_q x S_k causal mask aligned top-left (is_causal=True) and bottom-right (a KV cache)."""
+    S_q, S_k = KV_CACHE_QUERIES, KV_CACHE_KEYS
+    cell, x1, y0, gap = 30, 64, 76, 52
+    x2 = x1 + S_k * cell + gap
+    d = Diagram("ch04_kv_cache_alignment", x2 + S_k * cell + 14, y0 + S_q * cell + 86,
+                title="A causal mask with fewer queries than keys",
+                alt=f"Two grids of {S_q} query rows (the new tokens, positions {S_k - S_q} to {S_k - 1}) by {S_k} key "
+                    f"columns (positions 0 to {S_k - 1}). Left, is_causal=True aligns the triangle with the top-left "
+                    f"corner: the first new token sees only key 0 and the last only keys 0 and 1, so most of the past "
+                    "is hidden. Right, aligned with the bottom-right corner (attnlib.causal_mask(S_q, S_k=...), "
+                    f"causal_lower_right): the last new token sees all {S_k} keys and the one before it every key but "
+                    "the last, as in a full pass.")
+    keys = [str(j) for j in range(S_k)]
+    rows = [f"pos {S_k - S_q + i}" for i in range(S_q)]
+    top_left = torch.ones(S_q, S_k, dtype=torch.bool).tril()
+    bottom_right = causal_mask(S_q, S_k=S_k)
+    for x, allowed, label, sub in ((x1, top_left, "is_causal=True", "top-left: wrong here"),
+                                   (x2, bottom_right, "bottom-right", "right for a KV cache")):
+        d.text(x + S_k * cell / 2, 20, label, size=15, weight="bold")
+        d.text(x + S_k * cell / 2, 40, sub, size=14, color=MUTED)
+        fills = [["sky" if allowed[i, j] else "grey" for j in range(S_k)] for i in range(S_q)]
+        d.grid(x, y0, fills, cell=cell, row_labels=rows, col_labels=keys, size=14)
+    yl = y0 + S_q * cell + 30
+    d.text(8, yl, f"rows: the {S_q} new tokens; columns: all {S_k} keys", size=14, anchor="start",
+           color=MUTED)
+    d.rect(8, yl + 22, 18, 18, fill="sky", tint=True, rx=0, width=1)
+    d.text(34, yl + 36, "may attend", size=14, anchor="start")
+    d.rect(150, yl + 22, 18, 18, fill="grey", tint=True, rx=0, width=1)
+    d.text(176, yl + 36, "hidden", size=14, anchor="start")
+    return d
+
+
+#: The position-leak example of section 4.8: a distinct first token, then identical tokens.
+POSITION_LEAK_TOKENS: list[str] = ["BOS", "a", "a", "a", "a"]
+
+
+@diagram
+def position_leak_diagram() -> Diagram:
+    """Uniform attention under a causal mask: the weight on the first token is 1/(i+1), a position signal."""
+    tokens = POSITION_LEAK_TOKENS
+    S, cell, x0, y0 = len(tokens), 46, 62, 62
+    allowed = causal_mask(S)
+    d = Diagram("ch04_position_leak", x0 + S * cell + 150, y0 + S * cell + 40,
+                title="A causal mask leaks position",
+                alt=f"A {S} by {S} causal grid for the tokens '{' '.join(tokens)}', a distinct first token and "
+                    "identical others, with a head that spreads its weight evenly over the keys it may see: query i "
+                    "gives each of its i+1 keys the weight 1/(i+1). The weight on the first token, listed on the "
+                    "right, falls from 1 to 1/" + str(S) + " down the rows, so each position's output differs and "
+                    "reveals the position, though no positional encoding was added.")
+    d.text(x0 + S * cell / 2, 18, "keys", size=14, color=MUTED)
+    fills = [["sky" if allowed[i, j] else "grey" for j in range(S)] for i in range(S)]
+    labels = [[("1" if i == 0 else f"1/{i + 1}") if allowed[i, j] else "" for j in range(S)] for i in range(S)]
+    d.grid(x0, y0, fills, cell=cell, labels=labels, row_labels=tokens, col_labels=tokens, size=14)
+    xr = x0 + S * cell + 14
+    d.text(xr, y0 - 10, f"on {tokens[0]}", size=14, anchor="start", weight="bold")
+    for i in range(S):
+        d.text(xr, y0 + i * cell + cell / 2 + 5, "1" if i == 0 else f"1/{i + 1}", size=14, anchor="start")
+    d.text(8, y0 + S * cell + 28, "even weights over the visible keys: each row differs", size=14, anchor="start",
+           color=MUTED)
+    return d
+
+
+#: The dropout diagram of section 4.7: one row of weights, the keys dropped in it and the rate p.
+DROPOUT_ROW, DROPOUT_DROPPED, DROPOUT_P = (0.30, 0.10, 0.20, 0.15, 0.05, 0.20), (1, 4), 0.25
+
+
+@diagram
+def attention_dropout_diagram() -> Diagram:
+    """One row of attention weights before and after dropout: zeros, and the survivors scaled by 1/(1-p)."""
+    row, p = DROPOUT_ROW, DROPOUT_P
+    after = [0.0 if j in DROPOUT_DROPPED else w / (1 - p) for j, w in enumerate(row)]
+    n, cell, x0 = len(row), 46, 70
+    d = Diagram("ch04_attention_dropout", x0 + n * cell + 76, 250,
+                title="Attention dropout on one row of weights",
+                alt=f"One row of {n} attention weights, {', '.join(f'{w:.2f}' for w in row)}, summing to "
+                    f"{sum(row):.2f}. After dropout with p = {p:g} in training, keys "
+                    f"{' and '.join(str(j) for j in DROPOUT_DROPPED)} are set to 0 and the survivors are divided by "
+                    f"1 - p = {1 - p:g}: {', '.join(f'{w:.2f}' for w in after)}, summing to {sum(after):.2f}. "
+                    "The sum is 1 only on average over many rows; in eval mode the row is left alone.")
+    d.text(x0 + n * cell / 2, 20, "keys", size=14, color=MUTED)
+    for r, (label, values, total) in enumerate((("before", row, sum(row)), ("after", after, sum(after)))):
+        y = 34 + r * 124
+        fills = [["grey" if r and j in DROPOUT_DROPPED else "sky" for j in range(n)]]
+        d.grid(x0, y, fills, cell=cell, labels=[[f"{w:.2f}" for w in values]], size=14)
+        d.text(x0 - 8, y + cell / 2 + 5, label, size=14, anchor="end", weight="bold")
+        d.text(x0 + n * cell + 8, y + cell / 2 + 5, f"sum {total:.2f}", size=14, anchor="start")
+    d.arrow(x0 + 10, 34 + cell + 4, x0 + 10, 156)
+    d.text(x0 + 22, 106, f"training: each weight dropped with p = {p:g},", size=14, anchor="start", color=MUTED)
+    d.text(x0 + 22, 126, f"the survivors divided by 1 - p = {1 - p:g}", size=14, anchor="start", color=MUTED)
+    d.text(8, 240, "eval mode: no dropout, the row stays as it is", size=14, anchor="start", color=MUTED)
     return d

@@ -169,6 +169,12 @@ PARAM_MISTAKES: tuple[Mistake, ...] = (
     Mistake("one bias per head", lambda D, H: 4 * D * D + 4 * D * H,
             "you gave every head its own bias of D numbers: each projection has one bias of D numbers, and head h "
             "uses its slice of D_k of them, so the biases add 4·D, not 4·D·H."),
+    Mistake("biases of one head's width", lambda D, H: 4 * D * D + 4 * (D // H),
+            "the four D×D weight matrices are right, but each bias has D numbers, not D_k: head h uses a slice of D_k "
+            "of each bias, and the H slices together make the whole vector of D."),
+    Mistake("one bias number per head", lambda D, H: 4 * D * D + 4 * H,
+            "the four D×D weight matrices are right, but a bias is not one number per head: each projection adds a "
+            "vector of D numbers (head h uses its slice of D_k of them)."),
     Mistake("one bias", lambda D, H: 4 * D * D + D, "you have one bias vector: each of the four projections has its own bias of D numbers."),
     Mistake("scalar biases", lambda D, H: 4 * (D * D + 1), "each bias is a vector of D numbers, not one number."),
     Mistake("half the width", lambda D, H: 4 * (D // 2) ** 2 + 4 * (D // 2),
@@ -222,25 +228,28 @@ def _reference_module(case: int = 0) -> tuple[MultiHeadSelfAttention, Tensor]:
 
 def _loop(module: MultiHeadSelfAttention, x: Tensor, *, scale: float | None = None, dim: int | tuple[int, int] = -1, use_wo: bool = True,
           qkv_bias: bool = True, wo_bias: bool = True, columns: bool = False, merge: str = "cat", transposed: bool = False,
-          wo_bias_per_head: bool = False) -> Tensor:
+          wo_bias_per_head: bool = False, same_slice: bool = False, scale_after: bool = False,
+          weights_transposed: bool = False, keys_from_w_q: bool = False) -> Tensor:
     """The per-head loop with one thing changed (a typical mistake); the defaults give the right answer."""
     d_k, H = module.d_k, module.num_heads
     heads = []
     for h in range(H):
-        sl = slice(h * d_k, (h + 1) * d_k)
+        sl = slice(0, d_k) if same_slice else slice(h * d_k, (h + 1) * d_k)
 
         def project(lin: torch.nn.Linear) -> Tensor:
             w = lin.weight[:, sl] if columns else lin.weight[sl].T  # [D, D_k]
             return x @ w + (lin.bias[sl] if qkv_bias else 0.0)  # [B, S, D_k]
 
-        q, k, v = project(module.w_q), project(module.w_k), project(module.w_v)  # each [B, S, D_k]
+        q, k, v = project(module.w_q), project(module.w_q if keys_from_w_q else module.w_k), project(module.w_v)  # each [B, S, D_k]
         s = 1.0 / math.sqrt(d_k) if scale is None else scale
-        scores = (k @ q.transpose(-2, -1) if transposed else q @ k.transpose(-2, -1)) * s  # [B, S, S]
+        scores = (k @ q.transpose(-2, -1) if transposed else q @ k.transpose(-2, -1)) * (1.0 if scale_after else s)  # [B, S, S]
         if isinstance(dim, tuple):  # one softmax over the whole [S, S] matrix
             weights = torch.softmax(scores.flatten(-2), dim=-1).view_as(scores)
         else:
             weights = torch.softmax(scores, dim=dim)
-        heads.append(weights @ v)  # [B, S, D_k]
+        if weights_transposed:
+            weights = weights.transpose(-2, -1)  # [B, S_k, S_q]
+        heads.append(weights @ v * (s if scale_after else 1.0))  # [B, S, D_k]
     if wo_bias_per_head:  # each head through its block of W_O, with the bias added every time
         return sum(heads[h] @ module.w_o.weight[:, h * d_k:(h + 1) * d_k].T + module.w_o.bias for h in range(H))  # [B, S, D]
     if merge == "cat":
@@ -290,6 +299,18 @@ LOOP_MISTAKES: tuple[Mistake, ...] = (
             "weights over the keys must sum to 1, softmax(..., dim=-1)."),
     Mistake("k @ q^T", lambda m, x: _loop(m, x, transposed=True),
             "your scores are k_h @ q_h^T, the transpose: row i must hold query i's scores against every key, q_h @ k_h^T."),
+    Mistake("same slice for every head", lambda m, x: _loop(m, x, same_slice=True),
+            "every head uses the same slice, rows 0 .. D_k - 1 of the weights: head h takes rows h·D_k .. (h+1)·D_k - 1 "
+            "(and the same slice of each bias), so the slice must depend on h."),
+    Mistake("scaled after the softmax", lambda m, x: _loop(m, x, scale_after=True),
+            "you scaled after the softmax (softmax(q_h k_h^T) @ v_h / sqrt(D_k)): the scale belongs inside, on the "
+            "scores, softmax(q_h k_h^T / sqrt(D_k)) @ v_h. Scaling afterwards only shrinks the output, while the "
+            "weights stay as peaked as without any scale."),
+    Mistake("weights^T @ v", lambda m, x: _loop(m, x, weights_transposed=True),
+            "you multiplied the transposed weights by v (weights.transpose(-2, -1) @ v_h): row i of the weights is "
+            "query i's share over the keys, so query i's output is row i of the weights times v_h: weights @ v_h, with no transpose."),
+    Mistake("keys from w_q", lambda m, x: _loop(m, x, keys_from_w_q=True),
+            "your keys come from w_q: k_h is x @ module.w_k.weight[rows].T + module.w_k.bias[rows], with w_k's rows."),
     Mistake("reversed heads", lambda m, x: _loop(m, x, merge="reverse"),
             "the heads are concatenated in reverse order: head h's output goes to features h·D_k .. (h+1)·D_k - 1."),
     Mistake("weight columns", lambda m, x: _loop(m, x, columns=True),
@@ -356,8 +377,16 @@ def _loop_one(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor], case: int)
                          "last axis (torch.cat(heads, dim=-1)) and apply w_o.")
         return wrong(f"your result has shape {tuple(got.shape)}, expected [B, S, D] = {tuple(expected.shape)} "
                      f"(D = {D}, H = {H} heads of D_k = {D // H}).")
+    if got.dtype == torch.float32 and x.dtype == torch.float64:  # half precision is named by the guard
+        return wrong("your result is torch.float32, but x and the module are torch.float64: compute in the dtype of "
+                     "the inputs (a cast to a smaller float drops the precision that the inputs carry).")
     with torch.no_grad():
         if close(got, expected):
+            if x.dtype == torch.float64 and not close(got, expected, atol=1e-9, rtol=1e-9):
+                worst = float((got.detach().cpu().to(torch.float64) - expected).abs().max())
+                return wrong(f"your result is torch.float64 but only as precise as float32 (it differs from the float64 "
+                             f"reference by up to {worst:.1e}): somewhere you computed in float32 and cast back. "
+                             "Compute in the dtype of the inputs, which carry float64 precision.")
             return None
         hint = diagnose(got, LOOP_MISTAKES, ref, x)
     if hint is not None:
@@ -433,11 +462,19 @@ BYTES_MISTAKES: tuple[Mistake, ...] = (
     Mistake("no H", lambda B, H, S, dt: B * S * S * _size(dt), "Each of the H heads has its own S×S weights: multiply by H."),
     Mistake("S, not S²", lambda B, H, S, dt: B * H * S * _size(dt), "Each head stores one weight per (query, key) pair: S·S, not S."),
     Mistake("no B", lambda B, H, S, dt: H * S * S * _size(dt), "Every sequence in the batch has its own weights: multiply by B."),
+    Mistake("4 for float32, else 2", lambda B, H, S, dt: B * H * S * S * (4 if dt == torch.float32 else 2),
+            "Your bytes per element are right for float32, float16 and bfloat16 but not for float64 (8 bytes): read "
+            "them from the dtype, torch.empty((), dtype=dtype).element_size() (or dtype.itemsize), instead of "
+            "listing the dtypes you thought of."),
     Mistake("bits", lambda B, H, S, dt: B * H * S * S * _size(dt) * 8, "A factor 8 too large: bytes, not bits."),
     Mistake("GiB", lambda B, H, S, dt: B * H * S * S * _size(dt) / 2**30,
             "Those are GiB (you divided by 2**30): the function returns bytes."),
     Mistake("MiB", lambda B, H, S, dt: B * H * S * S * _size(dt) / 2**20,
             "Those are MiB (you divided by 2**20): the function returns bytes."),
+    Mistake("GB", lambda B, H, S, dt: B * H * S * S * _size(dt) / 1e9,
+            "Those are GB (you divided by 1e9; a GiB is 2**30 bytes): the function returns bytes."),
+    Mistake("KiB", lambda B, H, S, dt: B * H * S * S * _size(dt) / 2**10,
+            "Those are KiB (you divided by 2**10 = 1024): the function returns bytes."),
     Mistake("causal triangle", lambda B, H, S, dt: B * H * (S * (S + 1) // 2) * _size(dt),
             "You counted only the causal triangle, S(S+1)/2 per head: the weights tensor is a full [B, H, S, S] "
             "(masked entries are stored as zeros), S·S per head."),
@@ -592,4 +629,40 @@ def split_merge_diagram() -> Diagram:
     for j in range(H):
         d.rect(sx + j * sw / H, sy, sw / H, 24, fill="sky" if j % 2 else "blue", tint=True, stroke="blue", rx=0, width=1)
     d.text(sx + sw / 2, sy + 44, f"{H} slices of {dk}", size=14)
+    return d
+
+
+#: The key/value sharing diagram of section 5.7: query heads, and the key/value heads of MHA, GQA and MQA.
+KV_SHARING_QUERY_HEADS, KV_SHARING_KV_HEADS = 8, (8, 2, 1)
+
+
+@diagram
+def kv_sharing_diagram() -> Diagram:
+    """Multi-head, grouped-query and multi-query attention: which key/value head each query head reads."""
+    H = KV_SHARING_QUERY_HEADS
+    names = {H: "multi-head (MHA)", 1: "multi-query (MQA)"}
+    x0, qw, gap, row = 14, 40, 10, 124
+    width = x0 * 2 + H * qw + (H - 1) * gap
+    d = Diagram("ch05_kv_sharing", width, 24 + row * len(KV_SHARING_KV_HEADS) + 8,
+                title="Query heads sharing key/value heads",
+                alt=f"Three rows, each with {H} query heads on top. Multi-head attention: each query head has its "
+                    f"own key/value head, {H} in all. Grouped-query attention with {KV_SHARING_KV_HEADS[1]} key/value "
+                    f"heads: each group of {H // KV_SHARING_KV_HEADS[1]} query heads reads one key/value head. "
+                    "Multi-query attention: all query heads read a single key/value head. The KV cache stores only "
+                    "the key/value heads.")
+    for r, H_kv in enumerate(KV_SHARING_KV_HEADS):
+        y = 24 + r * row
+        label = names.get(H_kv, "grouped-query (GQA)")
+        d.text(x0, y + 4, f"{label}: {H_kv} K/V head{'s' if H_kv > 1 else ''} cached", size=14, anchor="start",
+               weight="bold")
+        group = H // H_kv
+        for h in range(H):
+            d.box(x0 + h * (qw + gap), y + 16, qw, 26, f"q{h}", color="sky", size=14)
+        for g in range(H_kv):
+            first = x0 + g * group * (qw + gap)
+            span = group * qw + (group - 1) * gap
+            d.box(first, y + 74, span, 26, f"kv{g}" if span < 80 else f"K/V head {g}", color="orange", size=14)
+            for h in range(g * group, (g + 1) * group):
+                cx = x0 + h * (qw + gap) + qw / 2
+                d.line(cx, y + 42, first + span / 2, y + 74, color=MUTED, width=1)
     return d

@@ -32,6 +32,7 @@ from attnlib import (
 )
 
 from .feedback import (
+    HALF_TOL,
     Feedback,
     Mistake,
     MistakeTable,
@@ -395,9 +396,16 @@ APPEND_CASES: tuple[tuple[int, int, int, int, int, int, torch.dtype], ...] = (
     (3, 6, 1, 4, 5, 7, torch.float32),
 )
 
+#: 16-bit cases, tried after the full-precision ones: a cache is usually held in float16 or bfloat16, so
+#: the step must work there too (the output is compared with float64 attention to HALF_TOL).
+HALF_APPEND_CASES: tuple[tuple[int, int, int, int, int, int, torch.dtype], ...] = (
+    (2, 4, 2, 6, 3, 8, torch.float16),
+    (1, 4, 1, 5, 2, 8, torch.bfloat16),
+)
+
 
 def _append_case(case: int = 0) -> tuple[Tensor, ...]:
-    B, H, H_kv, S_past, S_new, D_k, dtype = APPEND_CASES[case]
+    B, H, H_kv, S_past, S_new, D_k, dtype = (APPEND_CASES + HALF_APPEND_CASES)[case]
     gen = torch.Generator().manual_seed(9 + case)
     q = torch.randn(B, H, S_new, D_k, generator=gen, dtype=torch.float64)
     k_cache, v_cache = (torch.randn(B, H_kv, S_past, D_k, generator=gen, dtype=torch.float64) for _ in range(2))
@@ -425,8 +433,14 @@ APPEND_MISTAKES = (
             "diagonal sits one position too far right): with more than one new token a causal mask is needed, "
             "aligned bottom-right (causal_mask(S_new, S_k=S_k))."),
     Mistake("mask inverted", lambda *c: _attend(c[0], *_cat(*c), attn_mask=~_bottom_right(c)),
-            "your boolean mask is inverted: in F.scaled_dot_product_attention True means 'may attend' (nn.MultiheadAttention "
-            "uses the opposite convention, True = masked). Pass causal_mask(S_new, S_k=S_k) as it is, without ~."),
+            "your mask is inverted: in F.scaled_dot_product_attention a boolean True means 'may attend' (nn.MultiheadAttention "
+            "uses the opposite convention, True = masked). Pass causal_mask(S_new, S_k=S_k) as it is, without ~; an "
+            "additive mask is 0 where a query may attend and -inf elsewhere, not the other way round."),
+    Mistake("upper triangle kept", lambda *c: _attend(c[0], *_cat(*c), attn_mask=torch.ones(
+                c[0].shape[2], c[1].shape[2] + c[3].shape[2], dtype=torch.bool).triu(c[1].shape[2])),
+            "your mask keeps the upper triangle (triu): each new query then sees itself and the keys AFTER it. A query "
+            "may see the keys up to its own position, the lower triangle: causal_mask(S_new, S_k=S_k), which is "
+            "tril(S_k - S_new) of a [S_new, S_k] matrix of ones."),
     Mistake("no 1/sqrt(D_k)", lambda *c: _attend(c[0], *_cat(*c), attn_mask=_bottom_right(c), scale=1.0),
             "the scores are not divided by sqrt(D_k): scaled_dot_product_attention does it by default, so leave its "
             "scale argument alone (or divide q @ k^T by math.sqrt(D_k) if you compute the scores yourself)."),
@@ -446,6 +460,15 @@ APPEND_MISTAKES = (
                                                            scale=1 / math.sqrt(c[0].shape[1] * c[0].shape[3])),
             "you divided the scores by sqrt(H * D_k), the model width: each head's scores are dot products of "
             "D_k-wide vectors, so divide by sqrt(D_k), the head width (q.shape[-1])."),
+    Mistake("new keys only", lambda *c: _attend(c[0], c[3], c[4], is_causal=True),
+            "your queries see only the new keys: the caches were appended, but the attention ran over k_new and "
+            "v_new alone. Attend over the whole updated cache, the keys and values after the torch.cat."),
+    Mistake("scaled by 1/D_k", lambda *c: _attend(c[0], *_cat(*c), attn_mask=_bottom_right(c), scale=1 / c[0].shape[3]),
+            "you divided the scores by D_k: divide by sqrt(D_k) (math.sqrt(q.shape[-1])), which keeps the scores' "
+            "spread near 1 whatever the head width."),
+    Mistake("keys and values swapped in the attention", lambda *c: _attend(c[0], *reversed(_cat(*c)), attn_mask=_bottom_right(c)),
+            "the scores use the values and the weighted sum the keys: the queries are compared with the KEYS "
+            "(q @ k^T), and the weights average the VALUES."),
     Mistake("own key hidden", lambda *c: _attend(c[0], *_cat(*c), attn_mask=_bottom_right(c, shift=-1)),
             "your mask is off by one: each new query is hidden from its own key (and the first one from the newest "
             "cached key too). causal_mask(S_new, S_k=S_k) lets query i see keys 0 .. S_k - S_new + i, itself included."),
@@ -503,9 +526,27 @@ _MASK_WIDTH = (
 )
 
 
+_HALF_FILL = (
+    "{error}: in {dtype} the largest number is {top:,.0f}, so a fill value such as -1e9 (or "
+    "torch.finfo(torch.float32).min) does not fit. Fill with float('-inf'), or torch.finfo(scores.dtype).min, "
+    "or pass the boolean mask to scaled_dot_product_attention."
+)
+
+_HALF_NAN = (
+    "your output has inf or NaN with {dtype} inputs (the float64 and float32 cases were right): something "
+    "overflows {dtype}, whose largest number is {top:,.0f}. A fill value of -1e9 added to the scores, or "
+    "exp() of unshifted scores, does; use float('-inf') and softmax (or scaled_dot_product_attention)."
+)
+
+
 def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | None:
     H, H_kv = case[0].shape[1], case[1].shape[1]
+    dtype = case[0].dtype
+    half = dtype in (torch.float16, torch.bfloat16)
     result, fb = run_reader_code(fn, *(t.clone() for t in case))
+    if fb is not None and half and "without overflow" in fb.message:
+        return wrong(_HALF_FILL.format(error=fb.message.removeprefix("your code raised ").rstrip("."), dtype=dtype,
+                                       top=torch.finfo(dtype).max))
     if fb is not None and "must match the size of tensor" in fb.message:
         error = fb.message.removeprefix("your code raised ")
         if "dimension 1" in fb.message and H != H_kv:  # the head axis
@@ -524,6 +565,8 @@ def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | 
         return wrong(f"return three tensors (output, keys, values), got {describe(result)}.")
     out, keys, values = result
     ref_out, ref_k, ref_v = reference_append_and_attend(*case)
+    if half:  # the right output of these 16-bit inputs, computed in float64
+        ref_out = reference_append_and_attend(*(t.double() for t in case))[0]
     if close(keys, ref_v) and close(values, ref_k):
         return wrong("your keys and values come back swapped: return (output, keys, values), the keys first.")
     for name, got, exp in (("keys", keys, ref_k), ("values", values, ref_v)):
@@ -537,7 +580,14 @@ def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | 
             shape = tuple(got.shape) if isinstance(got, Tensor) else describe(got)
             return wrong(f"the returned {name} should be the cache with the new positions appended, shape {tuple(exp.shape)} "
                          f"([B, H_kv, S_past + S_new, D_k]); got {shape}.")
-    dtype_problem = _dtype_hint(out, ref_out)
+    if half:
+        tol = HALF_TOL if dtype == torch.float16 else 2 * HALF_TOL
+        if isinstance(out, Tensor) and out.is_floating_point() and close(out, ref_out, atol=tol, rtol=tol):
+            return None  # in 16 bits, or wider (a wider output of 16-bit inputs is fine)
+        if (isinstance(out, Tensor) and out.is_floating_point() and tuple(out.shape) == tuple(ref_out.shape)
+                and not bool(torch.isfinite(out).all()) and not bool(out[..., :-1, :].isnan().all())):
+            return wrong(_HALF_NAN.format(dtype=dtype, top=torch.finfo(dtype).max))
+    dtype_problem = None if half else _dtype_hint(out, ref_out)
     if dtype_problem is not None:
         return dtype_problem
     if close(out, ref_out):
@@ -567,13 +617,14 @@ def _solution_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Tensor,
                                lambda *c: reference_append_and_attend(*c)[0]),))
 def check_append_and_attend(fn: Callable[..., Any]) -> Feedback:
     """Check ``fn(q, k_cache, v_cache, k_new, v_new) -> (output, keys, values)`` on the cases of
-    :data:`APPEND_CASES` (GQA with two new tokens; MQA with five, in float32)."""
-    for c in range(len(APPEND_CASES)):
+    :data:`APPEND_CASES` (GQA with two new tokens; MQA with five, in float32), then on the 16-bit
+    cases of :data:`HALF_APPEND_CASES` (float16 and bfloat16)."""
+    for c in range(len(APPEND_CASES) + len(HALF_APPEND_CASES)):
         problem = _append_one(fn, _append_case(c))
         if problem is not None:
             return problem
     return correct("the new tokens get exactly the last rows of one causal pass over all positions (checked for GQA "
-                   "with two new tokens and MQA with five).")
+                   "with two new tokens and MQA with five, and in float16 and bfloat16).")
 
 
 def full_causal_pass(case: tuple[Tensor, ...]) -> Tensor:
@@ -762,6 +813,20 @@ INTENSITY_MISTAKES = (
     Mistake("cache left out", _intensity(cache_bytes=False),
             "you counted the weights' bytes only: each sequence also reads its own key/value cache, "
             "batch x 2 x H_kv x d_k x S numbers of 2 bytes."),
+    Mistake("four bytes per number", _intensity(nbytes=4),
+            "you counted 4 bytes per number, as for float32: the step is in 16-bit, so each weight and cached number "
+            "takes 2 bytes."),
+    Mistake("integer division", lambda D, H, H_kv, S, batch: float(batch * layer_flops(D, H, H_kv, 1, S)
+                                                                    // ((2 * D * D + 2 * D * H_kv * (D // H)) * 2
+                                                                        + batch * 2 * H_kv * (D // H) * S * 2)),
+            "use / not //: the intensity is a fraction (FLOPs per byte), and // floors it to a whole number."),
+    Mistake("S - 1 cached positions", lambda D, H, H_kv, S, batch: reference_decode_intensity(D, H, H_kv, S - 1, batch),
+            "S already includes the new token: the step attends over S positions and reads a cache of S positions, "
+            "so do not subtract 1."),
+    Mistake("S - 1 positions in the cache", lambda D, H, H_kv, S, batch: (
+        batch * layer_flops(D, H, H_kv, 1, S)
+        / ((2 * D * D + 2 * D * H_kv * (D // H)) * 2 + batch * 2 * H_kv * (D // H) * (S - 1) * 2)),
+            "S already includes the new token: each sequence's cache holds S positions, so count S, not S - 1."),
     Mistake("bytes per FLOP", lambda *c: 1 / reference_decode_intensity(*c),
             "your ratio is upside down: that is bytes per FLOP. The intensity is FLOPs divided by bytes."),
     Mistake("rounded to a whole number", lambda *c: float(math.ceil(reference_decode_intensity(*c))),
@@ -845,6 +910,9 @@ MLA_MISTAKES = (
     Mistake("heads over all layers", lambda l, L, r, d: (float((L + r) * l * 2), (L + r) * l / (2 * d)),
             "your equivalent heads count all layers (or divide the bytes over all layers by 4 x head_dim): "
             "compare one layer's numbers, (latent + rope) / (2 x head_dim), because a GQA head is counted per layer too."),
+    Mistake("rotary key counted twice", lambda l, L, r, d: (float((L + 2 * r) * l * 2), (L + 2 * r) / (2 * d)),
+            "you counted the rotary key twice: it is one vector of rope numbers per token and layer, shared by all "
+            "heads (a key has no rotary value), so the cache holds latent + rope numbers."),
     Mistake("heads upside down", lambda l, L, r, d: (float((L + r) * l * 2), 2 * d / (L + r)),
             "your ratio of heads is upside down: divide MLA's numbers per token and layer by a GQA head's 2 x head_dim."),
 )
@@ -898,7 +966,8 @@ def reference_merge_partials(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
     return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses))  # [B, H, 1, D_v]
 
 
-def _merge_case(B: int, H: int, D: int, sizes: tuple[int, ...], shift: float, seed: int) -> tuple[list[Tensor], list[Tensor]]:
+def _merge_case(B: int, H: int, D: int, sizes: tuple[int, ...], shift: float, seed: int,
+                dtype: torch.dtype = torch.float64) -> tuple[list[Tensor], list[Tensor]]:
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, 1, D, generator=gen, dtype=torch.float64)
     outs, lses = [], []
@@ -908,11 +977,15 @@ def _merge_case(B: int, H: int, D: int, sizes: tuple[int, ...], shift: float, se
         s = q @ k.transpose(-2, -1) + shift  # [B, H, 1, n]; the shift makes exp overflow
         lses.append(torch.logsumexp(s, -1))  # [B, H, 1]
         outs.append(torch.softmax(s, -1) @ v)  # [B, H, 1, D]
-    return outs, lses
+    return [o.to(dtype) for o in outs], [l.to(dtype) for l in lses]
 
 
 #: Two cases that differ in every size; the second has scores near 1000, where exp overflows even in float64.
 MERGE_CASES = ((2, 3, 5, (7, 4, 9), 0.0, 1), (1, 4, 6, (3, 11), 1000.0, 2))
+#: 16-bit cases, tried after those: Flash-Decoding's partial results are usually float16 or bfloat16. In
+#: float16 the scores sit near 6, so e^lse is near e^8 ~ 3,000, not far from its largest number, 65,504
+#: (e^11.1). bfloat16's scores stay near 0: it keeps 8 significant bits, so near 8 its lse values are 1/32 apart.
+HALF_MERGE_CASES = ((2, 2, 4, (5, 8, 3), 6.0, 3, torch.float16), (1, 3, 4, (6, 2), 0.0, 4, torch.bfloat16))
 MERGE_MISTAKES = (
     Mistake("plain average", lambda outs, lses: sum(outs) / len(outs),
             "a plain average gives every chunk the same weight; a chunk's weight is its share of the softmax "
@@ -936,7 +1009,8 @@ MERGE_MISTAKES = (
             "you merged only the first two chunks: loop over all of them (zip(outs, lses)); there can be any number."),
     Mistake("summed, not weighted", lambda outs, lses: sum(outs),
             "you added the partial outputs with weight 1 each: weight chunk i by exp(lse_i - lse), a softmax over the "
-            "chunk axis (dim=0 of torch.stack(lses)), not over the last axis, which has one entry per chunk here."),
+            "chunk axis (dim=0 of torch.stack(lses)), not over the last axis, which has a single entry (the one query), "
+            "so every weight becomes 1."),
 )
 
 _MERGE_SIZES: dict[int, tuple[int, ...]] = {}
@@ -970,9 +1044,11 @@ def _solution_merge(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
 @exercise(solution=_solution_merge,
           tables=(MistakeTable(MERGE_MISTAKES, lambda: [_merge_case(*c) for c in MERGE_CASES], reference_merge_partials),))
 def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
-    """Check ``fn(outs, lses) -> merged [B, H, 1, D_v]`` on two splits that differ in every size."""
-    for B, H, D, sizes, shift, seed in MERGE_CASES:
-        outs, lses = _merge_case(B, H, D, sizes, shift, seed)
+    """Check ``fn(outs, lses) -> merged [B, H, 1, D_v]`` on two splits that differ in every size, then on
+    the 16-bit splits of :data:`HALF_MERGE_CASES` (float16 and bfloat16)."""
+    for B, H, D, sizes, shift, seed, *dtype in MERGE_CASES + HALF_MERGE_CASES:
+        outs, lses = _merge_case(B, H, D, sizes, shift, seed, *dtype)
+        half = outs[0].dtype in (torch.float16, torch.bfloat16)
         got, fb = call_reader(fn, ([o.clone() for o in outs], [l.clone() for l in lses]), axes=("B", "H", "1", "D_v"))
         if fb is not None and "must match the size of tensor" in fb.message:
             return wrong("a weight exp(lse_i - lse) has shape [B, H, 1] and a partial output [B, H, 1, D_v]: keep a "
@@ -981,9 +1057,25 @@ def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
         if fb is not None:
             return fb
         expected = reference_merge_partials(outs, lses)
+        if half:  # the right merge of these 16-bit partials, computed in float64
+            expected = reference_merge_partials([o.double() for o in outs], [l.double() for l in lses])
+        if half and isinstance(got, Tensor) and got.shape == expected.shape and not torch.isfinite(got).all():
+            dtype = outs[0].dtype
+            return wrong(f"your result has inf or NaN with {dtype} partials whose lse is near {shift + 2:.0f} (the "
+                         f"float64 cases were right): {dtype}'s largest number is {torch.finfo(dtype).max:,.0f}, so "
+                         "exp() overflows above about 11 (float16), and a sum of weights held in 16 bits can too. "
+                         "Keep every exponent at most 0: exp(lse_i - lse) with lse = logsumexp(stack(lses), 0).")
         if isinstance(got, Tensor) and got.shape == expected.shape and not torch.isfinite(got).all():
             return wrong(f"your result has inf or NaN when the scores are near {shift:.0f}: exp(lse_i) overflows. "
                          "Subtract the overall logsumexp first: exp(lse_i - lse) is at most 1.")
+        if half:
+            tol = HALF_TOL if outs[0].dtype == torch.float16 else 2 * HALF_TOL
+            if isinstance(got, Tensor) and got.is_floating_point() and close(got, expected, atol=tol, rtol=tol):
+                continue  # in 16 bits, or wider
+            return diagnose(got, MERGE_MISTAKES, outs, lses) or wrong(
+                f"your merge is right in float64 but not with {outs[0].dtype} partials (expected shape "
+                f"{tuple(expected.shape)}, compared to {tol:g}): compute the weights exp(lse_i - lse) in the partials' "
+                "dtype or wider, without constants that do not fit in 16 bits.")
         dtype_problem = _dtype_hint(got, expected)
         if dtype_problem is not None:
             return dtype_problem
@@ -991,7 +1083,8 @@ def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
             continue
         return diagnose(got, MERGE_MISTAKES, outs, lses) or wrong(
             f"the merged output differs from attention over all {sum(sizes)} keys (expected shape {tuple(expected.shape)}).")
-    return correct("the merge is exact: the partial results of any split combine into attention over all keys.")
+    return correct("the merge is exact: the partial results of any split combine into attention over all keys "
+                   "(in float16 and bfloat16 too, to their precision).")
 
 
 # ---- diagrams (drawn from the chapter's constants; tools/build_diagrams.py writes them) ----------
@@ -1099,7 +1192,7 @@ def latent_cache_diagram() -> Diagram:
                 alt=f"A token's input x is compressed by W_DKV into a latent c of width {L}, which is cached "
                     f"together with a rotary key of width {R}. Every one of the {H} heads rebuilds its value and "
                     f"key from the latent with its own up-projections W_UV and W_UK; the rotary key joins every "
-                    f"head's key. The cache holds {L + R} "
+                    f"head's key, which is {Dk} + {R} = {Dk + R} wide. The cache holds {L + R} "
                     f"numbers per token and layer instead of 2 x {H} x {Dk} = {2 * H * Dk:,d}.")
     d.box(16, 70, 58, 50, "x", sub="[D]", color="sky", size=16)
     d.arrow(76, 95, 134, 95, label="W_{DKV}", size=17, label_side=-15)
@@ -1107,11 +1200,11 @@ def latent_cache_diagram() -> Diagram:
     d.text(197, 32, "cached", size=14, color="orange", weight="bold")
     d.box(148, 52, 98, 50, "latent c", sub=f"[{L}]", color="orange", size=16)
     d.box(148, 110, 98, 50, "rope key", sub=f"[{R}]", color="orange", size=16)
-    d.arrow(258, 68, 314, 60, label="W_{UV}", size=17, label_side=-16)
-    d.arrow(258, 90, 314, 124, label="W_{UK}", size=17, label_side=-16)
-    d.arrow(258, 142, 314, 142)
-    d.box(318, 36, 108, 48, "values", sub=f"[{H}, {Dk}]", color="blue", size=16)
-    d.box(318, 108, 108, 48, "keys", sub=f"[{H}, {Dk}]", color="blue", size=16)
+    d.arrow(258, 68, 306, 60, label="W_{UV}", size=17, label_side=-16)
+    d.arrow(258, 90, 306, 124, label="W_{UK}", size=17, label_side=-16)
+    d.arrow(258, 142, 306, 142)
+    d.box(310, 36, 124, 48, "values", sub=f"[{H}, {Dk}]", color="blue", size=16)
+    d.box(310, 108, 124, 48, "keys", sub=f"[{H}, {Dk} + {R}]", color="blue", size=16)
     d.text(372, 178, "rebuilt per head", size=14, color=MUTED)
     d.text(20, 222, f"cached per token and layer: {L} + {R} = {L + R} numbers,", size=14, anchor="start")
     d.text(20, 244, f"instead of 2 x {H} heads x {Dk} = {2 * H * Dk:,d} (MHA)", size=14, anchor="start")

@@ -404,3 +404,68 @@ def test_combined_mask_names_an_additive_float_mask() -> None:
 
     fb = check_combined_mask(additive)
     assert fb.status == "wrong" and "from_additive_mask" in fb.message and "additive" in fb.message, fb
+
+
+# --- the reading's wrong answers, as a reader would write them ---------------------------------
+
+def test_combined_mask_names_inverted_padding() -> None:
+    def f(am: torch.Tensor) -> torch.Tensor:
+        S = am.shape[1]
+        return torch.tril(torch.ones(S, S, dtype=torch.bool)) & ~am.bool()[:, None, None, :]
+
+    fb = check_combined_mask(f)
+    assert fb.status == "wrong" and "padding part is inverted" in fb.message and "diagonal" not in fb.message, fb
+    assert check_combined_mask(lambda am: _tril(am.shape[1]) & (am == 1)[:, None, None, :]).passed
+
+
+def test_combined_mask_names_a_transposed_mask_both_ways() -> None:
+    def transposed(am: torch.Tensor) -> torch.Tensor:
+        return (_tril(am.shape[1]) & am.bool()[:, None, None, :]).transpose(-1, -2)
+
+    def swapped(am: torch.Tensor) -> torch.Tensor:
+        return torch.triu(torch.ones(am.shape[1], am.shape[1], dtype=torch.bool)) & am.bool()[:, None, :, None]
+
+    for f in (transposed, swapped):
+        fb = check_combined_mask(f)
+        assert fb.status == "wrong" and "rows and columns are swapped" in fb.message, fb
+
+
+def _masked(q: torch.Tensor, k: torch.Tensor, *, divide: float | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
+    S = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / (math.sqrt(q.shape[-1]) if divide is None else divide)
+    return scores.masked_fill(~(causal_mask(S) if keep is None else keep), float("-inf"))
+
+
+@pytest.mark.parametrize(
+    ("fn", "hint"),
+    [
+        (lambda q, k, v: (lambda w: (w @ v, w))(torch.softmax(_masked(q, k), dim=-2)), "over the queries (dim=-2)"),
+        (lambda q, k, v: (lambda w: (w @ v, w))(torch.softmax(_masked(q, k, divide=q.shape[-1]), dim=-1)),
+         "you divided the scores by D_k"),
+        (lambda q, k, v: (lambda w: (w @ v, w))(torch.softmax(_masked(q, k, divide=1 / math.sqrt(q.shape[-1])), dim=-1)),
+         "multiplied the scores by sqrt(D_k)"),
+        (lambda q, k, v: (lambda w: (w @ v, w.transpose(-2, -1)))(torch.softmax(_masked(q, k), dim=-1)),
+         "weights are transposed"),
+        (lambda q, k, v: (lambda w: (w @ v, w))(torch.softmax(_masked(
+            q, k, keep=torch.tril(torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool), diagonal=1)), dim=-1)),
+         "diagonal=1"),
+    ],
+    ids=["softmax over queries", "divided by D_k", "times sqrt(D_k)", "weights transposed", "tril diagonal=1"],
+)
+def test_masking_order_names_the_axis_the_scale_and_the_orientation(fn, hint: str) -> None:  # type: ignore[no-untyped-def]
+    fb = check_masking_order(fn)
+    assert fb.status == "wrong" and hint in fb.message, fb
+
+
+def test_masking_order_names_half_precision_in_good_grammar() -> None:
+    def half(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        w = torch.softmax(_masked(q, k), dim=-1)
+        return w @ v, w.half()
+
+    fb = check_masking_order(half)
+    assert fb.status == "wrong" and "your weights tensor is torch.float16" in fb.message, fb
+
+
+def test_fully_masked_names_the_three_to_one_slip() -> None:
+    fb = check_fully_masked_prediction({**RIGHT, "add -1e4": [0.75, 1 / 12, 1 / 12, 1 / 12]})
+    assert fb.status == "wrong" and "3 + 1 + 1 + 1" in fb.message and "Run" not in fb.message, fb

@@ -314,3 +314,63 @@ def test_opening_diagram_weights_match_the_hand_set_heads() -> None:
     one, two = ch05.opening_weights()
     assert abs(one - 0.4939) < 5e-5 and abs(two - 0.9735) < 5e-5  # the notebook's printed weights
     assert f"{one:.2f} each" in ch05.one_vs_two_heads_diagram().alt
+
+
+# --- the reading's wrong answers, as a reader would write them ---------------------------------
+
+def _reader_loop(x: Tensor, m: MultiHeadSelfAttention, *, same_slice: bool = False, transpose_weights: bool = False,
+                 scale_after: bool = False, keys_from_w_q: bool = False) -> Tensor:
+    d_k, outs = m.d_k, []
+    for h in range(m.num_heads):
+        sl = slice(0, d_k) if same_slice else slice(h * d_k, (h + 1) * d_k)
+        q = x @ m.w_q.weight[sl].T + m.w_q.bias[sl]
+        key_layer = m.w_q if keys_from_w_q else m.w_k
+        k = x @ key_layer.weight[sl].T + key_layer.bias[sl]
+        v = x @ m.w_v.weight[sl].T + m.w_v.bias[sl]
+        if scale_after:
+            outs.append(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v / math.sqrt(d_k))
+            continue
+        w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1)
+        outs.append((w.transpose(-2, -1) if transpose_weights else w) @ v)
+    return m.w_o(torch.cat(outs, dim=-1))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "hint"),
+    [
+        (dict(same_slice=True), "every head uses the same slice"),
+        (dict(transpose_weights=True), "transposed weights"),
+        (dict(scale_after=True), "scaled after the softmax"),
+        (dict(keys_from_w_q=True), "keys come from w_q"),
+    ],
+)
+def test_per_head_loop_names_the_common_loop_slips(kwargs: dict, hint: str) -> None:
+    fb = check_per_head_loop(lambda x, m: _reader_loop(x, m, **kwargs))
+    assert fb.status == "wrong" and hint in fb.message, fb.message
+
+
+def test_per_head_loop_refuses_a_float32_computation_of_the_float64_case() -> None:
+    fb = check_per_head_loop(lambda x, m: _reader_loop(x.float(), m.float()))
+    assert fb.status == "wrong" and "torch.float32, but x and the module are torch.float64" in fb.message, fb.message
+    fb = check_per_head_loop(lambda x, m: _reader_loop(x.float(), m.float()).to(x.dtype))
+    assert fb.status == "wrong" and "only as precise as float32" in fb.message, fb.message
+    assert check_per_head_loop(lambda x, m: _reader_loop(x, m)).passed
+
+
+def test_param_count_names_biases_of_one_head_width() -> None:
+    fb = check_param_count(4 * 1024**2 + 4 * 64)
+    assert fb.status == "wrong" and "not D_k" in fb.message, fb.message
+
+
+@pytest.mark.parametrize(
+    ("fn", "hint"),
+    [
+        (lambda B, H, S, dt: B * H * S * S * torch.empty((), dtype=dt).element_size() / 1e9, "GB"),
+        (lambda B, H, S, dt: B * H * S * S * torch.empty((), dtype=dt).element_size() / 1024, "KiB"),
+        (lambda B, H, S, dt: B * H * S * S * (4 if dt == torch.float32 else 2), "float64 (8 bytes)"),
+    ],
+    ids=["GB", "KiB", "float32 else 2"],
+)
+def test_weights_bytes_names_unit_and_dtype_slips(fn, hint: str) -> None:  # type: ignore[no-untyped-def]
+    fb = check_weights_bytes(fn)
+    assert fb.status == "wrong" and hint in fb.message, fb.message

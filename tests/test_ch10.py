@@ -265,3 +265,95 @@ def test_learner_probe_mistakes_are_named() -> None:
     assert "rounded down" in ch10.check_mla_cache(floor_heads).message
     assert "bits" in ch10.check_window_cache_bytes(lambda S: 2 * 24 * 4 * 96 * min(S, 2048) * 16).message
     assert "one layer" in ch10.check_window_cache_bytes(lambda S: 2 * 4 * 96 * min(S, 2048) * 2).message
+
+
+def test_reading_1011_slips_get_their_own_hints() -> None:
+    """The fresh reading's submissions: new keys only, 1/D_k, integer division, 4 bytes, S - 1, the merge
+    softmax over the wrong axis; and the 16-bit cases: a -1e9 fill that float16 cannot hold."""
+    import torch.nn.functional as F
+
+    from attnlib import causal_mask, repeat_kv
+
+    def new_keys_only(q, kc, vc, kn, vn):
+        H = q.shape[1]
+        out = F.scaled_dot_product_attention(q, repeat_kv(kn, H), repeat_kv(vn, H), is_causal=True)
+        return out, torch.cat([kc, kn], 2), torch.cat([vc, vn], 2)
+
+    def manual(fill, scale):
+        def f(q, kc, vc, kn, vn):
+            k, v, H = torch.cat([kc, kn], 2), torch.cat([vc, vn], 2), q.shape[1]
+            s = q @ repeat_kv(k, H).transpose(-2, -1) / scale(q.shape[-1])
+            s = s.masked_fill(~causal_mask(q.shape[2], S_k=k.shape[2]), fill)
+            return s.softmax(-1) @ repeat_kv(v, H), k, v
+        return f
+
+    fb = ch10.check_append_and_attend(new_keys_only)
+    assert not fb.passed and "only the new keys" in fb.message, fb
+    fb = ch10.check_append_and_attend(manual(float("-inf"), lambda d: d))
+    assert not fb.passed and "divided the scores by D_k" in fb.message, fb
+    fb = ch10.check_append_and_attend(manual(-1e9, math.sqrt))  # right in float64 and float32, not in float16
+    assert not fb.passed and "torch.float16" in fb.message and "-1e9" in fb.message, fb
+    assert ch10.check_append_and_attend(manual(float("-inf"), math.sqrt)).passed  # the manual form, right
+    upcast = lambda *c: (lambda o, k, v: (o.double() if c[0].dtype in (torch.float16, torch.bfloat16) else o, k, v))(
+        *ch10._solution_append(*(t.double() for t in c)) if c[0].dtype in (torch.float16, torch.bfloat16)
+        else ch10._solution_append(*c))
+    assert ch10.check_append_and_attend(upcast).passed  # a 16-bit step computed in float64 is fine
+
+    def intensity(nbytes=2, floor=False, minus=0):
+        def f(D, H, H_kv, S, batch):
+            d_k, S = D // H, S - minus
+            flops = batch * ch10.layer_flops(D, H, H_kv, 1, S)
+            total = (2 * D * D + 2 * D * H_kv * d_k) * nbytes + batch * 2 * H_kv * d_k * S * nbytes
+            return flops // total if floor else flops / total
+        return f
+
+    for kwargs, words in (({"floor": True}, "use / not //"), ({"nbytes": 4}, "4 bytes"), ({"minus": 1}, "S already includes")):
+        fb = ch10.check_decode_intensity(intensity(**kwargs))
+        assert not fb.passed and words in fb.message, (kwargs, fb)
+
+    fb = ch10.check_merge_partials(lambda outs, lses: sum(w[..., None] * o for w, o in
+                                                         zip(torch.softmax(torch.stack(lses), dim=-1), outs)))
+    assert not fb.passed and "a single entry (the one query)" in fb.message, fb
+
+
+def test_merge_checker_tries_16_bit_partials() -> None:
+    def float16_constant(outs, lses):  # right in float64; the -70000 floor is -inf in float16
+        stacked = torch.stack(lses).clamp_min(torch.tensor(-7e4, dtype=lses[0].dtype))
+        lse = torch.logsumexp(stacked, 0)
+        return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, stacked))
+
+    def naive_in_float16(outs, lses):  # overflows float16 at lse > 11 only when computed in 16 bits
+        if lses[0].dtype != torch.float16:
+            return ch10._solution_merge(outs, lses)
+        w = [torch.exp(l + 4) for l in lses]
+        return sum(x[..., None] * o for x, o in zip(w, outs)) / sum(w)[..., None]
+
+    assert ch10.check_merge_partials(float16_constant).passed or "float16" in ch10.check_merge_partials(float16_constant).message
+    fb = ch10.check_merge_partials(naive_in_float16)
+    assert not fb.passed and "torch.float16" in fb.message and "overflow" in fb.message, fb
+    wider = lambda outs, lses: ch10._solution_merge([o.double() for o in outs], [l.double() for l in lses])
+    assert ch10.check_merge_partials(wider).passed
+
+
+def test_reading_1011_triu_additive_and_rope_twice() -> None:
+    import torch.nn.functional as F
+
+    from attnlib import causal_mask, repeat_kv
+
+    def with_mask(make):
+        def f(q, kc, vc, kn, vn):
+            k, v, H = torch.cat([kc, kn], 2), torch.cat([vc, vn], 2), q.shape[1]
+            m = causal_mask(q.shape[2], S_k=k.shape[2])
+            return F.scaled_dot_product_attention(q, repeat_kv(k, H), repeat_kv(v, H), attn_mask=make(m, q)), k, v
+        return f
+
+    triu = with_mask(lambda m, q: torch.ones(m.shape, dtype=torch.bool).triu(m.shape[1] - m.shape[0]))
+    fb = ch10.check_append_and_attend(triu)
+    assert not fb.passed and "upper triangle" in fb.message, fb
+    additive_flipped = with_mask(lambda m, q: torch.zeros(m.shape, dtype=q.dtype).masked_fill(m, float("-inf")))
+    fb = ch10.check_append_and_attend(additive_flipped)
+    assert not fb.passed and "additive mask is 0 where" in fb.message, fb
+    additive = with_mask(lambda m, q: torch.zeros(m.shape, dtype=q.dtype).masked_fill(~m, float("-inf")))
+    assert ch10.check_append_and_attend(additive).passed  # the additive form, right, in every dtype
+    fb = ch10.check_mla_cache(lambda l, L, r, d: (float((L + 2 * r) * l * 2), (L + 2 * r) / (2 * d)))
+    assert not fb.passed and "rotary key twice" in fb.message, fb

@@ -522,3 +522,94 @@ def test_learner_probe_mistakes_are_named() -> None:
     # a tuple is as good as a list, like the other checkers' sequences
     assert ch11.check_cow_table(lambda *a: tuple(ch11.reference_cow_table(*a))).passed
     assert "position order" in ch11.check_cow_table(lambda *a: sorted(ch11.reference_cow_table(*a))).message
+
+
+def _int8(x, guard=None, times=False, dtype=None):
+    y = x.to(dtype) if dtype is not None else x
+    amax = y.abs().amax(-1, keepdim=True)
+    if guard == "clamp 1e-12":
+        amax = amax.clamp_min(1e-12)
+    if times:
+        return torch.round(y * 127 / amax).clamp(-127, 127) * amax / 127
+    scale = amax / 127
+    if guard == "where":
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    if guard == "tiny":
+        scale = scale.clamp_min(torch.finfo(y.dtype).tiny)
+    return torch.round(y / scale).clamp(-127, 127) * scale
+
+
+@pytest.mark.parametrize("submission, words", [
+    (lambda x: _int8(x), "0 / 0"),  # the old solution: NaN at a position of zeros
+    (lambda x: _int8(x, "clamp 1e-12"), "in torch.float16 only"),  # its guard rounds to 0 in float16
+    (lambda x: _int8(x, "clamp 1e-12", times=True), "x * 127 exceeds"),  # overflows float16
+    (lambda x: _int8(x, "where", dtype=torch.float16), "torch.float16, which keeps only about 3"),
+    (lambda x: _int8(x, "where", dtype=torch.bfloat16), "torch.bfloat16, which keeps only about 2"),
+])
+def test_int8_checker_names_zero_positions_and_16_bit_slips(submission, words) -> None:
+    fb = ch11.check_int8_per_token(submission)
+    assert not fb.passed and words in fb.message, fb
+
+
+@pytest.mark.parametrize("submission", [
+    lambda x: _int8(x, "where"), lambda x: _int8(x, "tiny"),
+    lambda x: _int8(x.float(), "where").to(x.dtype),  # computed in float32, returned in x's dtype
+    lambda x: _int8(x.double(), "where"),  # a 16-bit cache returned in float64 is fine
+    lambda x: torch.round(x / torch.where(x.abs().amax(-1, keepdim=True) > 0, x.abs().amax(-1, keepdim=True) / 127, 1.0))
+    .clamp(-127, 127).to(torch.int8).to(x.dtype) * torch.where(x.abs().amax(-1, keepdim=True) > 0, x.abs().amax(-1, keepdim=True) / 127, 1.0),
+])
+def test_int8_checker_accepts_zero_safe_answers_in_every_dtype(submission) -> None:
+    assert ch11.check_int8_per_token(submission).passed
+
+
+def test_int8_reference_is_zero_safe_and_the_checker_tries_16_bits() -> None:
+    x = torch.zeros(1, 1, 2, 4, dtype=torch.float64)
+    x[0, 0, 1] = torch.tensor([1.0, -2.0, 3.0, 0.0], dtype=torch.float64)
+    got = ch11.checkers.reference_int8_per_token(x)
+    assert torch.equal(got[0, 0, 0], torch.zeros(4, dtype=torch.float64))  # codes 0, not 0 / 0 = NaN
+    assert torch.allclose(got[0, 0, 1], x[0, 0, 1], atol=3 / 127 / 2)
+    assert {d for _, d, _ in ch11.checkers.INT8_MORE_CASES} == {torch.float64, torch.float16, torch.bfloat16}
+
+
+def test_sink_checker_tries_16_bit_scores() -> None:
+    def unshifted_in_float16(scores, sink):
+        e, k = torch.exp(scores - (0 if scores.dtype == torch.float16 else scores.amax(-1, keepdim=True))), sink.view(-1, 1, 1)
+        m = 0 if scores.dtype == torch.float16 else scores.amax(-1, keepdim=True)
+        return e / (e.sum(-1, keepdim=True) + torch.exp(k - m))
+
+    fb = ch11.check_sink_softmax(unshifted_in_float16)
+    assert not fb.passed and "torch.float16" in fb.message and "overflows" in fb.message, fb
+    assert ch11.check_sink_softmax(lambda s, k: ch11.checkers._solution_sink(s.double(), k.double())).passed
+
+
+def test_blocks_and_cow_checkers_name_the_reading_slips() -> None:
+    fb = ch11.check_blocks_needed(lambda p, n, b, s: (p + n) / b - s // b)
+    assert not fb.passed and "fraction of blocks" in fb.message, fb
+    fb = ch11.check_blocks_needed(lambda p, n, b, s: math.ceil((p + n - 1) / b) - s // b)
+    assert not fb.passed and "prompt_len + new_tokens - 1" in fb.message, fb
+
+    def fresh_first(table, length, b, free, n):
+        free, out, copy_at = sorted(free), list(table), None
+        for p in range(length, length + n):
+            i = p // b
+            if i >= len(out):
+                out.append(free.pop(0))
+            elif i < len(table) and copy_at is None:
+                copy_at = i
+        if copy_at is not None:
+            out[copy_at] = free.pop(0)
+        return out
+
+    def copies_at_fork(table, length, b, free, n):
+        free, out = sorted(free), list(table)
+        if length % b:
+            out[-1] = free.pop(0)
+        for p in range(length, length + n):
+            if p // b >= len(out):
+                out.append(free.pop(0))
+        return out
+
+    fb = ch11.check_cow_table(fresh_first)
+    assert not fb.passed and "each other's numbers" in fb.message, fb
+    fb = ch11.check_cow_table(copies_at_fork)
+    assert not fb.passed and "with n = 0" in fb.message, fb

@@ -3,12 +3,13 @@ int8 per-token quantisation, softmax with a sink logit."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
-from ..feedback import (Feedback, Mistake, MistakeTable, as_index, call_reader, check_number_cases, close, correct, describe,
+from ..feedback import (HALF_TOL, Feedback, Mistake, MistakeTable, as_index, call_reader, check_number_cases, close, correct, describe,
                         diagnose, exercise, low_precision, wrong)
 from ._common import float_tensor, positive_int
 
@@ -56,6 +57,13 @@ BLOCKS_MISTAKES = (
             "(prompt_len + new_tokens) / block_size is a fraction of blocks: blocks are allocated whole, so round the "
             "count up, -(-(prompt_len + new_tokens) // block_size), and subtract the full prefix blocks, "
             "shared_prefix // block_size."),
+    Mistake("fraction of blocks, prefix by //", lambda p, n, b, s: (p + n) / b - s // b,
+            "you returned a fraction of blocks ((prompt_len + new_tokens) / block_size with /): blocks are allocated "
+            "whole, so round the count up, -(-(prompt_len + new_tokens) // block_size), before subtracting "
+            "shared_prefix // block_size."),
+    Mistake("last position left out", lambda p, n, b, s: -(-(p + n - 1) // b) - s // b,
+            "you counted prompt_len + new_tokens - 1 positions: the prompt's positions and every generated token's "
+            "are all stored, prompt_len + new_tokens of them (positions 0 .. prompt_len + new_tokens - 1)."),
     Mistake("prompt and new tokens rounded separately", lambda p, n, b, s: -(-p // b) + -(-n // b) - s // b,
             "the generated tokens continue in the prompt's last block: round up once, for all "
             "prompt_len + new_tokens positions, not for the prompt and the new tokens separately."),
@@ -92,15 +100,25 @@ def reference_int8_per_token(x: Tensor) -> Tensor:
     """Quantise ``x [..., S, D_k]`` to int8 with one symmetric scale per position, then dequantise."""
     float_tensor("x", x, min_dim=2)
     scale = x.abs().amax(dim=-1, keepdim=True) / 127  # [..., S, 1]
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a position of zeros: codes 0 whatever the scale
     return torch.round(x / scale).clamp(-127, 127) * scale
 
 
 INT8_CASES = ((2, 3, 5, 8, 1), (1, 2, 7, 6, 2))  # (B, H_kv, S, D_k, seed): every size differs
+#: Tried after those: (case, dtype, magnitude). A float64 cache with positions of zeros (padding, an unused
+#: slot); then 16-bit caches, with zero positions too, whose largest values (about 10,000 in float16) fit its
+#: range of 65,504 while x * 127 does not.
+INT8_MORE_CASES = ((1, torch.float64, 1.0), (0, torch.float16, 2500.0), (1, torch.bfloat16, 2500.0))
 
 
-def _int8_case(B: int, H: int, S: int, D: int, seed: int) -> Tensor:
+def _int8_case(B: int, H: int, S: int, D: int, seed: int, dtype: torch.dtype = torch.float64, size: float = 1.0,
+               zeros: bool = False) -> Tensor:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(B, H, S, D, generator=gen, dtype=torch.float64) * torch.linspace(0.5, 4, D, dtype=torch.float64)
+    x = torch.randn(B, H, S, D, generator=gen, dtype=torch.float64) * torch.linspace(0.5, 4, D, dtype=torch.float64)
+    if zeros:
+        x[..., 0, 1, :] = 0  # head 0, position 1 of every sequence
+        x[..., -1, -1, :] = 0
+    return (x * size).to(dtype)
 
 
 INT8_MISTAKES = (
@@ -148,37 +166,118 @@ INT8_MISTAKES = (
 
 def _solution_int8(x: Tensor) -> Tensor:
     scale = x.abs().amax(dim=-1, keepdim=True) / 127  # [..., S, 1]
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a position of zeros: codes 0
     return torch.round(x / scale).clamp(-127, 127) * scale  # [..., S, D_k]
+
+
+def _int8_steps(got: Any, x: Tensor) -> bool:
+    """True when ``got`` is a float tensor of ``x``'s shape within one quantisation step of every right value.
+
+    A right answer computed in 16 bits (or computed wider and rounded to 16 bits) can round a code the
+    other way where x / scale falls near a half, its scale is rounded (by up to 127 x eps steps at the
+    largest code) and so is every value: 16-bit answers are compared to that, not to the bit; the
+    full-precision cases have already told the wrong schemes apart.
+    """
+    if not (isinstance(got, Tensor) and got.is_floating_point() and tuple(got.shape) == tuple(x.shape)):
+        return False
+    eps = max(torch.finfo(got.dtype).eps, torch.finfo(x.dtype).eps)
+    x64 = x.double()
+    step = x64.abs().amax(-1, keepdim=True) / 127  # [..., S, 1]
+    ref = reference_int8_per_token(x64)
+    diff = (got.detach().double() - ref).abs()
+    return bool((diff <= step * (1.01 + 127 * eps) + eps * ref.abs() + 1e-12).all())
+
+
+_INT8_ZERO = (
+    "your result has NaN at the positions whose numbers are all 0 (the rest is right): their scale is "
+    "0 / 127 = 0, so x / scale is 0 / 0. Give such a position any nonzero scale, e.g. "
+    "scale = torch.where(scale > 0, scale, torch.ones_like(scale)): its codes are 0 whatever the scale."
+)
+
+_INT8_HALF_ZERO = (
+    "your result has NaN at the positions whose numbers are all 0, in {dtype} only: the guard against a zero "
+    "scale (1e-12, 1e-8 or torch.finfo(torch.float32).tiny, added or clamped to) rounds to 0 in {dtype}, whose "
+    "smallest positive number is about {tiny:.0e}. Use a guard that survives the dtype, e.g. "
+    "torch.where(scale > 0, scale, torch.ones_like(scale)), or torch.finfo(x.dtype).tiny."
+)
+
+_INT8_HALF_OVERFLOW = (
+    "your result has inf or NaN with a {dtype} cache whose largest values are about {top:,.0f} (the float64 "
+    "cases were right): {dtype} holds at most {max:,.0f}, and x * 127 exceeds it before the division brings it "
+    "back. Divide by the scale instead, x / (amax / 127), whose codes never exceed 127."
+)
+
+
+def _nan_only_at_zeros(got: Any, x: Tensor) -> bool:
+    """True when ``got`` is NaN exactly at the positions of ``x`` that are all zeros and right elsewhere."""
+    if not (isinstance(got, Tensor) and got.is_floating_point() and tuple(got.shape) == tuple(x.shape)):
+        return False
+    zero = (x == 0).all(-1)  # [..., S]
+    bad = ~torch.isfinite(got.detach()).all(-1)
+    if not bool(zero.any()) or not bool((bad == zero).all()):
+        return False
+    return _int8_steps(torch.where(zero[..., None], torch.zeros_like(got), got), x)
 
 
 @exercise(solution=_solution_int8,
           tables=(MistakeTable(INT8_MISTAKES, lambda: [(_int8_case(*c),) for c in INT8_CASES], reference_int8_per_token),))
 def check_int8_per_token(fn: Callable[[Tensor], Any]) -> Feedback:
-    """Check ``fn(x) -> dequantised x`` (int8, one scale per position) on two caches of different sizes."""
-    for case in INT8_CASES:
-        x = _int8_case(*case)
+    """Check ``fn(x) -> dequantised x`` (int8, one scale per position) on two caches of different sizes,
+    then on a cache with positions of zeros, and in float16 and bfloat16 (:data:`INT8_MORE_CASES`)."""
+    for case, dtype, size in ((c, torch.float64, 1.0) for c in range(len(INT8_CASES))):
+        problem = _int8_one(fn, _int8_case(*INT8_CASES[case]))
+        if problem is not None:
+            return problem
+    for case, dtype, size in INT8_MORE_CASES:
+        x = _int8_case(*INT8_CASES[case], dtype=dtype, size=size, zeros=True)
         got, fb = call_reader(fn, (x.clone(),), axes=("B", "H_kv", "S", "D_k"))
-        if fb is not None and "must match the size of tensor" in fb.message:
-            return wrong("the scale lost its last axis: x.abs().amax(dim=-1) is [B, H_kv, S], which does not line up "
-                         "with x [B, H_kv, S, D_k]. Keep it with keepdim=True, [B, H_kv, S, 1], so one scale "
-                         f"broadcasts over each position's D_k numbers. ({fb.message.removeprefix('your code raised ')})")
         if fb is not None:
             return fb
-        expected = reference_int8_per_token(x)
-        half = low_precision(got, expected)
-        if half is not None:
-            return half
-        if isinstance(got, Tensor) and got.is_floating_point() and got.dtype != x.dtype and got.shape == x.shape:
-            if close(got.to(x.dtype), expected):
-                return wrong(f"the input is {x.dtype} and you return {got.dtype}: return the dequantised cache in "
-                             "the input's dtype (multiply the codes by the scale without casting, or .to(x.dtype)).")
-        if close(got, expected):
-            continue
-        return diagnose(got, INT8_MISTAKES, x) or wrong(
-            f"the dequantised cache differs from codes x scale with one scale per position (shape {tuple(expected.shape)}).")
+        half = dtype in (torch.float16, torch.bfloat16)
+        if _nan_only_at_zeros(got, x):
+            return wrong(_INT8_HALF_ZERO.format(dtype=dtype, tiny=float(torch.finfo(dtype).smallest_normal))
+                         if half else _INT8_ZERO)
+        if half and isinstance(got, Tensor) and got.is_floating_point() and not bool(torch.isfinite(got).all()):
+            return wrong(_INT8_HALF_OVERFLOW.format(dtype=dtype, top=float(x.abs().max()), max=torch.finfo(dtype).max))
+        if half and _int8_steps(got, x):
+            continue  # in 16 bits, or wider: a wider result of a 16-bit cache is fine
+        problem = _int8_one(fn, x, got)
+        if problem is not None:
+            return problem
     x = _int8_case(*INT8_CASES[0])
     err = float((reference_int8_per_token(x) - x).abs().max())
-    return correct(f"the largest error is {err:.4f}, at most half a step of each position's scale.")
+    return correct(f"the largest error is {err:.4f}, at most half a step of each position's scale (positions of zeros "
+                   "and 16-bit caches included).")
+
+
+def _int8_one(fn: Callable[[Tensor], Any], x: Tensor, got: Any = None) -> Feedback | None:
+    """The verdict on one full-precision cache ``x`` (``got``: the reader's result, when already computed)."""
+    if got is None:
+        got, fb = call_reader(fn, (x.clone(),), axes=("B", "H_kv", "S", "D_k"))
+    else:
+        fb = None
+    if fb is not None:  # a scale without its last axis does not broadcast; anything else is named as it is
+        return fb if "must match the size of tensor" not in fb.message else wrong(
+            "the scale lost its last axis: x.abs().amax(dim=-1) is [B, H_kv, S], which does not line up "
+            "with x [B, H_kv, S, D_k]. Keep it with keepdim=True, [B, H_kv, S, 1], so one scale "
+            f"broadcasts over each position's D_k numbers. ({fb.message.removeprefix('your code raised ')})")
+    expected = reference_int8_per_token(x)
+    half = low_precision(got, expected)
+    if half is None and isinstance(got, Tensor) and got.dtype in (torch.float16, torch.bfloat16) and _int8_steps(got, x):
+        digits = 3 if got.dtype == torch.float16 else 2
+        half = wrong(f"your result is {got.dtype}, which keeps only about {digits} significant digits (a code can "
+                     f"round the other way, too): compute it and return it in the dtype of the input ({x.dtype}); "
+                     "x.half() or x.bfloat16() belongs in a real 16-bit cache, not in this exercise's float64 one.")
+    if half is not None:
+        return half
+    if isinstance(got, Tensor) and got.is_floating_point() and got.dtype != x.dtype and got.shape == x.shape:
+        if close(got.to(x.dtype), expected):
+            return wrong(f"the input is {x.dtype} and you return {got.dtype}: return the dequantised cache in "
+                         "the input's dtype (multiply the codes by the scale without casting, or .to(x.dtype)).")
+    if close(got, expected):
+        return None
+    return diagnose(got, INT8_MISTAKES, x) or wrong(
+        f"the dequantised cache differs from codes x scale with one scale per position (shape {tuple(expected.shape)}).")
 
 
 # ---- exercise 3: softmax with a sink logit --------------------------------------------------------
@@ -193,13 +292,18 @@ def reference_sink_softmax(scores: Tensor, sink: Tensor) -> Tensor:
 
 
 SINK_CASES = ((2, 3, 4, 0.0, 1), (4, 2, 9, 800.0, 2))  # (H, S_q, S_k, shift, seed); exp(800) overflows float64
+#: 16-bit cases, tried after those. float16: scores near 8 (up to about 14), where exp already overflows
+#: (65,504 = e^11.1), as attention scores often do. bfloat16 has float32's range but 8 significant bits: its
+#: scores stay near 0, because near 14 its numbers are 1/16 apart and exp(s - lse) would be 3% off.
+HALF_SINK_CASES = ((3, 2, 6, 8.0, 3, torch.float16), (2, 4, 5, 0.0, 4, torch.bfloat16))
 
 
-def _sink_case(H: int, S_q: int, S_k: int, shift: float, seed: int) -> tuple[Tensor, Tensor]:
+def _sink_case(H: int, S_q: int, S_k: int, shift: float, seed: int,
+               dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
     gen = torch.Generator().manual_seed(seed)
     scores = torch.randn(1, H, S_q, S_k, generator=gen, dtype=torch.float64) * 2 + shift
     sink = torch.randn(H, generator=gen, dtype=torch.float64) + shift
-    return scores, sink
+    return scores.to(dtype), sink.to(dtype)
 
 
 def _sink_without_exp(s: Tensor, k: Tensor) -> Tensor:
@@ -259,9 +363,11 @@ def _solution_sink(scores: Tensor, sink: Tensor) -> Tensor:
 @exercise(solution=_solution_sink,
           tables=(MistakeTable(SINK_MISTAKES, lambda: [_sink_case(*c) for c in SINK_CASES], reference_sink_softmax),))
 def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
-    """Check ``fn(scores [1, H, S_q, S_k], sink [H]) -> weights`` on two cases, the second with scores near 800."""
-    for case in SINK_CASES:
+    """Check ``fn(scores [1, H, S_q, S_k], sink [H]) -> weights`` on two cases, the second with scores near 800,
+    then in float16 and bfloat16 (:data:`HALF_SINK_CASES`)."""
+    for case in SINK_CASES + HALF_SINK_CASES:
         scores, sink = _sink_case(*case)
+        half = scores.dtype in (torch.float16, torch.bfloat16)
         got, fb = call_reader(fn, (scores.clone(), sink.clone()), axes=("B", "H", "S_q", "S_k"))
         if fb is not None and "must match the size" in fb.message and "dimension 3" in fb.message:
             return wrong("the sink lines up with the key axis S_k, not the head axis H: one sink logit per head must "
@@ -270,6 +376,20 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
         if fb is not None:
             return fb
         expected = reference_sink_softmax(scores, sink)
+        if half:  # the right weights of these 16-bit scores, computed in float64
+            expected = reference_sink_softmax(scores.double(), sink.double())
+            dtype = scores.dtype
+            if isinstance(got, Tensor) and got.shape == expected.shape and not torch.isfinite(got).all():
+                return wrong(f"inf or NaN with {dtype} scores near {case[3]:.0f} (the float64 cases were right): "
+                             f"{dtype} holds at most {torch.finfo(dtype).max:,.0f} = e^{math.log(torch.finfo(dtype).max):.1f}, "
+                             "so exp of an unshifted score or sink, or a fill value such as -1e9, overflows. Keep every "
+                             "exponent at most 0: exp(scores - lse), lse = torch.logaddexp(logsumexp(scores), sink).")
+            tol = HALF_TOL if dtype == torch.float16 else 2 * HALF_TOL
+            if isinstance(got, Tensor) and got.is_floating_point() and close(got, expected, atol=tol, rtol=tol):
+                continue  # in 16 bits, or wider
+            return diagnose(got, SINK_MISTAKES, scores, sink) or wrong(
+                f"your weights are right in float64 but not with {dtype} scores (compared to {tol:g}): compute them "
+                "in the scores' dtype or wider, without constants that do not fit in 16 bits.")
         if isinstance(got, Tensor) and got.shape == expected.shape and not torch.isfinite(got).all():
             return wrong(f"inf or NaN with scores near {case[3]:.0f}: exp overflows. Combine the row's logsumexp and the "
                          "sink with torch.logaddexp, then take exp(scores - lse).")
@@ -277,7 +397,8 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
             continue
         return diagnose(got, SINK_MISTAKES, scores, sink) or wrong(
             f"the weights differ from exp(s_j) / (exp(sink_h) + sum_j exp(s_j)) (expected shape {tuple(expected.shape)}).")
-    return correct("each row sums to 1 - sigmoid(sink - logsumexp(scores)): the rest goes to the sink.")
+    return correct("each row sums to 1 - sigmoid(sink - logsumexp(scores)): the rest goes to the sink (in float16 and "
+                   "bfloat16 too, to their precision).")
 
 
 # ---- exercise 4: a forked sequence's block table after copy-on-write ------------------------------
@@ -352,12 +473,33 @@ COW_MISTAKES = (
     Mistake("fresh block not owned", lambda *c: _cow(*c, fresh_owned=False),
             "a fresh block from the pool is this sample's own (reference count 1): mark it as owned, or the next "
             "write into it copies it again."),
+    Mistake("new block taken before the copy", lambda *c: _cow_fresh_first(*c),
+            "the copy and the new block got each other's numbers: the first write lands in the shared last block, so "
+            "its copy takes the lowest free block, before any new block the later writes need."),
+    Mistake("last block copied when nothing is written", lambda t, l, b, f, n: _cow(t, l, b, f, 1)[:len(t)] if n == 0 and l % b
+            else reference_cow_table(t, l, b, f, n),
+            "with n = 0 the sample writes nothing, so nothing is copied: a shared block is copied at the first write "
+            "into it, not at the fork. The table stays as it is."),
     Mistake("table sorted", lambda *c: sorted(reference_cow_table(*c)),
             "a block table is in position order (entry i holds positions i x block_size onwards), not sorted by "
             "block number: put each copy where the shared block was and append fresh blocks at the end."),
     Mistake("new blocks only", lambda t, *c: [x for i, x in enumerate(reference_cow_table(t, *c)) if i >= len(t) or x != t[i]],
             "return the whole block table of the sample, the shared blocks it keeps included, in position order."),
 )
+
+
+def _cow_fresh_first(table: list[int], length: int, b: int, free: list[int], n: int) -> list[int]:
+    """The reference with the blocks handed out in the wrong order: new blocks first, then the copy."""
+    ref = reference_cow_table(table, length, b, free, n)
+    new_at = [i for i in range(len(ref)) if i >= len(table) or ref[i] != table[i]]  # copy first, then new blocks
+    copies = [i for i in new_at if i < len(table)]
+    if not copies or len(new_at) < 2:
+        return ref  # no copy and new block on this case: the order does not show
+    order = [i for i in new_at if i >= len(table)] + copies
+    out, lowest = list(ref), sorted(ref[i] for i in new_at)
+    for i, blk in zip(order, lowest):
+        out[i] = blk
+    return out
 
 
 def _solution_cow(table: list[int], length: int, block_size: int, free: list[int], n: int) -> list[int]:

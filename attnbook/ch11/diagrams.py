@@ -128,10 +128,11 @@ def copy_on_write_diagram() -> Diagram:
     b, full = COW_BLOCK, COW_PROMPT // COW_BLOCK
     last = ex["first"][-1]
     alt = (f"A prompt of {COW_PROMPT} tokens fills {full} blocks of {b} and {COW_PROMPT % b} positions of a fourth. "
-           "Forking it into two samples copies the block table, not the blocks: all four blocks have a reference "
-           "count of 2. The first sample to write into the shared, partly filled last block gets its own copy "
-           f"(block {last}); the other, now its only owner, writes in place. The {full} full prompt blocks stay "
-           "shared.")
+           "Forking it into two samples copied the block table, not the blocks: right after the fork all four blocks "
+           "had a reference count of 2. The picture shows the tables after the first writes: the first sample to "
+           f"write into the shared, partly filled last block got its own copy (block {last}); the other, now its "
+           f"only owner, writes in place. The {full} full prompt blocks stay shared (reference count 2), so the two "
+           f"samples hold {full + 2} blocks instead of the {2 * (full + 1)} of two private caches.")
     d = Diagram("ch11_copy_on_write", 440, 300, title="Copy-on-write: a fork shares blocks until a write", alt=alt)
     d.text(20, 30, f"a {COW_PROMPT}-token prompt in blocks of {b}, forked in two", size=14, anchor="start")
     for r, name in enumerate(("first", "second")):
@@ -141,15 +142,17 @@ def copy_on_write_diagram() -> Diagram:
             x = 120 + i * 60
             own = i >= full
             d.box(x, y, 50, 30, str(blk), color="orange" if own else "blue", size=15)
-    d.arrow(120 + 3 * 60 + 25, 160, 120 + 3 * 60 + 25, 92, color="vermillion", label="copy", label_side=0)
+    d.arrow(120 + 3 * 60 + 25, 160, 120 + 3 * 60 + 25, 92, color="vermillion")
+    d.text(120 + 3 * 60 + 33, 131, "copy", size=14, color="vermillion", anchor="start")  # beside the arrow
     for i in range(full):
         d.text(120 + i * 60 + 25, 130, f"x{ex['after'][ex['first'][i]]}", size=14, color=MUTED)
     d.rect(20, 210, 14, 14, fill="blue", tint=True, stroke="blue", width=2)
     d.text(40, 222, "shared (reference count 2)", size=14, anchor="start")
     d.rect(20, 236, 14, 14, fill="orange", tint=True, stroke="orange", width=2)
     d.text(40, 248, "the sample's own block", size=14, anchor="start")
-    d.text(20, 280, f"blocks: {len(set(ex['first']) | set(ex['second']))} shared and copied, "
-                    f"{len(ex['first']) + len(ex['second'])} in two private caches", size=14, anchor="start")
+    used = len(set(ex["first"]) | set(ex["second"]))
+    d.text(20, 272, f"{used} blocks with copy-on-write ({full} shared, {used - full} private),", size=14, anchor="start")
+    d.text(20, 292, f"against {len(ex['first']) + len(ex['second'])} for two private caches", size=14, anchor="start")
     return d
 
 
@@ -191,7 +194,8 @@ def speculative_diagram() -> Diagram:
                     f"word after every prefix: {', '.join(SPEC_TARGET)}. The first {agree} drafted words agree and "
                     f"are kept; at the first disagreement the target's word '{SPEC_TARGET[agree]}' is kept instead, "
                     f"so the round yields {len(kept)} words from one target pass, and the cache is rolled back over "
-                    f"the rejected drafted positions.")
+                    f"the rejected drafted positions. The drafted words after the first disagreement are not "
+                    f"compared: they followed a word that was rejected.")
     x0, w = 124, 60
     d.text(20, 30, f"prompt: \"{SPEC_PROMPT}\"", size=15, anchor="start")
     rows = (("draft", SPEC_DRAFT), ("target", SPEC_TARGET))
@@ -202,10 +206,9 @@ def speculative_diagram() -> Diagram:
             rejected = label == "draft" and i >= agree
             d.box(x0 + i * w, y, w - 6, 30, wd, color="grey" if rejected else ("sky" if label == "draft" else "blue"),
                   size=14, dash=rejected)
-    for i in range(k):
-        ok = i < agree
-        d.text(x0 + i * w + (w - 6) / 2, 112, "=" if ok else "x", size=16, color="green" if ok else "vermillion",
-               weight="bold")
+    for i in range(k):  # compared up to the first disagreement; the later positions no longer count
+        mark, colour = ("=", "green") if i < agree else ("x", "vermillion") if i == agree else ("-", MUTED)
+        d.text(x0 + i * w + (w - 6) / 2, 112, mark, size=16, color=colour, weight="bold")
     y = 210
     d.text(20, y + 20, "kept", size=15, anchor="start", weight="bold")
     for i, wd in enumerate(kept):
