@@ -5,8 +5,8 @@
   ``torch.log`` (the checker makes ``torch.special.entr`` and ``xlogy`` unavailable while it runs).
 
 The known mistakes are the tables :data:`WEIGHT_MISTAKES` and :data:`ENTROPY_MISTAKES`; each entry
-is a wrong version of the reader's function, and ``tests/test_ch03.py`` runs every entry through
-its checker.
+is a wrong version of the reader's function, and the chapter's tests run every entry through its
+checker.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .feedback import (
     wrong,
 )
 
-__all__ = ["train_marker_scaling", "TRAIN_LR", "check_scaled_weights", "check_entropy", "entropy", "WEIGHT_MISTAKES", "ENTROPY_MISTAKES", "TEMPERATURE"]
+__all__ = ["train_marker_scaling", "marker_query_grad", "SOFTCAP", "TRAIN_LR", "check_scaled_weights", "check_entropy", "entropy", "WEIGHT_MISTAKES", "ENTROPY_MISTAKES", "TEMPERATURE"]
 
 #: The temperature the weights checker uses (not 1, so that ignoring it shows).
 TEMPERATURE = 2.5
@@ -56,7 +56,7 @@ def entropy(weights: Tensor) -> Tensor:
 #: every size, the temperature and the dtype, so no hard-coded size or constant passes.
 WEIGHT_CASES: tuple[tuple[int, int, int, int, float, torch.dtype], ...] = (
     (2, 5, 6, 16, TEMPERATURE, torch.float32),  # sqrt(D_k) = 4
-    (3, 4, 7, 9, 0.7, torch.float64),  # sqrt(D_k) = 3
+    (3, 4, 7, 12, 0.7, torch.float64),  # sqrt(D_k) = 3.46, not a whole number
 )
 
 
@@ -108,6 +108,12 @@ WEIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("T after the softmax", lambda q, k, t: _right(q, k, 1.0) / t,
             "you applied the temperature after the softmax: your rows sum to 1/T. Divide the scores by T first."),
     Mistake("T squared", lambda q, k, t: _right(q, k, t * t), "you divided by T twice (or by T squared)."),
+    Mistake("integer sqrt", lambda q, k, t: _sm(_raw(q, k) / math.isqrt(q.shape[-1]) / t),
+            "you rounded sqrt(D_k) down to a whole number (math.isqrt or int(...)): for D_k = 12 that divides by 3 "
+            "instead of 3.46. Use math.sqrt(D_k) or D_k ** 0.5."),
+    Mistake("log_softmax", lambda q, k, t: torch.log_softmax(_raw(q, k) / math.sqrt(q.shape[-1]) / t, dim=-1),
+            "you returned log-probabilities (log_softmax): the weights are the softmax itself, rows of positive "
+            "numbers that sum to 1."),
 )
 
 _NO_BATCH_HINT = (
@@ -124,7 +130,7 @@ def _weights_one(fn: Callable[..., Tensor], q: Tensor, k: Tensor, t: float) -> F
         return fb
     expected = _right(q, k, t)
     if close(got, expected):
-        return None
+        return _kept_dtype(got, q, "weights")
     hint = diagnose(got, WEIGHT_MISTAKES, q, k, t)
     if hint is not None:
         return hint
@@ -135,6 +141,14 @@ def _weights_one(fn: Callable[..., Tensor], q: Tensor, k: Tensor, t: float) -> F
         if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
             return wrong(f"your rows should each sum to 1 but sum to between {float(sums.min()):.3f} and {float(sums.max()):.3f}.")
     return compare_tensors(got, expected, name=f"the weights for T = {t}")
+
+
+def _kept_dtype(got: Tensor, x: Tensor, what: str) -> Feedback | None:
+    """``None`` when a right ``got`` kept float64 inputs' precision, else the feedback."""
+    if x.dtype == torch.float64 and isinstance(got, Tensor) and got.dtype == torch.float32:
+        return wrong(f"your {what} are right but float32 for float64 inputs: keep the inputs' dtype (no .float()), "
+                     "so that the result keeps float64's precision.")
+    return None
 
 
 def _solution_weights(q: Tensor, k: Tensor, temperature: float = 1.0) -> Tensor:
@@ -208,6 +222,10 @@ def _plogp(w: Tensor, log: Callable[[Tensor], Tensor] = torch.log) -> Tensor:
     return w * log(w.clamp_min(1e-30))  # [..., S], finite where w = 0
 
 
+_EPS_HINT = ("you added a small epsilon inside the log: that shifts every log, not only the zeros, so every "
+             "entropy comes out a little too low. Touch only p = 0: clamp (p.clamp_min(tiny)) or "
+             "torch.where(p > 0, ...).")
+
 #: Known wrong entropies ``compute(weights [7, 6]) -> [7]``; compared on the rows without zeros.
 ENTROPY_MISTAKES: tuple[Mistake, ...] = (
     Mistake("log2", lambda w: -_plogp(w, torch.log2).sum(-1),
@@ -225,6 +243,8 @@ ENTROPY_MISTAKES: tuple[Mistake, ...] = (
     Mistake("exp of the entropy", lambda w: torch.exp(-_plogp(w).sum(-1)),
             "you returned exp(entropy), the 'effective number of keys' (perplexity); return the entropy itself, "
             "-sum p ln p, in nats."),
+    *(Mistake(f"epsilon {eps:g} inside the log", lambda w, eps=eps: -(w * torch.log(w + eps)).sum(-1), _EPS_HINT)
+      for eps in (1e-3, 1e-4, 1e-5)),
 )
 
 
@@ -266,7 +286,7 @@ def _entropy_one(fn: Callable[[Tensor], Tensor], w: Tensor, has_zero: Tensor) ->
         return fb
     expected = entropy(w)  # [...]
     if close(got, expected):
-        return None
+        return _kept_dtype(got, w, "entropies")
     if not isinstance(got, Tensor):
         return wrong(f"return the entropies as a torch.Tensor, got {describe(got)}.")
     if tuple(got.shape) == tuple(w.shape):
@@ -340,7 +360,8 @@ def check_entropy(fn: Callable[[Tensor], Tensor]) -> Feedback:
 
 # --- does the scale matter in training? ---------------------------------------------------------
 
-#: Learning rates of the training comparison (the review's settings: Adam 0.01, plain SGD 0.5).
+#: Learning rates of the training comparison: Adam 0.01, plain SGD 0.5 (each solves the scaled task
+#: within 150 steps).
 TRAIN_LR = {"Adam": 0.01, "SGD": 0.5}
 
 
@@ -359,21 +380,11 @@ def train_marker_scaling(optimiser: str, scaled: bool, *, seed: int = 0, d_k: in
     """
     from .ch02 import marker_batch  # chapter 2's task
 
-    g = torch.Generator().manual_seed(seed)
-    d_in = d_content + 2
-    params = [(torch.randn(d_in, n, generator=g, dtype=torch.float64) / math.sqrt(d_in)).requires_grad_()
-              for n in (d_k, d_k, d_content)]  # W^Q [D, D_k], W^K [D, D_k], W^V [D, D_c]
+    params, loss_of = _marker_head(scaled, seed, d_k, d_content)
     opt_cls = {"Adam": torch.optim.Adam, "SGD": torch.optim.SGD}[optimiser]
     opt = opt_cls(params, lr=TRAIN_LR[optimiser])
     data = torch.Generator().manual_seed(seed + 100)
-    scale = 1 / math.sqrt(d_k) if scaled else 1.0
     x_eval, target_eval, _ = marker_batch(512, S, d_content, torch.Generator().manual_seed(10_000 + seed))
-
-    def loss_of(x: Tensor, target: Tensor) -> Tensor:
-        x, target = x.double(), target.double()  # [B, S, D], [B, S, D_c]
-        q, k, v = (x @ w for w in params)  # [B, S, D_k], [B, S, D_k], [B, S, D_c]
-        weights = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1)  # [B, S, S]
-        return torch.nn.functional.mse_loss(weights @ v, target)
 
     losses: list[float] = []
     threads = torch.get_num_threads()
@@ -390,6 +401,47 @@ def train_marker_scaling(optimiser: str, scaled: bool, *, seed: int = 0, d_k: in
     finally:
         torch.set_num_threads(threads)
     return losses
+
+
+def _marker_head(scaled: bool, seed: int, d_k: int, d_content: int
+                 ) -> tuple[list[Tensor], Callable[[Tensor, Tensor], Tensor]]:
+    """The head of :func:`train_marker_scaling` at initialisation: its weights and its loss."""
+    g = torch.Generator().manual_seed(seed)
+    d_in = d_content + 2
+    params = [(torch.randn(d_in, n, generator=g, dtype=torch.float64) / math.sqrt(d_in)).requires_grad_()
+              for n in (d_k, d_k, d_content)]  # W^Q [D, D_k], W^K [D, D_k], W^V [D, D_c]
+    scale = 1 / math.sqrt(d_k) if scaled else 1.0
+
+    def loss_of(x: Tensor, target: Tensor) -> Tensor:
+        x, target = x.double(), target.double()  # [B, S, D], [B, S, D_c]
+        q, k, v = (x @ w for w in params)  # [B, S, D_k], [B, S, D_k], [B, S, D_c]
+        weights = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1)  # [B, S, S]
+        return torch.nn.functional.mse_loss(weights @ v, target)
+
+    return params, loss_of
+
+
+def marker_query_grad(scaled: bool, *, seed: int = 0, d_k: int = 1024, batch: int = 32, S: int = 8,
+                      d_content: int = 6) -> float:
+    """Norm of the gradient that reaches ``W^Q`` on the first step of :func:`train_marker_scaling`.
+
+    Same initial weights and first batch as the training run with this ``seed`` (float64, one thread,
+    so the value holds across CPUs).
+
+    >>> marker_query_grad(True, d_k=16) > 0
+    True
+    """
+    from .ch02 import marker_batch  # chapter 2's task
+
+    params, loss_of = _marker_head(scaled, seed, d_k, d_content)
+    x, target = marker_batch(batch, S, d_content, torch.Generator().manual_seed(seed + 100))[:2]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        loss_of(x, target).backward()
+    finally:
+        torch.set_num_threads(threads)
+    return params[0].grad.norm().item()
 
 
 # --- diagram: what the scale and a temperature do to one softmax row ----------------------------
@@ -445,4 +497,47 @@ def softmax_row_diagram() -> Diagram:
             d.rect(cx, base - h, bw, h, fill=colour, stroke=colour, rx=1, width=1)
             d.text(cx + bw / 2, base - h - 5, f"{v:.2f}", size=13)
         y += row_h
+    return d
+
+
+# --- diagram: logit soft-capping ---------------------------------------------------------------
+
+#: Gemma 2's cap on attention scores (its ``attn_logit_softcapping``; the chapter checks it in transformers).
+SOFTCAP = 50.0
+_CAP_RANGE = 150.0  # scores drawn from -_CAP_RANGE to _CAP_RANGE
+
+
+@diagram
+def softcap_diagram() -> Diagram:
+    """Soft-capping ``c tanh(s / c)`` against the identity: nearly equal for small scores, never beyond +-c."""
+    c, r = SOFTCAP, _CAP_RANGE
+    at = {s: c * math.tanh(s / c) for s in (10.0, 50.0, 150.0)}
+    alt = (f"Scores s from {-r:g} to {r:g} on the horizontal axis. The identity line keeps growing; the soft-capped "
+           f"score {c:g} tanh(s / {c:g}) follows it for small scores ({at[10.0]:.2f} at s = 10), bends away "
+           f"({at[50.0]:.1f} at s = {c:g}) and flattens below the cap {c:g} ({at[150.0]:.1f} at s = {r:g}), "
+           f"and the same below -{c:g}.")
+    d = Diagram("ch03_softcap", 420, 300, title="Logit soft-capping", alt=alt)
+    x0, x1, y_mid, half = 60.0, 400.0, 150.0, 105.0  # plot box: s in [-r, r] -> [x0, x1]; value in [-r, r] -> +-half
+
+    def px(s: float) -> float:
+        return x0 + (s + r) / (2 * r) * (x1 - x0)
+
+    def py(v: float) -> float:
+        return y_mid - v / r * half
+
+    d.line(x0, y_mid, x1, y_mid, color=MUTED, width=1)  # the s axis
+    d.line(px(0), py(r), px(0), py(-r), color=MUTED, width=1)  # the value axis
+    for v in (c, -c):
+        d.line(x0, py(v), x1, py(v), color=MUTED, width=1, dash=True)
+        d.text(x0 - 6, py(v) + 5, f"{v:+g}", size=14, anchor="end", color=MUTED)
+    d.line(px(-r), py(-r), px(r), py(r), color="grey", width=2, dash=True)  # the identity
+    d.text(px(r) - 4, py(r) + 16, "identity", size=14, anchor="end", color=MUTED)
+    steps = 60
+    pts = [(-r + 2 * r * i / steps) for i in range(steps + 1)]
+    for a, b in zip(pts, pts[1:]):
+        d.line(px(a), py(c * math.tanh(a / c)), px(b), py(c * math.tanh(b / c)), color="vermillion", width=3)
+    d.text(px(r), py(c) - 10, f"{c:g} tanh(s / {c:g})", size=15, anchor="end", color="vermillion")
+    d.text(x1, y_mid + 22, f"s = {r:g}", size=14, anchor="end", color=MUTED)
+    d.text(x0, y_mid + 22, f"{-r:g}", size=14, anchor="start", color=MUTED)
+    d.text(210, 292, f"nearly the identity for small scores, never beyond ±{c:g}", size=14, color=MUTED)
     return d

@@ -100,15 +100,37 @@ _HARD_CODED = (
 )
 
 
-def _call(fn: Callable[..., object], *args: object, view_hint: str = _VIEW_AFTER_TRANSPOSE) -> tuple[object, Feedback | None]:
-    """Like :func:`run_reader_code`, with hints for a ``view`` that cannot merge axes and for hard-coded sizes."""
+_FLOAT_SIZE = (
+    "your code raised TypeError: a size you passed to view, reshape or expand is a float. `/` always gives a float "
+    "in Python, even when it divides exactly (D / H, H / H_kv); use integer division, //."
+)
+
+
+def _call(fn: Callable[..., object], *args: object, view_hint: str = _VIEW_AFTER_TRANSPOSE,
+          hard_coded: str = _HARD_CODED) -> tuple[object, Feedback | None]:
+    """Like :func:`run_reader_code`, with hints for a ``view`` that cannot merge axes, for hard-coded sizes
+    and for a size written with ``/``."""
     result, fb = run_reader_code(fn, *args)
     if fb is not None and "view size is not compatible" in fb.message:
         return None, wrong(view_hint)
     if fb is not None and "is invalid for input of size" in fb.message:
         error = fb.message.removeprefix("your code raised RuntimeError: ").rstrip(". ")
-        return None, wrong(_HARD_CODED.format(error=error))
+        return None, wrong(hard_coded.format(error=error))
+    if fb is not None and "failed to unpack" in fb.message and "got float" in fb.message:
+        return None, wrong(_FLOAT_SIZE)
     return result, fb
+
+
+def _dtype_problem(got: Tensor, x: Tensor) -> str | None:
+    """A reshape moves numbers and keeps their dtype: the diagnosis when ``got`` changed it."""
+    if got.dtype in (torch.float16, torch.bfloat16) and x.dtype not in (torch.float16, torch.bfloat16):
+        digits = 3 if got.dtype == torch.float16 else 2  # worded as feedback.low_precision words it
+        return (f"the result is {got.dtype}, which keeps only about {digits} significant digits: return it in the "
+                f"dtype of the input ({x.dtype}); a reshape must not change the dtype.")
+    if got.dtype != x.dtype:
+        return (f"the numbers are in the right places, but the result is {got.dtype} for a {x.dtype} input: a reshape "
+                "must not change the dtype (no .float(), .half() or .to(...)).")
+    return None
 
 
 def _split_problem(got: Tensor, x: Tensor, H: int) -> str | None:
@@ -131,9 +153,10 @@ def _split_problem(got: Tensor, x: Tensor, H: int) -> str | None:
         return f"the result has shape {shape}, expected [B, H, S, D_k] = {(B, H, S, d_k)} for x of shape {tuple(x.shape)} and H = {H}."
     if got.is_complex():
         return f"the result is complex ({got.dtype}); split_heads only moves numbers."
+    dtype = got.dtype
     got = got.detach().to("cpu", torch.float64)
     if torch.equal(got, expected):
-        return None
+        return _dtype_problem(got.to(dtype), x)
     if torch.equal(got, x.reshape(B, H, S, d_k)):
         positions = [decode_tag(got[0, 0, s, 0].item(), S, D)[1] for s in range(S)]
         for s in range(S):
@@ -208,6 +231,9 @@ def check_merge_heads(fn: Callable[[Tensor], Tensor], *, configs: tuple[tuple[in
             return wrong(where + f"the result is complex ({result.dtype}); merge_heads only moves numbers.")
         got = result.detach().to("cpu", torch.float64)
         if torch.equal(got, x):
+            problem = _dtype_problem(result, x)
+            if problem is not None:
+                return wrong(where + problem)
             continue
         if torch.equal(got, heads.reshape(B, S, D)):
             pos = sorted({decode_tag(v, S, D)[1] for v in got[0, 0].tolist()})
@@ -258,6 +284,9 @@ def _transposed(shape: tuple[int, ...], dims: tuple[int, int]) -> tuple[int, ...
     return tuple(torch.zeros(shape).transpose(*dims).shape)
 
 
+_SHAPE_NOT_STRIDES = ("that is a shape, not the strides: a stride counts the elements you skip in memory to move one "
+                      "step along an axis, and the last axis of a contiguous tensor has stride 1.")
+
 #: The known mistakes of :func:`check_transposed_strides`: ``compute(shape, dims)`` is the tuple such an answer gives.
 STRIDE_MISTAKES: tuple[Mistake, ...] = (
     Mistake("strides before the transpose", lambda shape, dims: _strides(shape),
@@ -267,6 +296,8 @@ STRIDE_MISTAKES: tuple[Mistake, ...] = (
             "the numbers stay where they are, so the strides are the old ones, swapped."),
     Mistake("bytes", lambda shape, dims: tuple(4 * st for st in torch.zeros(shape).transpose(*dims).stride()),
             "those are bytes (float32 has 4 bytes per number); PyTorch counts strides in elements."),
+    Mistake("the new shape", lambda shape, dims: _transposed(shape, dims), _SHAPE_NOT_STRIDES),
+    Mistake("the old shape", lambda shape, dims: tuple(shape), _SHAPE_NOT_STRIDES),
 )
 
 
@@ -283,6 +314,9 @@ def check_transposed_strides(answer: object, shape: tuple[int, ...] = (2, 5, 4, 
     if answer is None:
         return todo("replace `None` with a tuple of four ints, then run the cell again.")
     ints = _as_ints(answer)
+    if ints is None and isinstance(answer, (tuple, list)) and answer and all(isinstance(a, float) for a in answer):
+        return wrong("the answer should be a tuple of ints, got a tuple of floats: strides are whole numbers of "
+                     "elements, so write each as an int (7, not 7.0).")
     if ints is None:
         return wrong(f"the answer should be a tuple of ints like (1, 2, 3, 4), got {describe(answer)}.")
     base = torch.zeros(shape)
@@ -304,48 +338,58 @@ def check_transposed_strides(answer: object, shape: tuple[int, ...] = (2, 5, 4, 
 # --- exercise 3: a test that tells correct splits from buggy ones ------------------------------
 
 
-def _split_reshape_permute(x: Tensor, H: int) -> Tensor:
+def _split_reshape_permute(x: Tensor, num_heads: int) -> Tensor:
     B, S, D = x.shape
+    H = num_heads
     return x.reshape(B, S, H, D // H).permute(0, 2, 1, 3)  # [B, H, S, D_k]
 
 
-def _split_contiguous_copy(x: Tensor, H: int) -> Tensor:
+def _split_contiguous_copy(x: Tensor, num_heads: int) -> Tensor:
     B, S, D = x.shape
+    H = num_heads
     return x.view(B, S, H, D // H).transpose(1, 2).contiguous()  # [B, H, S, D_k], a contiguous copy
 
 
-def _split_no_transpose(x: Tensor, H: int) -> Tensor:
+def _split_no_transpose(x: Tensor, num_heads: int) -> Tensor:
     B, S, D = x.shape
+    H = num_heads
     return x.view(B, H, S, D // H)  # the classic bug: right shape, positions mixed across heads
 
 
-def _split_features_interleaved(x: Tensor, H: int) -> Tensor:
+def _split_features_interleaved(x: Tensor, num_heads: int) -> Tensor:
     B, S, D = x.shape
+    H = num_heads
     return x.view(B, S, D // H, H).permute(0, 3, 1, 2)  # head h takes every H-th feature
 
 
-def _split_mixes_batch(x: Tensor, H: int) -> Tensor:
+def _split_mixes_batch(x: Tensor, num_heads: int) -> Tensor:
     B, S, D = x.shape
+    H = num_heads
     return x.reshape(B * S, H, D // H).transpose(0, 1).reshape(B, H, S, D // H)  # right only when B = 1
 
 
-def _split_wrong_shape(x: Tensor, H: int) -> Tensor:
+def _split_wrong_shape(x: Tensor, num_heads: int) -> Tensor:
     B, S, D = x.shape
+    H = num_heads
     return x.view(B, S, H, D // H)  # forgot the transpose: [B, S, H, D_k]
 
 
-def _split_heads_reversed(x: Tensor, H: int) -> Tensor:
-    return split_heads(x, H).flip(1)  # head h holds head H-1-h's features
+def _split_heads_reversed(x: Tensor, num_heads: int) -> Tensor:
+    return split_heads(x, num_heads).flip(1)  # head h holds head H-1-h's features
 
 
-def _split_features_permuted(x: Tensor, H: int) -> Tensor:
-    return split_heads(x, H).flip(-1)  # each head's features in reverse order
+def _split_features_permuted(x: Tensor, num_heads: int) -> Tensor:
+    return split_heads(x, num_heads).flip(-1)  # each head's features in reverse order
 
 
-def _split_other_heads_shifted(x: Tensor, H: int) -> Tensor:
-    y = split_heads(x, H).clone()  # [B, H, S, D_k]
+def _split_other_heads_shifted(x: Tensor, num_heads: int) -> Tensor:
+    y = split_heads(x, num_heads).clone()  # [B, H, S, D_k]
     y[:, 1:] = y[:, 1:].roll(1, dims=2)  # head 0 is right, the others hold the previous position's features
     return y
+
+
+def _split_sequences_swapped(x: Tensor, num_heads: int) -> Tensor:
+    return split_heads(x.flip(0), num_heads)  # right within a sequence, but the sequences of the batch reversed
 
 
 #: name -> (split function, is it correct?, hint when the reader's test misjudges it)
@@ -367,6 +411,10 @@ SPLIT_ZOO: dict[str, tuple[Callable[[Tensor, int], Tensor], bool, str]] = {
                         "your test accepted a split that is right for B = 1 but mixes the sequences of a batch: "
                         "test with B >= 2 and compare each sequence's values separately (a sum or mean over the "
                         "batch, or over the heads, cannot see the sequences swapped)."),
+    "sequences swapped": (_split_sequences_swapped, False,
+                          "your test accepted a split that returns the sequences of the batch in reverse order (each "
+                          "sequence split right): compare each sequence's values with its own (torch.equal on y[:, h] "
+                          "against x[:, :, slice]); a mean or sum over the batch cannot see the sequences swapped."),
     "wrong shape": (_split_wrong_shape, False,
                     "your test accepted a result of shape [B, S, H, D_k]: check the shape too."),
     "heads in reverse order": (_split_heads_reversed, False,
@@ -394,12 +442,20 @@ def _solution_split_test(split_fn: Callable[[Tensor, int], Tensor]) -> bool:
 def check_split_test(test_fn: Callable[[Callable[[Tensor, int], Tensor]], bool]) -> Feedback:
     """Exercise 3: ``test_fn(split_fn)`` must return True for correct splits and False for buggy ones.
 
-    It is called on every implementation in :data:`SPLIT_ZOO` (three correct, seven buggy). A test
+    It is called on every implementation in :data:`SPLIT_ZOO` (three correct, eight buggy). A test
     that raises on a buggy split counts as rejecting it; raising on a correct one is a mistake.
     """
     for name, (split_fn, is_right, hint) in SPLIT_ZOO.items():
+        sizes: list[tuple[int, int]] = []  # (D, H) of every call the reader's test makes
+
+        def spied(x: Tensor, *args: Any, split_fn: Callable[..., Tensor] = split_fn, **kwargs: Any) -> Tensor:
+            heads = args[0] if args else kwargs.get("num_heads", kwargs.get("H"))
+            if isinstance(x, Tensor) and x.dim() == 3 and isinstance(heads, int):
+                sizes.append((x.shape[-1], heads))
+            return split_fn(x, *args, **kwargs)
+
         try:
-            verdict = test_fn(split_fn)
+            verdict = test_fn(spied)
         except NotImplementedError:
             return todo()
         except Exception as err:  # a test that crashes on a buggy split has caught it
@@ -413,6 +469,10 @@ def check_split_test(test_fn: Callable[[Callable[[Tensor, int], Tensor]], bool])
         if not isinstance(verdict, (bool, np.bool_)):
             return wrong(f"your test should return True or False, got {describe(verdict)}.")
         if bool(verdict) != is_right:
+            if name == "features interleaved" and sizes and all(h > 0 and d // h == 1 for d, h in sizes):
+                return wrong("your test accepted a split that gives head h every H-th feature, but only because every "
+                             "input it tried has D_k = D // H = 1: with one feature per head that split equals the "
+                             "right one. Use D_k > 1.")
             return wrong(hint)
     n_right = sum(1 for _, ok, _ in SPLIT_ZOO.values() if ok)
     return correct(f"your test accepts all {n_right} correct splits and rejects all {len(SPLIT_ZOO) - n_right} buggy ones.")
@@ -470,11 +530,21 @@ REPEAT_KV_MISTAKES: tuple[Mistake, ...] = (
             "key/value head (0, 0, 0, 1, 1, 1): expand a new axis right after the head axis, kv[:, :, None]."),
     Mistake("group axis after the positions", lambda kv, H, used: kv[:, :, :, None].expand(
                 *kv.shape[:3], H // kv.shape[1], kv.shape[3]).reshape(kv.shape[0], H, *kv.shape[2:]),
-            "you expanded on a new axis after the positions (kv[:, :, :, None]): reshaping then mixes positions into the "
-            "heads (query head 0 gets position 0 three times). Put the group axis right after the head axis: kv[:, :, None]."),
+            "query head 0 gets position 0 several times: your copies sit along the positions axis (as "
+            "kv[:, :, :, None].expand or repeat_interleave on dim 2 make them), and reshaping then mixes positions into "
+            "the heads. Copy along a new axis right after the head axis: kv[:, :, None]."),
     Mistake("H copies of each", lambda kv, H, used: kv.repeat_interleave(H, dim=1)[:, :H],
             "the first query heads all got key/value head 0: you made H copies of each key/value head instead of "
             "G = H // H_kv."),
+)
+
+_REPEAT_SIZES = (
+    "your code raised RuntimeError: {error}. The sizes of your reshape do not fit this input (the checker tries two "
+    "shapes): read B, H_kv, S and D_k from kv.shape and use G = num_heads // H_kv (not numbers written in)."
+)
+_EXPAND_SIZE_1 = (
+    "your code raised RuntimeError: {error}. Your expand left the new group axis at size 1, so there is nothing "
+    "to reshape into H heads: expand it to G = num_heads // H_kv."
 )
 
 _EXPAND_VIEW = (
@@ -496,7 +566,9 @@ def _repeat_kv_one(fn: Callable[[Tensor, int], Tensor], case: tuple[int, int, in
     B, H_kv, S, d_k, H = case
     kv = _repeat_kv_input(case)
     with _calls("repeat_interleave", "repeat", "expand", "index_select") as used:
-        result, fb = _call(fn, kv.clone(), H, view_hint=_EXPAND_VIEW)
+        result, fb = _call(fn, kv.clone(), H, view_hint=_EXPAND_VIEW, hard_coded="\0{error}")
+    if fb is not None and fb.message.startswith("\0"):  # sizes that do not fit: worded by whether it expanded
+        return wrong((_EXPAND_SIZE_1 if "expand" in used else _REPEAT_SIZES).format(error=fb.message[1:]))
     if fb is not None:
         if "expanded size" in fb.message and "must match" in fb.message:
             return wrong(f"{fb.message} expand can only stretch an axis of size 1 (or add new ones in front): insert a "
@@ -512,7 +584,8 @@ def _repeat_kv_one(fn: Callable[[Tensor, int], Tensor], case: tuple[int, int, in
                      f"shape {tuple(kv.shape)} and H = {H}.")
     expected = kv.repeat_interleave(H // H_kv, dim=1)  # [B, H, S, D_k]
     if close(result, expected):
-        return None
+        problem = _dtype_problem(result, kv)
+        return None if problem is None else wrong(problem)
     hint = diagnose(result, REPEAT_KV_MISTAKES, kv, H, used)
     if hint is not None:
         return hint
@@ -805,4 +878,38 @@ def silent_bug_diagram() -> Diagram:
         d.rect(40 + s * 120, 222, 22, 22, fill=_POSITION_COLOURS[s], tint=True, stroke=INK, rx=0, width=1)
         d.text(68 + s * 120, 239, tok, size=14, anchor="start")
     d.text(210, 280, "same shape, no error: rows are no longer positions", size=14, color=MUTED)
+    return d
+
+
+#: The packing diagram's heads: H = 4 query heads sharing H_kv = 2 key/value heads (G = 2).
+PACK_HEADS, PACK_KV_HEADS = 4, 2
+_PACK_COLOURS = {"q": "sky", "k": "orange", "v": "green"}
+
+
+def _packed_order(layout: str) -> list[str]:
+    """Which head each output of a packed projection belongs to, read off :func:`pack_qkv` itself (D_k = 1)."""
+    H, H_kv = PACK_HEADS, PACK_KV_HEADS
+    tags = [torch.arange(n, dtype=torch.float64)[:, None] + 100 * i for i, n in enumerate((H, H_kv, H_kv))]
+    packed = pack_qkv(*tags, num_heads=H, num_kv_heads=H_kv, layout=layout)  # [H + 2 H_kv, 1]
+    return [f"{'qkv'[int(v) // 100]}{int(v) % 100}" for v in packed[:, 0].tolist()]
+
+
+@diagram
+def packing_diagram() -> Diagram:
+    """The outputs of one packed q/k/v projection in the two layouts: blocks (GPT-2) and groups (Falcon)."""
+    blocks, groups = _packed_order("blocks"), _packed_order("groups")
+    alt = (f"The {len(blocks)} head-sized outputs of one packed projection with H = {PACK_HEADS} query heads and "
+           f"H_kv = {PACK_KV_HEADS} key/value heads, in two layouts. Blocks (GPT-2): {', '.join(blocks)}, all queries, "
+           f"then all keys, then all values. Groups (Falcon): {', '.join(groups)}, each key/value head after its "
+           f"{PACK_HEADS // PACK_KV_HEADS} query heads. Splitting one layout as if it were the other runs and mixes "
+           "queries, keys and values.")
+    d = Diagram("ch06_packing", 420, 214, title="One packed projection, two layouts", alt=alt)
+    cell = 44
+    x0 = (420 - cell * len(blocks)) / 2
+    for row, (name, order) in enumerate((("blocks (GPT-2 c_attn)", blocks), ("groups (Falcon query_key_value)", groups))):
+        y = 34 + row * 88
+        d.text(x0, y, name, size=15, anchor="start", weight="bold")
+        labels = [f"{t[0]}_{{{t[1:]}}}" for t in order]
+        d.grid(x0, y + 10, [[_PACK_COLOURS[t[0]] for t in order]], cell=cell, labels=[labels], size=17)
+    d.text(210, 204, "same shapes: the split must follow the packing", size=14, color=MUTED)
     return d

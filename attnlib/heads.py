@@ -47,9 +47,9 @@ def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
     """Share each key/value head with a group of query heads (grouped-query attention).
 
     ``[B, H_kv, S, D_k] -> [B, H, S, D_k]``: query head ``h`` uses key/value head
-    ``h // (H // H_kv)``. ``expand`` makes a broadcast view; the ``reshape`` after it copies,
-    once, into the ``[B, H, S, D_k]`` layout that matmul needs. ``ValueError`` if ``x`` is not
-    4-D or ``num_heads`` is not a positive multiple of ``H_kv``.
+    ``h // (H // H_kv)``. ``expand`` makes a broadcast view; the ``reshape`` after it copies it,
+    once, into ``[B, H, S, D_k]``, except with one key/value head (``H_kv = 1``: a stride-0 view).
+    ``ValueError`` if ``x`` is not 4-D or ``num_heads`` is not a positive multiple of ``H_kv``.
 
     >>> repeat_kv(torch.zeros(2, 2, 5, 3), num_heads=8).shape
     torch.Size([2, 8, 5, 3])

@@ -148,3 +148,68 @@ def test_softmax_row_diagram_uses_the_real_softmax() -> None:
     expected = torch.softmax(torch.tensor(DIAGRAM_SCORES, dtype=torch.float64) / 8, dim=-1)
     assert torch.allclose(torch.tensor(_softmax_list(DIAGRAM_SCORES, 8.0), dtype=torch.float64), expected)
     assert ", ".join(f"{w:.2f}" for w in expected.tolist()) in softmax_row_diagram().alt
+
+
+# ---------------------------------------------------------------- readers' answers, by hand
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda q, k, t=1.0: torch.softmax(q @ k.transpose(-2, -1) / math.isqrt(q.shape[-1]) / t, -1),
+        lambda q, k, t=1.0: torch.softmax(q @ k.transpose(-2, -1) / int(q.shape[-1] ** 0.5) / t, -1),
+    ],
+    ids=["math.isqrt", "int(d_k ** 0.5)"],
+)
+def test_whole_number_sqrt_is_named(fn) -> None:
+    fb = check_scaled_weights(fn)
+    assert fb.status == "wrong" and "whole number" in fb.message, fb
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda q, k, t=1.0: torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5 / t, -1),
+        lambda q, k, t=1.0: torch.softmax(q @ k.mT * torch.tensor(q.shape[-1], dtype=q.dtype).rsqrt() / t, -1),
+        lambda q, k, t=1.0: torch.softmax(torch.einsum("...qd,...kd->...qk", q / t, k) / math.sqrt(k.shape[-1]), -1),
+    ],
+    ids=["** 0.5", "rsqrt", "einsum"],
+)
+def test_right_weights_written_differently_pass(fn) -> None:
+    assert check_scaled_weights(fn).passed
+
+
+def test_log_softmax_and_float32_weights_are_named() -> None:
+    fb = check_scaled_weights(lambda q, k, t=1.0: torch.log_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) / t, -1))
+    assert fb.status == "wrong" and "log_softmax" in fb.message, fb
+    as_float = lambda q, k, t=1.0: torch.softmax(q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1]) / t, -1)  # noqa: E731
+    fb = check_scaled_weights(as_float)
+    assert fb.status == "wrong" and "float32 for float64 inputs" in fb.message, fb
+
+
+@pytest.mark.parametrize("eps", [1e-3, 1e-4, 1e-5])
+def test_epsilon_inside_the_log_is_named(eps: float) -> None:
+    fb = check_entropy(lambda w: -(w * torch.log(w + eps)).sum(-1))
+    assert fb.status == "wrong" and "epsilon inside the log" in fb.message, fb
+
+
+def test_float32_entropy_is_named() -> None:
+    fb = check_entropy(lambda w: -(w.float() * torch.log(w.float().clamp_min(1e-30))).sum(-1))
+    assert fb.status == "wrong" and "float32 for float64 inputs" in fb.message, fb
+    where = lambda w: -torch.where(w > 0, w * torch.log(w), torch.zeros_like(w)).sum(-1)  # noqa: E731
+    assert check_entropy(where).passed
+
+
+def test_first_step_gradient_ratio_is_not_sqrt_dk() -> None:
+    from attnbook.ch03 import marker_query_grad
+
+    threads = torch.get_num_threads()
+    ratio = marker_query_grad(False, seed=0, d_k=256) / marker_query_grad(True, seed=0, d_k=256)
+    assert 1 < ratio < 16 and torch.get_num_threads() == threads
+
+
+def test_softcap_diagram_draws_the_chapters_cap() -> None:
+    from attnbook.ch03 import SOFTCAP, softcap_diagram
+
+    assert SOFTCAP == 50.0  # the notebook asserts Gemma 2's attn_logit_softcapping is this value
+    assert f"{50 * math.tanh(1):.1f} at s = 50" in softcap_diagram().alt

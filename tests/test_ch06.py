@@ -82,7 +82,7 @@ def test_strides_gives_each_table_hint(mistake) -> None:  # type: ignore[no-unty
 
 
 def test_stride_mistakes_are_the_expected_tuples() -> None:
-    assert [m.compute((2, 5, 4, 3), (1, 2)) for m in STRIDE_MISTAKES] == [(60, 12, 3, 1), (60, 15, 3, 1), (240, 12, 48, 4)]
+    assert [m.compute((2, 5, 4, 3), (1, 2)) for m in STRIDE_MISTAKES] == [(60, 12, 3, 1), (60, 15, 3, 1), (240, 12, 48, 4), (2, 4, 5, 3), (2, 5, 4, 3)]
 
 
 @pytest.mark.parametrize(
@@ -155,7 +155,7 @@ def test_split_test_hints(test_fn: object, hint: str) -> None:
 
 def test_split_zoo_has_right_and_wrong_members() -> None:
     flags = [ok for _, ok, _ in SPLIT_ZOO.values()]
-    assert flags.count(True) == 3 and flags.count(False) == 7
+    assert flags.count(True) == 3 and flags.count(False) == 8
 
 
 # --- exercise 4: expanding key/value heads ---------------------------------------------------
@@ -542,3 +542,84 @@ def test_split_with_the_last_two_axes_transposed_is_named() -> None:
 
     fb = check_split_merge(split_23, merge_heads)
     assert not fb.passed and "transpose(2, 3)" in fb.message, fb.message
+
+
+# ---------------------------------------------------------------- readers' answers, by hand
+
+
+def _split_by_slices(split_fn, x: Tensor, H: int, d_k: int) -> bool:
+    y = split_fn(x, num_heads=H)
+    return tuple(y.shape) == (x.shape[0], H, x.shape[1], d_k) and all(
+        torch.equal(y[:, h], x[:, :, h * d_k:(h + 1) * d_k]) for h in range(H))
+
+
+def test_split_test_may_pass_num_heads_by_keyword() -> None:
+    assert check_split_test(lambda f: _split_by_slices(f, torch.randn(2, 3, 8), 2, 4)).passed
+
+
+def test_split_test_comparing_batch_means_is_caught() -> None:
+    def by_means(split_fn) -> bool:
+        x = torch.randn(2, 3, 8)
+        y = split_fn(x, 2)
+        return tuple(y.shape) == (2, 2, 3, 4) and all(
+            torch.allclose(y[:, h].mean(0), x[:, :, 4 * h:4 * h + 4].mean(0)) for h in range(2))
+
+    fb = check_split_test(by_means)
+    assert fb.status == "wrong" and "sequences of the batch in reverse order" in fb.message, fb
+
+
+def test_split_test_with_one_feature_per_head_is_named() -> None:
+    fb = check_split_test(lambda f: _split_by_slices(f, torch.randn(2, 3, 2), 2, 1))
+    assert fb.status == "wrong" and "D_k > 1" in fb.message, fb
+    fb = check_split_test(lambda f: f(torch.randn(2, 3, 4), 2) is not None)  # accepts anything, with D_k = 2
+    assert fb.status == "wrong" and "D_k > 1" not in fb.message, fb
+
+
+def _true_division_split(x: Tensor, num_heads: int) -> Tensor:
+    B, S, D = x.shape
+    return x.view(B, S, num_heads, D / num_heads).transpose(1, 2)
+
+
+def test_true_division_is_named() -> None:
+    fb = check_split_merge(_true_division_split, merge_heads)
+    assert fb.status == "wrong" and "integer division, //" in fb.message, fb
+
+    def expand_by_true_division(kv: Tensor, H: int) -> Tensor:
+        B, H_kv, S, d_k = kv.shape
+        return kv[:, :, None].expand(B, H_kv, H / H_kv, S, d_k).reshape(B, H, S, d_k)
+
+    fb = check_repeat_kv(expand_by_true_division)
+    assert fb.status == "wrong" and "integer division, //" in fb.message, fb
+
+
+def test_repeat_kv_hints_name_only_what_the_reader_did() -> None:
+    along_positions = lambda kv, H: kv.repeat_interleave(H // kv.shape[1], 2).reshape(kv.shape[0], H, *kv.shape[2:])  # noqa: E731
+    fb = check_repeat_kv(along_positions)
+    assert fb.status == "wrong" and "along the positions axis" in fb.message and "you expanded" not in fb.message, fb
+    size_1 = lambda kv, H: kv[:, :, None].expand(-1, -1, -1, -1, -1).reshape(kv.shape[0], H, *kv.shape[2:])  # noqa: E731
+    fb = check_repeat_kv(size_1)
+    assert fb.status == "wrong" and "expand it to G" in fb.message and "x.shape" not in fb.message, fb
+
+
+@pytest.mark.parametrize("cast", ["half", "float"])
+def test_a_reshape_that_changes_the_dtype_is_refused(cast: str) -> None:
+    fb = check_split_merge(lambda x, H: getattr(split_heads(x, H), cast)(), merge_heads)
+    assert fb.status == "wrong", fb
+    fb = check_split_merge(split_heads, lambda x: getattr(merge_heads(x), cast)())
+    assert fb.status == "wrong", fb
+    fb = check_repeat_kv(lambda kv, H: getattr(repeat_kv(kv, H), cast)())
+    assert fb.status == "wrong", fb
+
+
+def test_strides_given_as_floats_or_as_the_shape_are_named() -> None:
+    assert "tuple of floats" in check_transposed_strides((60.0, 3.0, 12.0, 1.0)).message
+    for shape in ((2, 4, 5, 3), (2, 5, 4, 3)):
+        assert "that is a shape" in check_transposed_strides(shape).message
+
+
+def test_repeat_kv_with_one_kv_head_is_a_view() -> None:
+    kv = torch.randn(1, 1, 16, 8)  # multi-query: the reshape merges a size-1 axis, no copy
+    r = repeat_kv(kv, 4)
+    assert r.stride()[:2] == (0, 0) and r.data_ptr() == kv.data_ptr()
+    kv = torch.randn(1, 2, 16, 8)  # with H_kv > 1 the reshape copies
+    assert repeat_kv(kv, 4).untyped_storage().data_ptr() != kv.untyped_storage().data_ptr()
