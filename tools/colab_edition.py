@@ -30,7 +30,7 @@ outputs, the markdown translated:
 * The setup cell (``tools/sync_colab.py``'s install cell) stays first, folded in form view with
   a ``# @title``; the title cell gets one line that says so and links the chapter's website page.
 * An optional code cell (tagged ``hide-cell``, first line ``# Going further (optional): ...``, the
-  code of a folded "Going further" block) gets Colab's form view, titled by that first comment.
+  code of a folded "Going further" block) gets Colab's form view, titled "Going further (optional)".
 
 Everything else (code, outputs, cell ids, metadata) is copied unchanged. The result depends on
 nothing but the notebooks, ``_config.yml``, ``_toc.yml`` and the book's pages (glossary terms,
@@ -541,14 +541,9 @@ def _without_fence(source: str, pattern: re.Pattern[str]) -> str:
 
 
 def optional_cell_source(lines: list[str]) -> str:
-    """An optional code cell (``# Going further (optional): ...`` first) titled for Colab's form view:
-    its leading comment, joined into one line, becomes the ``# @title`` (just "Going further
-    (optional)" when that is longer than a code line)."""
-    count = next((i for i, line in enumerate(lines) if not line.startswith("# ")), len(lines))
-    title = "# @title " + " ".join(line[2:].strip() for line in lines[:count])
-    if len(title) > MAX_LINE:
-        return "\n".join(["# @title Going further (optional)", *lines])
-    return "\n".join([title, *lines[count:]])
+    """An optional code cell (``# Going further (optional): ...`` first) titled for Colab's form view,
+    its code unchanged: Colab shows the title and hides the code until "Show code" is clicked."""
+    return "\n".join(["# @title Going further (optional)", *lines])
 
 
 def edition(path: Path, book: Book | None = None) -> Any:

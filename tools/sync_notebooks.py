@@ -50,7 +50,7 @@ The rules:
    line is ``# Going further (optional): <what it shows>`` (:data:`OPTIONAL`), the code of a folded
    "Going further" block, gets ``jupyter.source_hidden`` and ``outputs_hidden`` (with ``collapsed:
    true``): JupyterLab shows that first line folded, as the website shows the cell behind "Show code
-   cell content". (The Colab edition gives it Colab's form view, titled by that line.)
+   cell content". (The Colab edition gives it Colab's form view.)
 
 3. **Code shown from the library stays equal to it.** A markdown cell may show lines of a source
    file as a fenced Python block, marked by an HTML comment on the line just above the fence::
