@@ -352,6 +352,17 @@ FIRST_TOP_LINK_HINT = ("you returned the first head whose largest weight of the 
             "the head with the largest weight from the query to the key over all 72 heads: the argmax of "
             "weights[:, :, i, j] over layers and heads.")
 
+#: Taking the head whose row for the query has the largest weight on any key (not a table entry: on some
+#: cases it gives the same head as other mistakes, so it is checked after the table).
+ROW_MAX_LINK_HINT = ("you found the head whose row for the query has the largest weight on any key; the key must be the one "
+            "asked for: the argmax of weights[:, :, i, j] over layers and heads, with j the key's position.")
+
+
+def _row_max_link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
+    i = list(toks).index(query)
+    return torch.tensor(divmod(int(weights[:, :, i, :].amax(-1).argmax()), weights.shape[1]))  # [2]
+
+
 #: The known mistakes of :func:`check_strongest_link`: ``compute(weights, toks, query, key)`` gives
 #: the ``(layer, head)`` such an answer returns, as a tensor ``[2]``.
 LINK_MISTAKES: tuple[Mistake, ...] = (
@@ -374,9 +385,6 @@ LINK_MISTAKES: tuple[Mistake, ...] = (
     Mistake("without [CLS]", lambda w, t, q, k: _link(w, t[1:], q, k),
             "your positions are one too small: find them with tokens.index(...) on the tokens as given, counting "
             "[CLS], which has a row and a column of its own in weights."),
-    Mistake("largest row maximum", lambda w, t, q, k: torch.tensor(divmod(int(w[:, :, list(t).index(q), :].amax(-1).argmax()), w.shape[1])),
-            "you found the head whose row for the query has the largest weight on any key; the key must be the one "
-            "asked for: the argmax of weights[:, :, i, j] over layers and heads, with j the key's position."),
     Mistake("among peaking heads", _peak_link,
             "you looked only among heads whose largest weight of the query falls on the key. The strongest link can "
             "be in a head whose row peaks on another token: take the argmax of weights[:, :, i, j] over all heads."),
@@ -421,6 +429,8 @@ def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Fe
         hint = diagnose(torch.tensor(got), LINK_MISTAKES, weights, toks, query, key)
         if hint is not None:
             return hint
+        if torch.equal(torch.tensor(got), _row_max_link(weights, toks, query, key)):
+            return wrong(ROW_MAX_LINK_HINT)
         if torch.equal(torch.tensor(got), _first_top_link(weights, toks, query, key)):
             return wrong(FIRST_TOP_LINK_HINT)
         _, toks0, query0, key0 = link_case(0)
