@@ -21,7 +21,7 @@ a narrower dtype than the inputs' (:func:`narrowed_dtype`, also used by chapter 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -32,6 +32,7 @@ from .feedback import (
     Feedback,
     Mistake,
     MistakeTable,
+    as_cpu_float64,
     low_precision,
     close,
     correct,
@@ -395,17 +396,27 @@ _ACC_NOT_MATMUL = (
 )
 
 
-def _acc_not_matmul(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` gets m_new and l_new right on a first tile whose key count equals D_v (where a
-    wrong acc_new product still broadcasts), so that its shape error lies in acc_new."""
+def _square_first_tile(fn: Callable[..., Any]) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor], tuple[Any, ...]] | None:
+    """``fn`` on a first tile whose key count equals D_v, where some wrong shapes still broadcast:
+    ``(s, (m0, l0, acc0), result)``, or ``None`` when it raises or does not return three tensors."""
     gen = torch.Generator().manual_seed(5)
     s = torch.randn(3, 2, generator=gen, dtype=torch.float64)  # [S_q, S_blk]
     v = torch.randn(2, 2, generator=gen, dtype=torch.float64)  # [S_blk, D_v], S_blk = D_v
     m0, l0, acc0 = torch.full((3, 1), float("-inf"), dtype=s.dtype), torch.zeros(3, 1, dtype=s.dtype), torch.zeros(3, 2, dtype=s.dtype)
     result, fb = run_reader_code(fn, m0, l0, acc0, s.clone(), v.clone())
     if fb is not None or _triple(result) is not None:
+        return None
+    return s, (m0, l0, acc0), (*result, v)
+
+
+def _acc_not_matmul(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` gets m_new and l_new right on a first tile whose key count equals D_v (where a
+    wrong acc_new product still broadcasts), so that its shape error lies in acc_new."""
+    run = _square_first_tile(fn)
+    if run is None:
         return False
-    ref = reference_online_update(m0, l0, acc0, s, v)
+    s, state, (*result, v) = run
+    ref = reference_online_update(*state, s, v)
     return all(tuple(g.shape) == tuple(e.shape) and close(g, e) for g, e in zip(result[:2], ref[:2])) and not close(result[2], ref[2])
 
 
@@ -469,10 +480,59 @@ _SCALAR_TO_TENSOR = (
 )
 
 
+_ELEMENTWISE_MAX = (
+    " m_new came out one value per score, [S_q, S_blk], not one per row: torch.max(m, s) (like torch.maximum) "
+    "with the whole tile compares elementwise, each score with m. Reduce the tile to its row maxima first, over "
+    "the keys with keepdim=True, and take the larger of those and m."
+)
+
+_HALF_INSIDE = (
+    "your values are right to only about 2 or 3 significant digits (off by up to {worst:.2g}), as if computed "
+    "in float16 or bfloat16 and cast back: those keep too few digits for a running sum. Compute in the inputs' "
+    "dtype ({dtype}), without casting down."
+)
+
+_P_AGAINST_TILE_MAX = (
+    "l_new is off after the second tile: you exponentiated the new tile against its own maximum, "
+    "exp(s - tile max), but l and acc are sums against the running maximum m_new. Where the old maximum is the "
+    "larger one the two differ, and the tile's terms need the extra factor exp(tile max - m_new): exponentiate "
+    "against m_new."
+)
+
+_RESCALE_BY_TILE_MAX = (
+    "l_new is off after the second tile: your rescale factor is exp(m_old - tile max), against the tile's own "
+    "maximum. Where the old maximum is the larger one that factor exceeds 1 and the old sums grow. The old sums "
+    "move from m_old to the running maximum m_new, the larger of the two."
+)
+
+
+def _elementwise_max(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn``, on a first tile whose key count equals D_v (where a [S_q, S_blk] m_new still broadcasts
+    through acc), returns m_new = torch.maximum(m, s) elementwise, one value per score."""
+    run = _square_first_tile(fn)
+    if run is None:
+        return False
+    s, _, (m_new, *_) = run
+    return tuple(m_new.shape) == tuple(s.shape) and close(m_new, s)  # max(-inf, s) = s
+
+
+def _rounded_inside(result: Sequence[Tensor], ref: Sequence[Tensor]) -> Feedback | None:
+    """The hint for a step computed in float16 or bfloat16 and cast back: every value equals the reference
+    to half precision (:data:`HALF_TOL`) but not to the checker's tolerance."""
+    if all(close(g, e) for g, e in zip(result, ref)):
+        return None
+    if not all(tuple(g.shape) == tuple(e.shape) and close(g, e, atol=HALF_TOL, rtol=HALF_TOL) for g, e in zip(result, ref)):
+        return None
+    worst = max(float((as_cpu_float64(g) - as_cpu_float64(e)).abs().max()) for g, e in zip(result, ref))
+    return wrong(_HALF_INSIDE.format(worst=worst, dtype=ref[0].dtype))
+
+
 def _online_call(fn: Callable[..., Any], *args: Tensor) -> tuple[Any, Feedback | None]:
     result, fb = run_reader_code(fn, *args)
     if fb is not None and any(idiom in fb.message for idiom in _SCALAR_IDIOMS):
         return None, wrong(fb.message.rstrip(".") + "." + _SCALAR_TO_TENSOR)
+    if fb is not None and "must match the size" in fb.message and _elementwise_max(fn):
+        return None, wrong(fb.message.rstrip(".") + "." + _ELEMENTWISE_MAX)
     if fb is not None and "must match the size" in fb.message and _acc_not_matmul(fn):
         return None, wrong(fb.message.rstrip(".") + "." + _ACC_NOT_MATMUL)
     if fb is not None and "must match the size" in fb.message:
@@ -524,6 +584,9 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
                 "exponentiate against m_new (exp(m - m_new) = exp(-inf) = 0 is fine; -inf - (-inf) is not)."
             )
     m1, l1, acc1 = result
+    rounded = _rounded_inside(result, ref1)
+    if rounded is not None:
+        return rounded
     if not close(m1, ref1[0]):
         return wrong("m_new should be the larger of the old running max and this tile's row max: torch.maximum(m, s.amax(-1, keepdim=True)).")
     if close(l1, ref1[1]) and not close(acc1, ref1[2]) and close(acc1, ref1[2] / ref1[1]):
@@ -562,9 +625,19 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     m_ref = ref2[0]
     p_old = torch.exp(s[:, split:] - ref1[0])  # the new tile exponentiated against the OLD maximum
     if close(l2, ref1[1] + torch.exp(s[:, split:] - m_ref).sum(-1, keepdim=True)):
+        if close(acc2, ref1[2] + torch.exp(s[:, split:] - m_ref) @ v[split:]):
+            return wrong("you forgot to rescale the running sums l and acc by exp(m_old - m_new) before adding the new tile.")
         return wrong("you forgot to rescale the running sum l by exp(m_old - m_new) before adding the new tile.")
     if close(l2, ref1[1] * torch.exp(ref1[0] - m_ref) + p_old.sum(-1, keepdim=True)) or close(l2, ref1[1] + p_old.sum(-1, keepdim=True)):
         return wrong("exponentiate the new tile against the new maximum: exp(s - m_new), not exp(s - m_old).")
+    tile_max = s[:, split:].amax(-1, keepdim=True)
+    if close(l2, ref1[1] * torch.exp(ref1[0] - m_ref) + torch.exp(s[:, split:] - tile_max).sum(-1, keepdim=True)):
+        return wrong(_P_AGAINST_TILE_MAX)
+    if close(l2, ref1[1] * torch.exp(ref1[0] - tile_max) + torch.exp(s[:, split:] - m_ref).sum(-1, keepdim=True)):
+        return wrong(_RESCALE_BY_TILE_MAX)
+    rounded = _rounded_inside(result2, ref2)
+    if rounded is not None:
+        return rounded
     if not close(l2, ref2[1]):
         return wrong("l_new is off after the second tile: l_new = l * exp(m_old - m_new) + sum(exp(s - m_new)).")
     if close(acc2, ref1[2] + torch.exp(s[:, split:] - m_ref) @ v[split:]):

@@ -445,12 +445,70 @@ _NO_BROADCAST = (
 )
 
 
+def _lse_max_not_added_back(oa: Tensor, la: Tensor, ob: Tensor, lb: Tensor, na: int, nb: int) -> Tensor:
+    m = torch.maximum(la, lb)
+    return torch.log(torch.exp(la - m) + torch.exp(lb - m))
+
+
+#: Known wrong merged logsumexps (the weights a reader computes from them follow them into out).
+_LSE_MISTAKES = (
+    Mistake("logs added", lambda oa, la, ob, lb, na, nb: la + lb,
+            "your lse is lse_a + lse_b, but logs of sums do not add: lse_a + lse_b = log(exp(lse_a) * exp(lse_b)) is "
+            "the log of the product of the two denominators. The merged denominator is their sum, so the merged lse "
+            "is the log of exp(lse_a) + exp(lse_b) (torch.logaddexp computes it without overflowing)."),
+    Mistake("max not added back", _lse_max_not_added_back,
+            "your lse is log(exp(lse_a - m) + exp(lse_b - m)) without the m you subtracted: that is the merged lse "
+            "minus m. Subtracting the larger lse keeps exp from overflowing, but the log must add it back "
+            "(torch.logaddexp does both)."),
+    Mistake("the larger lse", lambda oa, la, ob, lb, na, nb: torch.maximum(la, lb),
+            "the total lse is log(exp(lse_a) + exp(lse_b)) (torch.logaddexp), not the larger of the two."),
+)
+
+_LSE_WRONG_AXIS = (
+    "your lse is a logsumexp over the wrong axis of the stacked lse_a and lse_b: it sums over the queries (or the "
+    "heads), not over the two parts, so it no longer has one number per query and the weights cannot line up. "
+    "Reduce the axis the stack added; the merged lse keeps the shape of lse_a, [H, S_q]."
+)
+
+_NO_BROADCAST_UNKNOWN = (
+    " The shapes did not line up: lse_a, lse_b and the merged lse have one number per query, [H, S_q], and "
+    "out_a, out_b are [H, S_q, D_v]. Check that your lse keeps the shape [H, S_q], and write weight[..., None] so "
+    "that each weight lines up with the query rows."
+)
+
+
+def _square_parts() -> list[Tensor]:
+    """Two partial results with H = S_q = D_v = 2, where a weight without [..., None] or an lse reduced over
+    the wrong axis still broadcasts, so that the checker can see what the reader's lse is."""
+    gen = torch.Generator().manual_seed(89)
+    oa, ob = (torch.randn(2, 2, 2, generator=gen, dtype=torch.float64) for _ in range(2))  # [H, S_q, D_v]
+    la, lb = (torch.randn(2, 2, generator=gen, dtype=torch.float64) * 2 for _ in range(2))  # [H, S_q]
+    return [oa, la, ob, lb]
+
+
+def _broadcast_hint(fn: Callable[..., Any], message: str) -> Feedback:
+    """The hint for a merge that raised a size mismatch: it looks at the lse the reader's code returns where
+    the shapes happen to broadcast (:func:`_square_parts`)."""
+    parts = _square_parts()
+    got, fb = run_reader_code(fn, *[t.clone() for t in parts])
+    lse = got[1] if fb is None and isinstance(got, (tuple, list)) and len(got) == 2 else None
+    if isinstance(lse, Tensor) and tuple(lse.shape) == (2, 2) and close(lse, torch.logaddexp(parts[1], parts[3])):
+        return wrong(_NO_BROADCAST)
+    la, lb = parts[1], parts[3]
+    for stack_dim in (0, -1):
+        stacked = torch.stack([la, lb], dim=stack_dim)  # [2, H, S_q] or [H, S_q, 2]
+        for dim in range(3):
+            if dim != stack_dim % 3 and isinstance(lse, Tensor) and close(lse, torch.logsumexp(stacked, dim=dim)):
+                return wrong(_LSE_WRONG_AXIS)
+    return wrong(message.rstrip(".") + "." + _NO_BROADCAST_UNKNOWN)
+
+
 def _merge_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     parts, out, lse = _merge_case(case)
     split, S_k = MERGE_CASES[case][3], MERGE_CASES[case][2]
     got, fb = run_reader_code(fn, *[t.clone() for t in parts])
     if fb is not None and "must match the size of tensor" in fb.message:
-        return wrong(_NO_BROADCAST)
+        return _broadcast_hint(fn, fb.message)
     if fb is not None:
         return fb
     if not isinstance(got, (tuple, list)) or len(got) != 2:
@@ -478,14 +536,20 @@ def _merge_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         half = narrowed_dtype(name, t, exp)
         if half is not None:
             return half
+    lse_hint = None if close(got_lse, lse, atol=1e-4, rtol=1e-4) else diagnose(got_lse, _LSE_MISTAKES, *parts, split, S_k - split)
     if not close(got_out, out, atol=1e-4, rtol=1e-4):
-        hint = diagnose(got_out, _MERGE_MISTAKES, *parts, split, S_k - split)
+        hint = diagnose(got_out, _MERGE_MISTAKES, *parts, split, S_k - split) or lse_hint
+        if hint is None and not close(got_lse, lse, atol=1e-4, rtol=1e-4):
+            oa, la, ob, lb = parts
+            own = torch.exp(la - got_lse)[..., None] * oa + torch.exp(lb - got_lse)[..., None] * ob  # out from the reader's lse
+            if close(got_out, own, atol=1e-4, rtol=1e-4):
+                hint = wrong("your out follows from your lse, weight exp(lse_part - lse), so the error is in lse: the "
+                             "merged lse is the log of the total denominator, log(exp(lse_a) + exp(lse_b)).")
         return hint or wrong("the merged output differs from attention over all keys: "
                              "out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b.")
     if not close(got_lse, lse, atol=1e-4, rtol=1e-4):
-        if close(got_lse, torch.maximum(parts[1], parts[3])):
-            return wrong("the total lse is log(exp(lse_a) + exp(lse_b)) (torch.logaddexp), not the larger of the two.")
-        return wrong("the output is right but lse is not: lse = log(exp(lse_a) + exp(lse_b)) = torch.logaddexp(lse_a, lse_b).")
+        return lse_hint or wrong("the output is right but lse is not: lse = log(exp(lse_a) + exp(lse_b)) = "
+                                 "torch.logaddexp(lse_a, lse_b).")
     return None
 
 
@@ -505,7 +569,9 @@ def _merge_table_cases() -> list[tuple[Any, ...]]:
 
 @exercise(solution=_solution_merge,
           tables=(MistakeTable(_MERGE_MISTAKES, _merge_table_cases, lambda oa, la, ob, lb, na, nb: reference_merge_partials(oa, la, ob, lb)[0],
-                               same=lambda a, b: close(a, b, atol=1e-4, rtol=1e-4)),))
+                               same=lambda a, b: close(a, b, atol=1e-4, rtol=1e-4)),
+                  MistakeTable(_LSE_MISTAKES, _merge_table_cases, lambda oa, la, ob, lb, na, nb: reference_merge_partials(oa, la, ob, lb)[1],
+                               same=lambda a, b: close(a, b, atol=1e-4, rtol=1e-4))))
 def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
     """Check ``fn(out_a, lse_a, out_b, lse_b) -> (out, lse)``: the split-KV merge of Flash-Decoding.
 
@@ -816,6 +882,12 @@ def _first_key_cases() -> list[tuple[int, int]]:
     return [(q0, W) for S, _, W, bq, _ in WINDOW_RUNS for q0 in range(0, S, bq)]
 
 
+_PRECEDENCE = (
+    "in Python & binds tighter than the comparisons <= and <, so `cols <= rows & (rows - cols < window)` reads as "
+    "`cols <= (rows & (rows - cols < window))`, a bitwise and of the positions. Put each comparison in its own "
+    "parentheses before combining them with &."
+)
+
 VISIBLE_MISTAKES = (
     Mistake("causal only", lambda r, c, w: c <= r,
             "that is the causal mask alone: the window also hides every key more than window - 1 positions "
@@ -835,6 +907,11 @@ VISIBLE_MISTAKES = (
             "a key is visible when both conditions hold: combine them with &, not |."),
     Mistake("strictly causal", lambda r, c, w: (c < r) & (r - c < w),
             "a query also sees itself (cols == rows): use cols <= rows."),
+    Mistake("& before <=", lambda r, c, w: c <= (r & (r - c < w)),
+            _PRECEDENCE),
+    Mistake("symmetric window", lambda r, c, w: (r - c).abs() < w,
+            "your window reaches both ways: it lets a query see keys after it, up to window - 1 ahead. The window "
+            "sits behind the query only, so combine the look-back limit with the causal part (cols <= rows)."),
 )
 
 FIRST_KEY_MISTAKES = (
@@ -902,11 +979,35 @@ def _first_key_one(fn: Callable[..., Any], q0: int, window: int) -> Feedback | N
     expected = reference_first_key(q0, window)
     if _first_key_same(value, expected) or _first_key_rounded(value, expected):
         return None
-    for m in FIRST_KEY_MISTAKES:
-        if _first_key_same(value, m.compute(q0, window)):
+    values = _first_key_values(fn)
+    for m in FIRST_KEY_MISTAKES:  # a mistake is named only when it explains every block, not this one alone
+        if values is not None and all(_first_key_same(x, m.compute(q, w)) for x, (q, w) in zip(values, _first_key_cases())):
             return wrong(m.hint)
+    if values is not None and all(x % w == 0 for x, (_, w) in zip(values, _first_key_cases())):
+        return wrong(_ROUNDED_TO_WINDOW)
     return wrong(f"for q_start = {q0} and window = {window} your first key is not the first key the block's "
                  "first row sees; that row, q_start, sees keys q_start - window + 1 .. q_start.")
+
+
+_ROUNDED_TO_WINDOW = (
+    "your first keys are all multiples of window: rounding to the window does not match the kernel's walk, "
+    "which goes by key blocks of BLOCK_K keys and rounds down to its own block. Return the first key the "
+    "block's first row sees, unrounded: `first_key` need not know any block size."
+)
+
+
+def _first_key_values(fn: Callable[..., Any]) -> list[int] | None:
+    """``fn``'s first key on every block of :func:`_first_key_cases` (``None`` if one is not a whole number)."""
+    values = []
+    for q0, window in _first_key_cases():
+        got, fb = run_reader_code(fn, q0, window)
+        try:
+            values.append(as_index(_first_key_value(got)) if fb is None else None)
+        except Exception:
+            return None
+        if values[-1] is None:
+            return None
+    return values
 
 
 #: The smallest key block of :data:`WINDOW_RUNS`: a ``first_key`` rounded down within such a block

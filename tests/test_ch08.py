@@ -637,3 +637,71 @@ def test_time_projections_and_cores_prints_each_size_and_grows_with_s(capsys: py
     assert re.fullmatch(r"growth from S = 512 to 512: projections ~\d+\.\dx \(FLOPs 1x\), attnlib core ~\d+\.\dx \(FLOPs 1x\)", lines[5])
     # CPU time of one thread: the S^2 core at S = 512 does 256x the work of S = 32; 4x holds on a busy machine
     assert times["attnlib core"][3] > 4 * times["attnlib core"][0]
+
+
+# --- probe-ch08-09: the online step's common mistakes get named hints ---------------------------
+
+def _p_against_tile_max(m, l, acc, s, v):
+    tm = s.amax(-1, keepdim=True); m_new = torch.maximum(m, tm); p = torch.exp(s - tm); r = torch.exp(m - m_new)
+    return m_new, l * r + p.sum(-1, keepdim=True), acc * r + p @ v
+
+
+def _rescale_by_tile_max(m, l, acc, s, v):
+    tm = s.amax(-1, keepdim=True); m_new = torch.maximum(m, tm); p = torch.exp(s - m_new); r = torch.exp(m - tm)
+    return m_new, l * r + p.sum(-1, keepdim=True), acc * r + p @ v
+
+
+def test_online_step_against_the_tile_max_is_named() -> None:
+    fb = check_online_softmax_update(_p_against_tile_max)
+    assert fb.status == "wrong" and "exp(s - tile max)" in fb.message and "its own maximum" in fb.message, fb
+    fb = check_online_softmax_update(_rescale_by_tile_max)
+    assert fb.status == "wrong" and "exp(m_old - tile max)" in fb.message and "exceeds 1" in fb.message, fb
+
+
+def test_online_step_right_answers_through_the_tile_max_pass() -> None:
+    def clamped(m, l, acc, s, v):  # exp(m - tile max) clamped at 1 is exp(m - m_new)
+        tm = s.amax(-1, keepdim=True); m_new = torch.maximum(m, tm); p = torch.exp(s - m_new); r = torch.exp(m - tm).clamp(max=1)
+        return m_new, l * r + p.sum(-1, keepdim=True), acc * r + p @ v
+
+    def tile_stats(m, l, acc, s, v):  # the tile's own softmax statistics, both moved to m_new
+        tm = s.amax(-1, keepdim=True); pt = torch.exp(s - tm)
+        m_new = torch.maximum(m, tm); ra = torch.exp(m - m_new); rb = torch.exp(tm - m_new)
+        return m_new, ra * l + rb * pt.sum(-1, keepdim=True), ra * acc + rb * (pt @ v)
+
+    assert check_online_softmax_update(clamped).passed
+    assert check_online_softmax_update(tile_stats).passed
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_online_step_computed_in_half_precision_and_cast_back_is_named(dtype: torch.dtype) -> None:
+    def f(m, l, acc, s, v):
+        dt = s.dtype; m, l, acc, s, v = [t.to(dtype) for t in (m, l, acc, s, v)]
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True)); p = torch.exp(s - m_new); r = torch.exp(m - m_new)
+        return m_new.to(dt), (l * r + p.sum(-1, keepdim=True)).to(dt), (acc * r + p @ v).to(dt)
+
+    def g(m, l, acc, s, v):  # the probe's float16 variant: only the exponentials and sums in half
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True)); p = torch.exp((s - m_new).half()); r = torch.exp((m - m_new).half())
+        return m_new, (l.half() * r + p.sum(-1, keepdim=True)).to(s.dtype), (acc.half() * r + p @ v.half()).to(s.dtype)
+
+    for fn in (f, g) if dtype == torch.float16 else (f,):
+        fb = check_online_softmax_update(fn)
+        assert fb.status == "wrong" and "significant digits" in fb.message and "float16 or bfloat16" in fb.message, fb
+        assert "torch.maximum" not in fb.message
+
+
+def test_online_step_without_any_rescale_names_l_and_acc() -> None:
+    def f(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True)); p = torch.exp(s - m_new)
+        return m_new, l + p.sum(-1, keepdim=True), acc + p @ v
+
+    assert check_online_softmax_update(f).message == (
+        "you forgot to rescale the running sums l and acc by exp(m_old - m_new) before adding the new tile.")
+
+
+def test_online_step_with_an_elementwise_max_is_named() -> None:
+    def f(m, l, acc, s, v):
+        m_new = torch.max(m, s); p = torch.exp(s - m_new); r = torch.exp(m - m_new)
+        return m_new, l * r + p.sum(-1, keepdim=True), acc * r + p @ v
+
+    fb = check_online_softmax_update(f)
+    assert fb.status == "wrong" and "compares elementwise" in fb.message and "one value per score" in fb.message, fb

@@ -601,3 +601,86 @@ def test_sdpa_priority_line_names_the_machine_and_expects_nothing_without_a_gpu(
         assert order[:4] == ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION"]
     elif expected is not None:
         assert order[0] == expected
+
+
+# --- probe-ch08-09: the merge's lse and the window's mask and first key get named hints ---------
+
+from attnbook.ch09 import _LSE_MISTAKES  # noqa: E402
+
+
+def _merge_from_lse(lse_of):
+    def merge(oa, la, ob, lb):
+        lse = lse_of(la, lb)
+        return torch.exp(la - lse)[..., None] * oa + torch.exp(lb - lse)[..., None] * ob, lse
+    return merge
+
+
+@pytest.mark.parametrize("mistake", _LSE_MISTAKES, ids=[m.name for m in _LSE_MISTAKES])
+def test_merge_lse_mistakes_get_their_hint_whether_out_follows_or_not(mistake) -> None:
+    fb = check_merge_partials(_merge_from_lse(lambda la, lb: mistake.compute(None, la, None, lb, 0, 0)))
+    # weights exp(lse_part - max) are a mistake of out's own table, which is asked first
+    own = {m.name: m.hint for m in _MERGE_MISTAKES}["max subtracted, not normalised"] if mistake.name == "the larger lse" else mistake.hint
+    assert fb.status == "wrong" and fb.message == own, fb
+    fb = check_merge_partials(lambda oa, la, ob, lb: (reference_merge_partials(oa, la, ob, lb)[0], mistake.compute(oa, la, ob, lb, 0, 0)))
+    assert fb.status == "wrong" and fb.message == mistake.hint, fb
+
+
+def test_merge_probe_lse_sum_and_forgotten_max_name_the_lse() -> None:
+    fb = check_merge_partials(_merge_from_lse(lambda la, lb: la + lb))
+    assert fb.status == "wrong" and "logs of sums do not add" in fb.message, fb
+
+    def forgot_m(la, lb):
+        m = torch.maximum(la, lb)
+        return torch.log(torch.exp(la - m) + torch.exp(lb - m))
+
+    fb = check_merge_partials(_merge_from_lse(forgot_m))
+    assert fb.status == "wrong" and "without the m you subtracted" in fb.message, fb
+
+
+def test_merge_out_that_follows_a_wrong_lse_blames_the_lse() -> None:
+    fb = check_merge_partials(_merge_from_lse(lambda la, lb: torch.logaddexp(la, lb) + 0.5))
+    assert fb.status == "wrong" and "the error is in lse" in fb.message, fb
+
+
+def test_merge_logsumexp_over_the_wrong_axis_of_a_stack_is_named() -> None:
+    fb = check_merge_partials(_merge_from_lse(lambda la, lb: torch.logsumexp(torch.stack([la, lb]), dim=-1)))
+    assert fb.status == "wrong" and "wrong axis of the stacked" in fb.message and "weight[..., None]" not in fb.message, fb
+    # the weight without its axis (or on the wrong one) keeps the [..., None] hint
+    for merge in (lambda oa, la, ob, lb: (torch.exp(la - torch.logaddexp(la, lb)).unsqueeze(0) * oa
+                                          + torch.exp(lb - torch.logaddexp(la, lb)).unsqueeze(0) * ob, torch.logaddexp(la, lb)),
+                  lambda oa, la, ob, lb: (torch.exp(la - torch.logaddexp(la, lb)) * oa
+                                          + torch.exp(lb - torch.logaddexp(la, lb)) * ob, torch.logaddexp(la, lb))):
+        fb = check_merge_partials(merge)
+        assert fb.status == "wrong" and "write weight[..., None]" in fb.message, fb
+
+
+def test_merge_right_answers_written_differently_pass() -> None:
+    def max_trick(oa, la, ob, lb):
+        m = torch.maximum(la, lb); wa, wb = torch.exp(la - m), torch.exp(lb - m); den = wa + wb
+        return (wa[..., None] * oa + wb[..., None] * ob) / den[..., None], m + torch.log(den)
+
+    def stacked(oa, la, ob, lb):
+        L = torch.stack([la, lb], 0)
+        return (torch.softmax(L, 0).unsqueeze(-1) * torch.stack([oa, ob], 0)).sum(0), torch.logsumexp(L, 0)
+
+    assert check_merge_partials(max_trick).passed and check_merge_partials(stacked).passed
+
+
+def test_sliding_window_probe_precedence_and_symmetric_window_are_named() -> None:
+    from attnbook.ch09 import check_sliding_window, reference_first_key
+
+    fb = check_sliding_window(lambda rows, cols, window: cols <= rows & (rows - cols < window), reference_first_key)
+    assert fb.status == "wrong" and "& binds tighter" in fb.message, fb
+    for visible in (lambda rows, cols, window: abs(rows - cols) < window,
+                    lambda rows, cols, window: (rows - cols < window) & (cols - rows < window)):
+        fb = check_sliding_window(visible, reference_first_key)
+        assert fb.status == "wrong" and "reaches both ways" in fb.message, fb
+    # a product of boolean tiles stays torch.bool: right
+    assert check_sliding_window(lambda rows, cols, window: (cols <= rows) * (rows - cols < window), reference_first_key).passed
+
+
+def test_sliding_window_first_key_rounded_to_the_window_is_not_told_it_starts_at_0() -> None:
+    from attnbook.ch09 import check_sliding_window, reference_visible
+
+    fb = check_sliding_window(reference_visible, lambda q_start, window: (q_start - window + 1) // window * window)
+    assert fb.status == "wrong" and "multiples of window" in fb.message and "key 0" not in fb.message, fb
