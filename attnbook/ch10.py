@@ -16,7 +16,7 @@ import math
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from attnlib import (
 )
 
 from .feedback import (
+    ATOL,
     HALF_TOL,
     Feedback,
     Mistake,
@@ -472,7 +473,27 @@ APPEND_MISTAKES = (
     Mistake("own key hidden", lambda *c: _attend(c[0], *_cat(*c), attn_mask=_bottom_right(c, shift=-1)),
             "your mask is off by one: each new query is hidden from its own key (and the first one from the newest "
             "cached key too). causal_mask(S_new, S_k=S_k) lets query i see keys 0 .. S_k - S_new + i, itself included."),
+    Mistake("output transposed to [B, S_new, H, D_k]", lambda *c: reference_append_and_attend(*c)[0].transpose(1, 2),
+            "your output comes back as [B, S_new, H, D_k]: the head axis and the position axis are swapped. "
+            "scaled_dot_product_attention already returns [B, H, S_new, D_k], the shape of q, "
+            "so leave out the .transpose(1, 2) (it belongs before merging the heads, not here)."),
+    Mistake("reshape for transpose", lambda *c: _reshaped_as_transposed(reference_append_and_attend(*c)[0]),
+            "your output has the right shape but its numbers are scrambled across heads and positions: "
+            ".reshape (or .view) to [B, H, S_new, D_k] keeps the numbers in memory order, so after a .transpose it "
+            "mixes heads and positions; it never swaps axes. The attention's output is already [B, H, S_new, D_k]: "
+            "no transpose and no reshape are needed."),
+    Mistake("0/1 mask added to the scores", lambda *c: _attend(c[0], *_cat(*c), attn_mask=_bottom_right(c).to(c[0].dtype)),
+            "your mask was turned into numbers (.to(q.dtype), .float()): a float attn_mask is ADDED to the scores, so "
+            "a 1 where a query may attend and a 0 elsewhere masks nothing. Pass the boolean mask as it is (True = "
+            "may attend), or an additive one with 0 and float('-inf')."),
 )
+
+
+def _reshaped_as_transposed(out: Tensor) -> Tensor:
+    """``out`` [B, H, S, D] transposed to [B, S, H, D], then reshaped back to [B, H, S, D]: a scramble."""
+    if out.shape[1] == 1 or out.shape[2] == 1:
+        raise ValueError("with one head or one position a reshape is a transpose")
+    return out.transpose(1, 2).reshape(out.shape)
 
 
 def _bottom_right(case: tuple[Tensor, ...], shift: int = 0) -> Tensor:
@@ -503,6 +524,22 @@ def _dtype_hint(got: Any, expected: Tensor) -> Feedback | None:
         return wrong(f"your output is {got.dtype}, but the inputs are {expected.dtype}: return it in the inputs' dtype "
                      "(leave out .float() or .to(...) casts; a float64 input should give a float64 output).")
     return None
+
+
+def _tuple_order(result: Sequence[Any], expected: tuple[Tensor, Tensor, Tensor], half: bool) -> str | None:
+    """The order of ``(output, keys, values)`` that ``result`` holds, e.g. ``"(keys, values, output)"``,
+    when it holds all three in an order other than the right one; ``None`` otherwise."""
+    names = ("output", "keys", "values")
+    tol = 2 * HALF_TOL if half else ATOL
+    found = []
+    for got in result:
+        match = [n for n, e in zip(names, expected) if close(got, e, atol=tol, rtol=tol)]
+        if len(match) != 1:
+            return None
+        found.append(match[0])
+    if sorted(found) != sorted(names) or tuple(found) == names:
+        return None
+    return f"({', '.join(found)})"
 
 
 def _tiled_attend(q: Tensor, keys: Tensor, values: Tensor, **kwargs: Any) -> Tensor:
@@ -569,6 +606,10 @@ def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | 
         ref_out = reference_append_and_attend(*(t.double() for t in case))[0]
     if close(keys, ref_v) and close(values, ref_k):
         return wrong("your keys and values come back swapped: return (output, keys, values), the keys first.")
+    order = _tuple_order(result, (reference_append_and_attend(*case)[0], ref_k, ref_v), half)
+    if order is not None:
+        return wrong(f"your three tensors come back in another order, {order}: return (output, keys, values), the "
+                     "attention's output first, then the updated key and value caches.")
     for name, got, exp in (("keys", keys, ref_k), ("values", values, ref_v)):
         if close(got, repeat_kv(exp, H)) and H != H_kv:
             return wrong(f"your cached {name} have the H = {H} repeated heads: store the H_kv = {H_kv} key/value "
@@ -580,6 +621,15 @@ def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | 
             shape = tuple(got.shape) if isinstance(got, Tensor) else describe(got)
             return wrong(f"the returned {name} should be the cache with the new positions appended, shape {tuple(exp.shape)} "
                          f"([B, H_kv, S_past + S_new, D_k]); got {shape}.")
+    for name, got in (("keys", keys), ("values", values)):
+        if got.dtype != dtype:
+            size = "twice" if got.element_size() == 2 * case[1].element_size() else (
+                "half" if 2 * got.element_size() == case[1].element_size() else f"{got.element_size()}/{case[1].element_size()} of")
+            return wrong(f"your cached {name} come back as {got.dtype}, but the cache is {dtype}: the cache is stored, "
+                         f"and a {got.dtype} copy takes {size} its memory"
+                         + (" and loses digits" if got.element_size() < case[1].element_size() else "")
+                         + ". Keep the cache in its own dtype (append without .float() or .to(...)); compute the "
+                         "attention in another dtype if you like, but not the stored keys and values.")
     if half:
         tol = HALF_TOL if dtype == torch.float16 else 2 * HALF_TOL
         if isinstance(out, Tensor) and out.is_floating_point() and close(out, ref_out, atol=tol, rtol=tol):
@@ -614,7 +664,9 @@ def _solution_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Tensor,
 
 @exercise(solution=_solution_append,
           tables=(MistakeTable(APPEND_MISTAKES, lambda: [_append_case(c) for c in range(len(APPEND_CASES))],
-                               lambda *c: reference_append_and_attend(*c)[0]),))
+                               lambda *c: reference_append_and_attend(*c)[0]),),
+          not_generic={"float64": "the returned keys and values are the stored cache, which keeps its own dtype (the "
+                                  "output may be wider)"})
 def check_append_and_attend(fn: Callable[..., Any]) -> Feedback:
     """Check ``fn(q, k_cache, v_cache, k_new, v_new) -> (output, keys, values)`` on the cases of
     :data:`APPEND_CASES` (GQA with two new tokens; MQA with five, in float32), then on the 16-bit
@@ -679,6 +731,13 @@ WINDOW_MISTAKES = (
     Mistake("always the full window", _bytes(lambda S: _W),
             "you return the full window's cache for every length: a sequence shorter than the window keeps only "
             "its seq_len positions, min(seq_len, window)."),
+    Mistake("max for min", _bytes(lambda S: max(S, _W)),
+            "you took max(seq_len, window): a short sequence then gets a full window's cache and a long one keeps "
+            "growing. The buffer keeps the window's positions at most and never more than the sequence has: the "
+            "smaller of the two."),
+    Mistake("half the window (two-sided)", _bytes(lambda S: min(S, _W // 2)),
+            "you kept window / 2 = 1024 positions, as in Longformer's window of W/2 on each side: a decoder's sliding "
+            "window is one-sided, so each query sees the last window = 2048 positions, and the cache keeps all 2048."),
     Mistake("MiB", lambda S: reference_window_cache_bytes(S) / 2**20,
             "those are MiB (you divided by 2**20): the function returns bytes."),
 )
@@ -772,10 +831,10 @@ def reference_decode_intensity(D: int, H: int, H_kv: int, S: int, batch: int) ->
 
 def _intensity(weights_per_seq: bool = False, cache_once: bool = False, nbytes: int = 2, cache_heads: str = "kv",
                kv: int = 2, mha_weights: bool = False, activations: bool = False, flops_batch: bool = True,
-               cache_bytes: bool = True) -> Callable[..., float]:
+               cache_bytes: bool = True, prefill: bool = False) -> Callable[..., float]:
     def f(D: int, H: int, H_kv: int, S: int, batch: int) -> float:
         d_k = D // H
-        flops = (batch if flops_batch else 1) * layer_flops(D, H, H_kv, 1, S)
+        flops = (batch if flops_batch else 1) * layer_flops(D, H, H_kv, S if prefill else 1, S)
         weight_numbers = 4 * D * D if mha_weights else 2 * D * D + 2 * D * H_kv * d_k
         weights = weight_numbers * nbytes * (batch if weights_per_seq else 1)
         heads = H_kv if cache_heads == "kv" else H
@@ -829,6 +888,13 @@ INTENSITY_MISTAKES = (
             "S already includes the new token: each sequence's cache holds S positions, so count S, not S - 1."),
     Mistake("bytes per FLOP", lambda *c: 1 / reference_decode_intensity(*c),
             "your ratio is upside down: that is bytes per FLOP. The intensity is FLOPs divided by bytes."),
+    Mistake("prefill FLOPs", _intensity(prefill=True),
+            "your FLOPs are a prefill's: layer_flops(D, H, H_kv, S, S) projects and attends S new positions. A decode "
+            "step has ONE new position per sequence, which attends over the S cached ones: S_new = 1."),
+    Mistake("layer_bytes as it is, times the batch", _intensity(weights_per_seq=True, activations=True),
+            "B x layer_bytes(D, H, H_kv, 1, S) makes two slips at once: layer_bytes reads the weights for ONE call, so "
+            "multiplying it by B reads them once per sequence, and its default activations=True counts the activations "
+            "too. Read the weights once for the whole batch, add B caches, and pass activations=False."),
     Mistake("rounded to a whole number", lambda *c: float(math.ceil(reference_decode_intensity(*c))),
             "the intensity is a ratio and stays fractional: do not round it (math.ceil, round or //)."),
     Mistake("rounded to 1 decimal", lambda *c: round(reference_decode_intensity(*c), 1),
@@ -913,6 +979,12 @@ MLA_MISTAKES = (
     Mistake("rotary key counted twice", lambda l, L, r, d: (float((L + 2 * r) * l * 2), (L + 2 * r) / (2 * d)),
             "you counted the rotary key twice: it is one vector of rope numbers per token and layer, shared by all "
             "heads (a key has no rotary value), so the cache holds latent + rope numbers."),
+    Mistake("four bytes per number", lambda l, L, r, d: (float((L + r) * l * 4), (L + r) / (2 * d)),
+            "you counted 4 bytes per number, as for float32: the cache is 16-bit, so each number takes 2 bytes."),
+    Mistake("heads from the bytes over all layers", lambda l, L, r, d: (float((L + r) * l * 2), (L + r) * l / d),
+            "your equivalent heads come from the bytes over all layers: a GQA head's 2 x head_dim numbers are per "
+            "token AND per layer, so compare the numbers one token caches in ONE layer with a head's, leaving out the "
+            "layers and the bytes."),
     Mistake("heads upside down", lambda l, L, r, d: (float((L + r) * l * 2), 2 * d / (L + r)),
             "your ratio of heads is upside down: divide MLA's numbers per token and layer by a GQA head's 2 x head_dim."),
 )
@@ -1007,6 +1079,23 @@ MERGE_MISTAKES = (
             "exp(lse_i - logsumexp(lses))."),
     Mistake("first two chunks only", lambda outs, lses: _merge_weights(outs[:2], lses[:2], lambda s: s - torch.logsumexp(s, 0)),
             "you merged only the first two chunks: loop over all of them (zip(outs, lses)); there can be any number."),
+    Mistake("logsumexp over the batch of the first chunk",
+            lambda outs, lses: _merge_weights(outs, lses, lambda s: s - torch.logsumexp(s, 1, keepdim=True)[0]),
+            "your logsumexp runs over dim=1 of torch.stack(lses), which is [chunks, B, H, 1]: dim=1 is the batch (the "
+            "stack put the chunk axis first), and [0] then keeps the first chunk's total only. Take it over the chunks, "
+            "dim=0, so each sequence and head gets its own total over all chunks."),
+    Mistake("total lse as the sum of the lse_i", lambda outs, lses: _merge_weights(outs, lses, lambda s: s - s.sum(0)),
+            "the total of the chunks is not the sum of their lse_i: each lse_i is the logarithm of a sum of "
+            "exponentials, so the chunks' totals combine as log(sum_i exp(lse_i)), a logsumexp over the chunks, "
+            "and adding logarithms multiplies the sums instead."),
+    Mistake("the chunk with the largest lse", lambda outs, lses: _merge_weights(
+                outs, lses, lambda s: torch.where(s == s.amax(0, keepdim=True), 0.0, float("-inf")).to(s.dtype)),
+            "you kept only the chunk with the largest lse_i: that is a hard max, and every other chunk's keys also "
+            "carry softmax weight. Weight every chunk by its share exp(lse_i - lse), a softmax over the chunks."),
+    Mistake("exp2 and log2 on natural logarithms", lambda outs, lses: _merge_weights(
+                outs, lses, lambda s: (s - torch.logsumexp(s * math.log(2), 0) / math.log(2)) * math.log(2)),
+            "you mixed bases: exp2 and log2 (as Triton kernels use them) need logarithms in base 2, but each lse_i "
+            "here is a natural logarithm. Use torch.exp and torch.logsumexp (or multiply the lse_i by log2(e) first)."),
     Mistake("summed, not weighted", lambda outs, lses: sum(outs),
             "you added the partial outputs with weight 1 each: weight chunk i by exp(lse_i - lse), a softmax over the "
             "chunk axis (dim=0 of torch.stack(lses)), not over the last axis, which has a single entry (the one query), "
@@ -1014,6 +1103,13 @@ MERGE_MISTAKES = (
 )
 
 _MERGE_SIZES: dict[int, tuple[int, ...]] = {}
+
+#: The hint for math.exp / math.log (or float()) applied to a tensor of several numbers.
+_MATH_ON_TENSORS = (
+    "a function of the math module (math.exp, math.log) or float() got a tensor of several numbers ({error}): "
+    "they work on ONE Python number. lse_i - lse is a [B, H, 1] tensor, one number per sequence and head: "
+    "use torch.exp (torch.log), which works on every entry."
+)
 
 
 def _merge_weights(outs: list[Tensor], lses: list[Tensor], log_w: Callable[[Tensor], Tensor]) -> Tensor:
@@ -1054,6 +1150,8 @@ def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
             return wrong("a weight exp(lse_i - lse) has shape [B, H, 1] and a partial output [B, H, 1, D_v]: keep a "
                          "trailing axis on the weight, exp(lse_i - lse)[..., None], so it broadcasts over D_v. "
                          f"({fb.message.removeprefix('your code raised ')})")
+        if fb is not None and "only one element tensors can be converted to Python scalars" in fb.message:
+            return wrong(_MATH_ON_TENSORS.format(error=fb.message.removeprefix("your code raised ")))
         if fb is not None:
             return fb
         expected = reference_merge_partials(outs, lses)

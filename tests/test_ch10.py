@@ -294,10 +294,12 @@ def test_reading_1011_slips_get_their_own_hints() -> None:
     fb = ch10.check_append_and_attend(manual(-1e9, math.sqrt))  # right in float64 and float32, not in float16
     assert not fb.passed and "torch.float16" in fb.message and "-1e9" in fb.message, fb
     assert ch10.check_append_and_attend(manual(float("-inf"), math.sqrt)).passed  # the manual form, right
-    upcast = lambda *c: (lambda o, k, v: (o.double() if c[0].dtype in (torch.float16, torch.bfloat16) else o, k, v))(
+    upcast = lambda *c: (lambda o, k, v: (o.double() if c[0].dtype in (torch.float16, torch.bfloat16) else o,
+                                          k.to(c[1].dtype), v.to(c[2].dtype)))(
         *ch10._solution_append(*(t.double() for t in c)) if c[0].dtype in (torch.float16, torch.bfloat16)
         else ch10._solution_append(*c))
-    assert ch10.check_append_and_attend(upcast).passed  # a 16-bit step computed in float64 is fine
+    # a 16-bit step computed in float64 is fine, its output returned in float64 too; the stored cache keeps its dtype
+    assert ch10.check_append_and_attend(upcast).passed
 
     def intensity(nbytes=2, floor=False, minus=0):
         def f(D, H, H_kv, S, batch):
@@ -357,3 +359,142 @@ def test_reading_1011_triu_additive_and_rope_twice() -> None:
     assert ch10.check_append_and_attend(additive).passed  # the additive form, right, in every dtype
     fb = ch10.check_mla_cache(lambda l, L, r, d: (float((L + 2 * r) * l * 2), (L + 2 * r) / (2 * d)))
     assert not fb.passed and "rotary key twice" in fb.message, fb
+
+
+def _probe_attend(q, kc, vc, kn, vn, *, mask=None):
+    """The probe-ch10-11 reading's common start: append, then SDPA with the bottom-right mask."""
+    import torch.nn.functional as F
+
+    from attnlib import causal_mask, repeat_kv
+
+    k = torch.cat([kc, kn], 2); v = torch.cat([vc, vn], 2); H = q.shape[1]
+    m = causal_mask(q.shape[2], S_k=k.shape[2]) if mask is None else mask(q, k)
+    return F.scaled_dot_product_attention(q, repeat_kv(k, H), repeat_kv(v, H), attn_mask=m), k, v
+
+
+def test_probe_1011_append_order_shapes_masks_and_cache_dtype() -> None:
+    """probe-ch10-11: (keys, values, output), a transposed or reshaped output, a 0/1 float mask and a
+    float32 cache each get a hint that names the slip; the output may be wider than 16-bit inputs."""
+    import torch.nn.functional as F
+
+    from attnlib import causal_mask, repeat_kv
+
+    def order(q, kc, vc, kn, vn):
+        k = torch.cat([kc, kn], 2); v = torch.cat([vc, vn], 2); H = q.shape[1]
+        o = F.scaled_dot_product_attention(q, repeat_kv(k, H), repeat_kv(v, H), attn_mask=causal_mask(q.shape[2], S_k=k.shape[2]))
+        return k, v, o
+
+    fb = ch10.check_append_and_attend(order)
+    assert not fb.passed and "another order, (keys, values, output)" in fb.message, fb
+    fb = ch10.check_append_and_attend(lambda *c: (lambda o, k, v: (o.transpose(1, 2), k, v))(*_probe_attend(*c)))
+    assert not fb.passed and "[B, S_new, H, D_k]" in fb.message and "swapped" in fb.message, fb
+
+    def reshaped(*c):
+        o, k, v = _probe_attend(*c)
+        B, H_, S, D = o.shape
+        return o.transpose(1, 2).reshape(B, H_, S, D), k, v
+
+    fb = ch10.check_append_and_attend(reshaped)
+    assert not fb.passed and "scrambled" in fb.message and ".reshape" in fb.message, fb
+    float_mask = lambda *c: _probe_attend(*c, mask=lambda q, k: causal_mask(q.shape[2], S_k=k.shape[2]).to(q.dtype))
+    fb = ch10.check_append_and_attend(float_mask)
+    assert not fb.passed and "ADDED to the scores" in fb.message, fb
+
+    def float32_cache(q, kc, vc, kn, vn):  # P2: the stored cache comes back in float32
+        k = torch.cat([kc, kn], 2).float(); v = torch.cat([vc, vn], 2).float(); H = q.shape[1]
+        o = F.scaled_dot_product_attention(q.float(), repeat_kv(k, H), repeat_kv(v, H),
+                                           attn_mask=torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril(k.shape[2] - q.shape[2]))
+        return o.to(q.dtype), k, v
+
+    fb = ch10.check_append_and_attend(float32_cache)
+    assert not fb.passed and "cached keys come back as torch.float32, but the cache is torch.float64" in fb.message, fb
+    widened = lambda *c: (lambda o, k, v: (o, k.float(), v.float()) if c[0].dtype == torch.float16 else (o, k, v))(*_probe_attend(*c))
+    fb = ch10.check_append_and_attend(widened)  # a float16 cache stored as float32
+    assert not fb.passed and "torch.float32, but the cache is torch.float16" in fb.message and "twice" in fb.message, fb
+
+    def float32_output(q, kc, vc, kn, vn):  # P1: kept, a wider output of 16-bit inputs passes
+        k = torch.cat([kc, kn], 2); v = torch.cat([vc, vn], 2); H = q.shape[1]
+        o = F.scaled_dot_product_attention(q.float(), repeat_kv(k, H).float(), repeat_kv(v, H).float(),
+                                           attn_mask=causal_mask(q.shape[2], S_k=k.shape[2]))
+        return (o if q.dtype in (torch.float16, torch.bfloat16) else o.to(q.dtype)), k, v
+
+    assert ch10.check_append_and_attend(float32_output).passed
+    # right answers written otherwise still pass: an additive -inf mask, enable_gqa, a list for the tuple
+    additive = lambda *c: _probe_attend(*c, mask=lambda q, k: torch.zeros(q.shape[2], k.shape[2], dtype=q.dtype).masked_fill(
+        ~causal_mask(q.shape[2], S_k=k.shape[2]), float("-inf")))
+    assert ch10.check_append_and_attend(additive).passed
+
+    def gqa(q, kc, vc, kn, vn):
+        k, v = torch.cat([kc, kn], 2), torch.cat([vc, vn], 2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q.shape[2], S_k=k.shape[2]), enable_gqa=True)
+        return [o, k, v]
+
+    assert ch10.check_append_and_attend(gqa).passed
+
+
+def test_probe_1011_number_checkers_name_prefill_helper_bytes_and_windows() -> None:
+    """probe-ch10-11: prefill FLOPs, B x layer_bytes as it is, float32 bytes in MLA, max for min and a
+    two-sided window each get their own hint."""
+    def prefill(D, H, Hk, S, b):
+        dk = D // H
+        return b * ch10.layer_flops(D, H, Hk, S, S) / ((2 * D * D + 2 * D * Hk * dk) * 2 + b * 2 * Hk * dk * S * 2)
+
+    fb = ch10.check_decode_intensity(prefill)
+    assert not fb.passed and "a prefill's" in fb.message, fb
+    fb = ch10.check_decode_intensity(lambda D, H, Hk, S, b: b * ch10.layer_flops(D, H, Hk, 1, S) / (b * ch10.layer_bytes(D, H, Hk, 1, S)))
+    assert not fb.passed and "two slips at once" in fb.message and "activations=False" in fb.message, fb
+    fb = ch10.check_mla_cache(lambda L, lat, r, hd: ((lat + r) * 4 * L, (lat + r) / (2 * hd)))
+    assert not fb.passed and "4 bytes per number, as for float32" in fb.message, fb
+    fb = ch10.check_mla_cache(lambda L, lat, r, hd: ((lat + r) * 2 * L, (lat + r) * 2 * L / (2 * hd)))
+    assert not fb.passed and "from the bytes over all layers" in fb.message, fb
+    fb = ch10.check_window_cache_bytes(lambda s: 2 * 24 * 4 * 96 * max(s, 2048) * 2)
+    assert not fb.passed and "max(seq_len, window)" in fb.message, fb
+    fb = ch10.check_window_cache_bytes(lambda s: 2 * 24 * 4 * 96 * min(s, 1024) * 2)
+    assert not fb.passed and "one-sided" in fb.message, fb
+    # right answers written otherwise still pass: the helper used rightly, a Python loop over the layers
+    helper = lambda D, H, Hk, S, b: b * ch10.layer_flops(D, H, Hk, 1, S) / (
+        ch10.layer_bytes(D, H, Hk, 1, S, activations=False) + (b - 1) * 2 * Hk * (D // H) * S * 2)
+    assert ch10.check_decode_intensity(helper).passed
+    assert ch10.check_window_cache_bytes(lambda s: sum(2 * 4 * 96 * min(s, 2048) * 2 for _ in range(24))).passed
+
+
+def test_probe_1011_merge_names_the_axis_math_exp_and_the_wrong_totals() -> None:
+    """probe-ch10-11: logsumexp over dim=1, math.exp on tensors, a sum of lses, the argmax chunk and
+    exp2 on natural logarithms each get their own hint."""
+    def wrong_axis(outs, lses):
+        lse = torch.logsumexp(torch.stack(lses), dim=1, keepdim=True)[0]
+        return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses))
+
+    def math_exp(outs, lses):
+        lse = torch.logsumexp(torch.stack(lses), 0)
+        return sum(math.exp(l - lse) * o for o, l in zip(outs, lses))
+
+    def sum_lses(outs, lses):
+        lse = sum(lses)
+        return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses))
+
+    def argmax_chunk(outs, lses):
+        L = torch.stack(lses); i = L.argmax(0)
+        O = torch.stack(outs)
+        return torch.gather(O, 0, i[None, ..., None].expand(1, *O.shape[1:]))[0]
+
+    def log2(outs, lses):
+        L = torch.stack(lses); lse = torch.log2(torch.exp2(L - L.max(0).values).sum(0)) + L.max(0).values
+        return sum(torch.exp2(l - lse)[..., None] * o for o, l in zip(outs, lses))
+
+    for submission, words in ((wrong_axis, "dim=1 is the batch"), (math_exp, "use torch.exp"),
+                              (sum_lses, "not the sum of their lse_i"), (argmax_chunk, "largest lse_i"),
+                              (log2, "mixed bases")):
+        fb = ch10.check_merge_partials(submission)
+        assert not fb.passed and words in fb.message, (submission.__name__, fb)
+    # right answers written otherwise still pass: a softmax over the stacked chunks, a pairwise logaddexp
+    assert ch10.check_merge_partials(lambda outs, lses: (torch.softmax(torch.stack(lses), 0)[..., None] * torch.stack(outs)).sum(0)).passed
+
+    def pairwise(outs, lses):
+        o, l = outs[0], lses[0]
+        for o2, l2 in zip(outs[1:], lses[1:]):
+            new = torch.logaddexp(l, l2)
+            o, l = torch.exp(l - new)[..., None] * o + torch.exp(l2 - new)[..., None] * o2, new
+        return o
+
+    assert ch10.check_merge_partials(pairwise).passed

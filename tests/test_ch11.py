@@ -613,3 +613,87 @@ def test_blocks_and_cow_checkers_name_the_reading_slips() -> None:
     assert not fb.passed and "each other's numbers" in fb.message, fb
     fb = ch11.check_cow_table(copies_at_fork)
     assert not fb.passed and "with n = 0" in fb.message, fb
+
+
+def test_probe_1011_cow_sink_and_int8_slips_are_named() -> None:
+    """probe-ch10-11: a copy at every write, a fresh block not owned, the sink on the S_q axis, the sink as
+    1 + sink, exp(-sink), softmax x sigmoid(-sink) and asymmetric quantisation each get their own hint;
+    the sink's float64 case refuses a float32 result, as the other checkers' float64 cases do."""
+    def every_write(table, length, bs, free, n):
+        t = list(table); fr = sorted(free)
+        for p in range(length, length + n):
+            i = p // bs
+            if i == len(t): t.append(fr.pop(0))
+            else: t[i] = fr.pop(0)
+        return t
+
+    def fresh_not_owned(table, length, bs, free, n):
+        t = list(table); fr = sorted(free); own = set()
+        for p in range(length, length + n):
+            i = p // bs
+            if i == len(t): t.append(fr.pop(0))  # forgot own.add(i)
+            elif i not in own: t[i] = fr.pop(0); own.add(i)
+        return t
+
+    fb = ch11.check_cow_table(every_write)
+    assert not fb.passed and "Copy a shared block once" in fb.message, fb
+    fb = ch11.check_cow_table(fresh_not_owned)
+    assert not fb.passed and "a fresh block from the pool" in fb.message, fb
+
+    for submission, words in (
+        (lambda s, k: torch.exp(s - torch.logaddexp(torch.logsumexp(s, -1, keepdim=True), k.view(1, 1, -1, 1))), "query axis S_q"),
+        (lambda s, k: torch.exp(s - torch.logsumexp(s, -1, keepdim=True)) / (1 + k.view(-1, 1, 1)), "as 1 + sink"),
+        (lambda s, k: torch.exp(s - torch.logaddexp(torch.logsumexp(s, -1, keepdim=True), -k.view(-1, 1, 1))), "sign is flipped"),
+        (lambda s, k: torch.softmax(s, -1) * torch.sigmoid(-k).view(-1, 1, 1), "not sigmoid(-sink)"),
+    ):
+        fb = ch11.check_sink_softmax(submission)
+        assert not fb.passed and words in fb.message, (words, fb)
+
+    def float32_weights(s, k):  # P5: float32 weights of float64 scores
+        s = s.float(); k = k.float()
+        return torch.exp(s - torch.logaddexp(torch.logsumexp(s, -1, keepdim=True), k.view(-1, 1, 1)))
+
+    fb = ch11.check_sink_softmax(float32_weights)
+    assert not fb.passed and "scores are torch.float64 and you return torch.float32" in fb.message, fb
+    # right answers written otherwise still pass: computed in float32 and cast back, a sink column and a slice,
+    # and float32 weights of 16-bit scores (wider than the scores)
+    assert ch11.check_sink_softmax(lambda s, k: float32_weights(s, k).to(s.dtype)).passed
+    column = lambda s, k: torch.softmax(torch.cat([s, k.view(1, -1, 1, 1).expand(*s.shape[:-1], 1)], -1), -1)[..., :-1]
+    assert ch11.check_sink_softmax(column).passed
+    assert ch11.check_sink_softmax(lambda s, k: float32_weights(s, k).to(s.dtype) if s.dtype == torch.float64
+                                   else float32_weights(s, k)).passed
+
+    def asymmetric(x):
+        mn, mx = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+        s = torch.where(mx > mn, (mx - mn) / 254, torch.ones_like(mx)); return torch.round((x - mn) / s) * s + mn
+
+    fb = ch11.check_int8_per_token(asymmetric)
+    assert not fb.passed and "asymmetric quantisation" in fb.message, fb
+
+
+def _probe_cow(copy_each_write=False, copy_appended=False):
+    """The probe-ch10-11 script's copy-on-write submissions, as written there: its `while ...: ... else:` runs
+    the else branch after every append too, so a fresh block is treated as shared at once."""
+    def f(table, length, bs, free, n):
+        t = list(table)
+        fr = list(free)
+        fr.sort()
+        take = lambda: fr.pop(0)
+        own = set()
+        for p in range(length, length + n):
+            i = p // bs
+            while i >= len(t):
+                t.append(take())
+                if not copy_appended: own.add(len(t) - 1)
+            else:
+                if copy_each_write or i not in own:
+                    t[i] = take(); own.add(i)
+        return t
+    return f
+
+
+def test_probe_1011_cow_names_running_out_of_blocks_and_a_fresh_block_copied_at_once() -> None:
+    fb = ch11.check_cow_table(_probe_cow(copy_each_write=True))
+    assert not fb.passed and "ran out of free blocks" in fb.message and "pop from empty list" in fb.message, fb
+    fb = ch11.check_cow_table(_probe_cow(copy_appended=True))
+    assert not fb.passed and "copied again at once" in fb.message, fb

@@ -4,6 +4,7 @@ int8 per-token quantisation, softmax with a sink logit."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable
 
 import torch
@@ -158,10 +159,20 @@ INT8_MISTAKES = (
             * ((x.amax(-1, keepdim=True) - x.amin(-1, keepdim=True)) / 255) + x.amin(-1, keepdim=True),
             "that is asymmetric quantisation (a scale and a zero point from each position's min and max, as KIVI uses): "
             "this exercise asks for the symmetric form, s = max|x| / 127 and codes in -127..127 with no zero point."),
+    Mistake("asymmetric min/max, 254 steps", lambda x: _asymmetric(x, 254),
+            "that is asymmetric quantisation (a scale and a zero point from each position's min and max, as KIVI uses): "
+            "this exercise asks for the symmetric form, s = max|x| / 127 and codes in -127..127 with no zero point."),
     Mistake("per head", lambda x: torch.round(x / (x.abs().amax((-2, -1), keepdim=True) / 127)) * (x.abs().amax((-2, -1), keepdim=True) / 127),
             "that is one scale per head, over all its positions and channels: per token, take the max |x| over "
             "D_k alone, amax(dim=-1, keepdim=True)."),
 )
+
+
+def _asymmetric(x: Tensor, steps: int) -> Tensor:
+    """Min/max quantisation with a zero point and ``steps`` steps per position (a guarded constant row)."""
+    lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)  # [..., S, 1]
+    scale = torch.where(hi > lo, (hi - lo) / steps, torch.ones_like(hi))
+    return torch.round((x - lo) / scale) * scale + lo
 
 
 def _solution_int8(x: Tensor) -> Tensor:
@@ -314,6 +325,22 @@ def _sink_without_exp(s: Tensor, k: Tensor) -> Tensor:
     return e / (e.sum(-1, keepdim=True) + k.view(-1, 1, 1))
 
 
+def _flipped_sink(s: Tensor, k: Tensor) -> Tensor:
+    """The weights with exp(-sink): where that term vanishes next to the scores, it is a plain softmax."""
+    out = reference_sink_softmax(s, -k)
+    if close(out, torch.softmax(s, -1)):
+        raise ValueError("exp(-sink) is negligible on this case: a plain softmax's hint speaks")
+    return out
+
+
+def _sigmoid_share(s: Tensor, k: Tensor) -> Tensor:
+    """softmax(s) x sigmoid(-sink): where the sink is large, as exp(-sink) it is the "added to the logsumexp" answer."""
+    out = torch.softmax(s, -1) * torch.sigmoid(-k).view(-1, 1, 1)
+    if close(out, torch.exp(s - (torch.logsumexp(s, -1, keepdim=True) + k.view(-1, 1, 1)))):
+        raise ValueError("sigmoid(-sink) equals exp(-sink) on this case")
+    return out
+
+
 def _unshifted_sink(s: Tensor, k: Tensor) -> Tensor:
     """The scores shifted by their max, the sink not: where exp(sink) overflows, the checker's overflow hint speaks."""
     e = torch.exp(s - s.amax(-1, keepdim=True))
@@ -342,6 +369,17 @@ SINK_MISTAKES = (
     Mistake("sink added without exp", _sink_without_exp,
             "the sink is a logit, like a score: its term in the denominator is exp(sink[h]), not sink[h]. Combine it "
             "with the scores' logsumexp: torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink.view(-1, 1, 1))."),
+    Mistake("softmax divided by 1 + sink", lambda s, k: torch.softmax(s, -1) / (1 + k.view(-1, 1, 1)),
+            "the sink is not divided into a softmax afterwards as 1 + sink: it is one more term of the softmax's "
+            "denominator, exp(sink[h]), next to the scores' exponentials, and the row's weights share that "
+            "denominator. Combine them in log space with torch.logaddexp."),
+    Mistake("sink with its sign flipped", lambda s, k: _flipped_sink(s, k),
+            "the sink's sign is flipped: its term in the denominator is exp(+sink[h]), a logit like the scores, "
+            "not exp(-sink[h]). A large sink takes weight away from the keys."),
+    Mistake("softmax times sigmoid(-sink)", lambda s, k: _sigmoid_share(s, k),
+            "the keys' share of the row is not sigmoid(-sink): it depends on the scores too, because exp(sink) "
+            "competes with the row's sum of exp(scores), not with 1. Put exp(sink[h]) into the denominator with the "
+            "scores: torch.logaddexp of the row's logsumexp and the sink."),
     Mistake("logsumexp over the queries", lambda s, k: torch.exp(s - torch.logaddexp(torch.logsumexp(s, -2, keepdim=True), k.view(-1, 1, 1))),
             "your logsumexp runs over the queries (dim=-2): each query's row has its own denominator, a sum over "
             "its keys, so take torch.logsumexp(scores, -1, keepdim=True)."),
@@ -373,6 +411,10 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
             return wrong("the sink lines up with the key axis S_k, not the head axis H: one sink logit per head must "
                          "broadcast as [H, 1, 1] against [1, H, S_q, 1], so reshape it with sink.view(-1, 1, 1). "
                          f"({fb.message.removeprefix('your code raised ')})")
+        if fb is not None and "must match the size" in fb.message and "dimension 2" in fb.message:
+            return wrong("the sink lines up with the query axis S_q, not the head axis H: one sink logit per head must "
+                         "broadcast as [H, 1, 1] against [1, H, S_q, 1] (the head axis is -3), so reshape it with "
+                         f"sink.view(-1, 1, 1). ({fb.message.removeprefix('your code raised ')})")
         if fb is not None:
             return fb
         expected = reference_sink_softmax(scores, sink)
@@ -393,6 +435,14 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
         if isinstance(got, Tensor) and got.shape == expected.shape and not torch.isfinite(got).all():
             return wrong(f"inf or NaN with scores near {case[3]:.0f}: exp overflows. Combine the row's logsumexp and the "
                          "sink with torch.logaddexp, then take exp(scores - lse).")
+        named = low_precision(got, expected, name="your weights")  # float16 / bfloat16: named as such
+        if named is not None:
+            return named
+        if (isinstance(got, Tensor) and got.is_floating_point() and got.shape == expected.shape
+                and got.element_size() < expected.element_size() and close(got, expected, atol=1e-3, rtol=1e-3)):
+            return wrong(f"the scores are {expected.dtype} and you return {got.dtype}: return the weights in the scores' "
+                         "dtype or wider (leave out .float() or .to(...) casts, or cast the result back with "
+                         ".to(scores.dtype)).")
         if close(got, expected):
             continue
         return diagnose(got, SINK_MISTAKES, scores, sink) or wrong(
@@ -423,7 +473,7 @@ def reference_cow_table(table: list[int], length: int, block_size: int, free: li
 
 
 def _cow(table, length, b, free, n, *, copy=True, copy_all=False, every_write=False, pick=0, shift=0,
-         copy_last=False, unsorted=False, fresh_owned=True):
+         copy_last=False, unsorted=False, fresh_owned=True, fresh_copied=False):
     """The reference with one thing changed, for the table of mistakes."""
     table, free, owned = list(table), list(free) if unsorted else sorted(free), set()
     if copy_all:
@@ -434,6 +484,8 @@ def _cow(table, length, b, free, n, *, copy=True, copy_all=False, every_write=Fa
         i = (p + shift) // b
         if i >= len(table):
             table.append(free.pop(pick))
+            if fresh_copied:  # the fresh block, then treated as shared at once: copied again
+                table[i] = free.pop(pick)
             if fresh_owned:
                 owned.add(i)
         elif copy and (every_write or i not in owned):
@@ -473,6 +525,10 @@ COW_MISTAKES = (
     Mistake("fresh block not owned", lambda *c: _cow(*c, fresh_owned=False),
             "a fresh block from the pool is this sample's own (reference count 1): mark it as owned, or the next "
             "write into it copies it again."),
+    Mistake("fresh block copied at once", lambda *c: _cow_fresh_copied(*c),
+            "each fresh block is copied again at once: a block just taken from the pool is this sample's own "
+            "(reference count 1), so the token goes into it in place. Copy only a shared block, at the first write "
+            "into it (an if/else: a fresh block OR a copy, never both for one write)."),
     Mistake("new block taken before the copy", lambda *c: _cow_fresh_first(*c),
             "the copy and the new block got each other's numbers: the first write lands in the shared last block, so "
             "its copy takes the lowest free block, before any new block the later writes need."),
@@ -486,6 +542,14 @@ COW_MISTAKES = (
     Mistake("new blocks only", lambda t, *c: [x for i, x in enumerate(reference_cow_table(t, *c)) if i >= len(t) or x != t[i]],
             "return the whole block table of the sample, the shared blocks it keeps included, in position order."),
 )
+
+
+def _cow_fresh_copied(*case: Any) -> list[int]:
+    """A fresh block copied again at once; where that equals a fresh block copied at its next write, that hint speaks."""
+    out = _cow(*case, fresh_copied=True)
+    if out == _cow(*case, fresh_owned=False):
+        raise ValueError("on this case the two slips give the same table")
+    return out
 
 
 def _cow_fresh_first(table: list[int], length: int, b: int, free: list[int], n: int) -> list[int]:
@@ -535,6 +599,12 @@ def check_cow_table(fn: Callable[..., Any]) -> Feedback:
         table, length, b, free, n = case
         table_arg, free_arg = list(table), list(free)
         got, fb = call_reader(fn, (table_arg, length, b, free_arg, n))
+        if fb is not None and re.search(r"IndexError: pop (from empty list|index out of range)", fb.message):
+            return wrong(f"your code ran out of free blocks ({fb.message.removeprefix('your code raised ')}): with "
+                         f"{length} positions held, {n} written and blocks of {b}, it took more blocks than the writes "
+                         "need. A write needs a block only when the last block is full (a fresh block) or when it lands "
+                         "in a block still shared with the other sample (one copy); a block copied or taken once is "
+                         "this sample's own, and later writes into it go in place.")
         if fb is not None:
             return fb
         if table_arg != list(table) or free_arg != list(free):
@@ -553,7 +623,7 @@ def check_cow_table(fn: Callable[..., Any]) -> Feedback:
             try:
                 if m.compute(*case) == blocks:
                     return wrong(m.hint)
-            except IndexError:  # this mistake runs out of free blocks on this case
+            except (IndexError, ValueError):  # this mistake runs out of free blocks (or is not told apart) on this case
                 continue
         if len(blocks) != len(expected):
             return wrong(f"with {length} positions held, {n} written and blocks of {b}, the table should have one "
