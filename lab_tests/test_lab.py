@@ -5,7 +5,8 @@ is; the tests below then look at it in order:
 
 1. opening it changes nothing (JupyterLab marks no change to save);
 2. the Colab install cell is folded to one line above the chapter's title;
-3. the markdown is rendered as MyST (no raw ``:::{`` fences or ``{term}`` roles on screen);
+3. the markdown is rendered as MyST (no raw ``:::{`` fences or ``{term}`` roles on screen), and the
+   exercises are numbered per chapter ("Exercise 3.1"), as on the website;
 4. glossary links resolve: every ``{term}`` link points at a definition on the page, and no
    console error comes from a reference (console errors are counted per chapter);
 5. every solution starts folded and reads as a solution: each of its cells folded under a line
@@ -130,6 +131,11 @@ def test_markdown_is_rendered_as_myst(chapter: tuple[Any, Notebook]) -> None:
     assert not raw, f"{opened.name}: MyST shown as raw text in JupyterLab:\n" + "\n".join(raw)
     exercises = page.locator(".jp-Notebook .myst-exercise")
     assert exercises.count() >= 2, f"{opened.name}: the exercises are not drawn as exercise boxes (is jupyterlab-myst installed?)"
+    # Numbered per chapter, "Exercise 3.1", as on the website and in the Colab edition.
+    chapter_number = int(opened.name[:2])
+    titles = [exercises.nth(k).inner_text().strip().split("\n")[0] for k in range(exercises.count())]
+    numbers = [m.group(1) if (m := re.match(r"Exercise (\S+)", t)) else t for t in titles]
+    assert numbers == [f"{chapter_number}.{k}" for k in range(1, len(titles) + 1)], f"{opened.name}: exercises read {titles}"
 
 
 #: Console errors that come from a reference jupyterlab-myst could not resolve ({term}, {ref}, ...).

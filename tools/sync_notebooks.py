@@ -90,6 +90,13 @@ The rules:
      ``glossary.md`` as a MyST glossary (as a definition list, jupyterlab-myst's syntax) inside a
      dropdown "Glossary: the terms of this chapter", so a term's link shows its definition. The cell
      is tagged ``remove-cell``: the website links the terms to its own glossary page.
+
+5. **Exercises carry their chapter's number everywhere.** Every ``{exercise}`` (and
+   ``{exercise-start}``) directive gets the option ``:enumerator: N.k`` (chapter N, its k-th exercise,
+   in order; the chapter is the notebook's file-name prefix). jupyterlab-myst numbers exercises per
+   notebook ("Exercise 1") unless a directive sets its own number, so JupyterLab now shows "Exercise
+   3.1" and "Solution to Exercise 3.1", as the website (Sphinx numbers them per chapter and ignores the
+   option, ``book/_ext/attnbook_site.py``) and the Colab edition do.
 """
 
 from __future__ import annotations
@@ -386,9 +393,36 @@ def _sync_glossary(nb: Any, entries: dict[str, tuple[str, list[str]]]) -> bool:
     return True
 
 
-def sync(nb: Any, folder: Path = ROOT / "book") -> bool:
-    """Apply the rules to ``nb`` (a notebook in ``folder``) in place; True when anything changed."""
+EXERCISE_HEAD = re.compile(r"^(?P<head>:{3,}\{exercise(?:-start)?\}.*\n(?:[ \t]*:(?!enumerator:)[\w-]+:.*\n)*)"
+                           r"(?:[ \t]*:enumerator:.*\n)?", re.M)
+
+
+def number_exercises(nb: Any, chapter: str) -> bool:
+    """Rule 5: give the k-th exercise of chapter ``chapter`` the option ``:enumerator: chapter.k``."""
+    changed, k = False, 0
+    for cell in nb.cells:
+        if cell.cell_type != "markdown" or "{exercise" not in cell.source:
+            continue
+
+        def number(match: re.Match[str]) -> str:
+            nonlocal k
+            k += 1
+            return f"{match.group('head')}:enumerator: {chapter}.{k}\n"
+
+        new = EXERCISE_HEAD.sub(number, cell.source if cell.source.endswith("\n") else cell.source + "\n")
+        new = new if cell.source.endswith("\n") else new[:-1]
+        if new != cell.source:
+            cell.source = new
+            changed = True
+    return changed
+
+
+def sync(nb: Any, folder: Path = ROOT / "book", chapter: str | None = None) -> bool:
+    """Apply the rules to ``nb`` (a notebook in ``folder``, chapter number ``chapter``) in place;
+    True when anything changed."""
     changed = _split_markdown(nb)
+    if chapter is not None:
+        changed |= number_exercises(nb, chapter)
     for cell in nb.cells:
         if cell.cell_type == "markdown" and "<!-- code from " in cell.source:
             new = sync_code_from(cell.source, folder)
@@ -470,7 +504,8 @@ def sync(nb: Any, folder: Path = ROOT / "book") -> bool:
 
 def sync_file(path: Path, *, write: bool = True) -> bool:
     nb = nbformat.read(path, as_version=4)
-    changed = sync(nb, path.resolve().parent)
+    prefix = re.match(r"(\d+)_", path.name)
+    changed = sync(nb, path.resolve().parent, str(int(prefix.group(1))) if prefix else None)
     if changed and write:
         nbformat.validate(nb)
         nbformat.write(nb, path)

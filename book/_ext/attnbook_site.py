@@ -241,7 +241,19 @@ def number_exercises_by_chapter(app: Any, env: Any) -> list[str]:
     return []
 
 
+def accept_lab_exercise_numbers() -> None:
+    """Let sphinx-exercise's exercise directives take the ``:enumerator: N.k`` option that
+    ``tools/sync_notebooks.py`` writes for jupyterlab-myst, and ignore it: the website numbers the
+    exercises per chapter itself (:func:`number_exercises_by_chapter`), with the same numbers."""
+    from docutils.parsers.rst import directives
+    from sphinx_exercise.directive import ExerciseDirective, ExerciseStartDirective
+
+    for directive in (ExerciseDirective, ExerciseStartDirective):
+        directive.option_spec = {**directive.option_spec, "enumerator": directives.unchanged}
+
+
 def setup(app: Any) -> dict[str, Any]:
+    accept_lab_exercise_numbers()
     app.connect("env-get-updated", number_exercises_by_chapter, priority=900)
     app.connect("builder-inited", drop_plain_spans)
     # Early: html-page-context stops at the first listener that returns a template name.
