@@ -259,7 +259,7 @@ def test_run_all_without_errors(chapter: tuple[Any, Notebook]) -> None:
 #: What a solution's markdown cell may show once Run All has rendered it (tools/sync_notebooks.py):
 #: its text folded in a closed dropdown, and jupyterlab-myst's own closed dropdown for the
 #: ``solution-start`` fence, which holds nothing.
-SHOWN_AFTER_RUN_ALL = re.compile(r"Show the solution|Start of Solution to Exercise\s*\d+")
+SHOWN_AFTER_RUN_ALL = re.compile(r"Show the solution|Start of Solution to Exercise\s*\d+(?:\.\d+)*")
 
 
 def test_solutions_stay_folded_after_run_all(chapter: tuple[Any, Notebook]) -> None:
