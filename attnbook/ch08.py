@@ -21,6 +21,7 @@ a narrower dtype than the inputs' (:func:`narrowed_dtype`, also used by chapter 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable, Sequence
 
 import torch
@@ -39,6 +40,7 @@ from .feedback import (
     describe,
     diagnose,
     exercise,
+    call_reader,
     run_reader_code,
     wrong,
 )
@@ -527,10 +529,20 @@ def _rounded_inside(result: Sequence[Tensor], ref: Sequence[Tensor]) -> Feedback
     return wrong(_HALF_INSIDE.format(worst=worst, dtype=ref[0].dtype))
 
 
+_MATMUL_ORDER = (
+    " The tile's product did not line up: p = exp(s - m_new) is [S_q, S_blk] (one row per query, one column per "
+    "key of the tile) and v is [S_blk, D_v] (one row per key). A matrix product sums over the axis the two share, "
+    "the tile's keys: the last axis of its left operand must be the first of its right one, so check the order "
+    "of the two operands and leave both untransposed."
+)
+
+
 def _online_call(fn: Callable[..., Any], *args: Tensor) -> tuple[Any, Feedback | None]:
-    result, fb = run_reader_code(fn, *args)
+    result, fb = call_reader(fn, args, idioms=False)
     if fb is not None and any(idiom in fb.message for idiom in _SCALAR_IDIOMS):
         return None, wrong(fb.message.rstrip(".") + "." + _SCALAR_TO_TENSOR)
+    if fb is not None and "shapes cannot be multiplied" in fb.message:
+        return None, wrong(fb.message.rstrip(".") + "." + _MATMUL_ORDER)
     if fb is not None and "must match the size" in fb.message and _elementwise_max(fn):
         return None, wrong(fb.message.rstrip(".") + "." + _ELEMENTWISE_MAX)
     if fb is not None and "must match the size" in fb.message and _acc_not_matmul(fn):
@@ -696,6 +708,10 @@ _TILE_MISTAKES = (
     Mistake("base 2", lambda s, lse: torch.exp2(s - lse[:, None]),
             "you used base 2 (torch.exp2 or 2 ** x): lse is a natural logarithm, so use torch.exp. (GPU kernels "
             "use exp2, but on scores and lse both multiplied by log2(e) first.)"),
+    Mistake("scores divided by lse", lambda s, lse: s / lse[:, None],
+            "you divided the scores by lse: lse is a logarithm, the log of the row's whole softmax denominator, "
+            "and a weight is an exponential. Dividing by the denominator is subtracting its logarithm inside "
+            "the exponent."),
     Mistake("the tile's own max", lambda s, lse: torch.exp(s - s.amax(dim=-1, keepdim=True)),
             "you subtracted the tile's own row maximum (each row of your tile has a 1 where its largest score "
             "is): that keeps exp from overflowing but does not normalise. Subtract the whole row's logsumexp "
@@ -718,6 +734,10 @@ def _tile_one(fn: Callable[..., Any], case: int) -> Feedback | None:
     if fb is not None and "must match the size" in fb.message:
         return wrong(f"lse has one number per query row, shape [{bq}], and the tile is [{bq}, {bk}]: "
                      "write lse[:, None] so it lines up with the rows, not the columns.")
+    if fb is not None and re.search(r"size mismatch|shapes cannot be multiplied", fb.message):
+        return wrong(f"{fb.message.rstrip('.')}. That is a matrix product (@, torch.matmul or mv) of the tile with lse: "
+                     f"lse holds one number per query row, shape [{bq}], that enters every weight of its row on its "
+                     "own, elementwise, not summed against the row's scores as a product does.")
     if fb is not None and "is invalid for input of size" in fb.message:
         return wrong(f"{fb.message.rstrip('.')}. The checker also passes a [5, 7] tile whose lse is [5]: write the shapes "
                      "without fixed sizes, e.g. lse[:, None] or lse.unsqueeze(-1).")
@@ -750,8 +770,9 @@ def _tile_log_hint(got: Tensor, s_tile: Tensor, lse: Tensor) -> Feedback | None:
     x = (s_tile - lse[:, None]).double()  # the right log-weights, at most 0
     if s_tile.dtype == torch.float64 and close(got, torch.exp(s_tile.float() - lse.float()[:, None])):
         return wrong("you computed in float32 (.float()): here the scores are float64 near 800, where float32 keeps "
-                     "only about 7 significant digits (its spacing at 800 is 6e-5), so the weights lose digits. "
-                     "Compute in the input's dtype, exp(s - lse[:, None]); upcast only float16 or bfloat16.")
+                     "only about 7 significant digits (its spacing at 800 is 6e-5), so the weights lose digits, and "
+                     "casting back does not restore them. Compute in the input's dtype or wider; upcast only float16 "
+                     "or bfloat16.")
     if got.is_complex() or not (got.detach() > 0).all():
         return None
     logs = torch.log(got.detach().double())

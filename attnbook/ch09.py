@@ -625,8 +625,9 @@ CAP_CASES: tuple[tuple[int, float, float], ...] = (
 )
 CAP_MISTAKES = (
     Mistake("one matmul", _cap(flops_per_score=2),
-            "you counted one matmul, 2 d FLOPs per score: the forward pass runs two, Q K^T and P V, so 4 d FLOPs "
-            "per score."),
+            "you counted 2 d FLOPs per score: either one matmul only, or both with a multiply-add counted as one "
+            "FLOP. The forward pass runs two matmuls per score, Q K^T and P V, each a dot product of length d, and "
+            "a multiply-add is 2 FLOPs (a multiply and an add): 4 d FLOPs per score."),
     Mistake("d FLOPs per score", _cap(flops_per_score=1),
             "you counted d FLOPs per score: a dot product of length d is d multiplies and d adds, 2 d FLOPs, and "
             "the forward pass runs two matmuls per score, Q K^T and P V, so 4 d FLOPs per score."),
@@ -654,6 +655,15 @@ CAP_MISTAKES = (
               "Q K^T and P V are each one dot product of length d per score, d multiply-adds = 2 d FLOPs, so "
               "4 d FLOPs in all.")
       for n, why in ((8, "a multiply-add counted as 2 FLOPs twice over"), (3, "2 d for Q K^T but d for P V"))),
+    Mistake("the two rates swapped", lambda d, F, E: reference_serial_cap(d, E, F),
+            "you swapped the two rates: the matmul FLOPs run at matmul_flops per second and the exponentials at "
+            "exps_per_s, so t_matmul = 4 d / matmul_flops and t_exp = 1 / exps_per_s."),
+    Mistake("4 d exponentials per score", lambda d, F, E: (4 * d / F) / (4 * d / F + 4 * d / E),
+            "you gave each score 4 d exponentials, as many as its matmul FLOPs: a score has ONE exponential, "
+            "exp(score - m), whatever d is, so t_exp = 1 / exps_per_s per score."),
+    Mistake("the ratio of the rates floored", lambda d, F, E: 1 / (1 + int(F) // int(4 * d * E)),
+            "integer division (//, or int(...)) floored the ratio of the two times, matmul_flops / (4 d exps_per_s), "
+            "to a whole number (0 or 1 here, where the two times are close): divide with / and keep the floats."),
     Mistake("a percentage", lambda d, F, E: 100 * reference_serial_cap(d, F, E),
             "return a fraction of 1 (0.5 for half the peak), not a percentage."),
 )
@@ -837,9 +847,27 @@ def triton_mode() -> str | None:
     return "interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else None
 
 
+_TILE_ABS: list[Any] = []
+
+
+def _tile_abs() -> Any:
+    """``|x|`` of a Triton tile, jitted on first use (TRITON_INTERPRET is read then)."""
+    if not _TILE_ABS:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def tile_abs(x):
+            return tl.where(x < 0, -x, x)
+
+        _TILE_ABS.append(tile_abs)
+    return _TILE_ABS[0]
+
+
 def _with_triton_language(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` with ``tl`` (triton.language) among its globals, which Triton requires of a jitted function;
-    a reader's function defined in a notebook that never imports Triton lacks it."""
+    a reader's function defined in a notebook that never imports Triton lacks it. Python's ``abs``, which
+    the exercise's arithmetic includes and which runs on PyTorch tensors, becomes ``tl.abs``."""
     import types
 
     import triton.language as tl
@@ -847,7 +875,9 @@ def _with_triton_language(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = getattr(fn, "__func__", fn)
     if not isinstance(fn, types.FunctionType):
         return fn
-    new = types.FunctionType(fn.__code__, {**fn.__globals__, "tl": tl}, fn.__name__, fn.__defaults__, fn.__closure__)
+    # Python's abs is arithmetic that the exercise allows, but Triton does not know it: a jitted |x| stands in
+    names = {"tl": tl, **({"abs": _tile_abs()} if "abs" not in fn.__globals__ else {})}
+    new = types.FunctionType(fn.__code__, {**fn.__globals__, **names}, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__, new.__qualname__, new.__module__ = fn.__kwdefaults__, fn.__qualname__, fn.__module__
     return new
 
@@ -966,6 +996,53 @@ def _visible_one(fn: Callable[..., Any], rows: Tensor, cols: Tensor, window: int
         f"{cols[0, -1].item()} with window = {window}, your tile differs: query i sees keys i - window + 1 .. i.")
 
 
+#: What ``visible`` may apply to its tiles: the operators a Triton tile has too (comparisons, arithmetic,
+#: ``abs``, ``&``), which reach ``__torch_function__`` as the tensor methods of these names, and reading an
+#: attribute such as ``shape``; a function of the torch namespace (torch.where, torch.logical_and) is refused.
+_TILE_OPERATORS = frozenset({
+    "lt", "le", "gt", "ge", "eq", "ne", "add", "sub", "mul", "neg", "abs", "floor_divide", "remainder",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
+    "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__", "__and__", "__rand__", "__or__", "__ror__",
+    "__xor__", "__rxor__", "__invert__", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
+    "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__neg__", "__pos__", "__abs__", "__bool__", "__get__",
+})
+
+
+class _TorchCall(Exception):
+    """Raised when ``visible`` applies a torch function to a tile (see :class:`_TileOnly`)."""
+
+
+class _TileOnly(Tensor):
+    """A tile that allows only :data:`_TILE_OPERATORS`, as a Triton tile does: ``visible`` runs on these in the
+    PyTorch loop too, so that a torch function is refused whether or not Triton runs the kernel."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", str(func))
+        if name not in _TILE_OPERATORS or getattr(func, "__qualname__", "").startswith("_VariableFunctions"):
+            raise _TorchCall(name)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+_TORCH_IN_VISIBLE = (
+    "`visible` calls {name} (torch.{name}, or the tensor method .{name}): inside the Triton kernel rows and cols "
+    "are Triton tiles, which torch functions cannot take, so the kernel would fail there, whether or not it runs "
+    "in Triton here. Write it with comparisons (<, <=), arithmetic (+, -, abs) and & only."
+)
+
+
+def _torch_in_visible(fn: Callable[..., Any]) -> Feedback | None:
+    """The hint for a ``visible`` that applies a torch function to its tiles (``None`` when it uses operators only)."""
+    rows, cols, window = _visible_cases()[0]
+    try:
+        fn(rows.as_subclass(_TileOnly), cols.as_subclass(_TileOnly), window)
+    except _TorchCall as err:
+        return wrong(_TORCH_IN_VISIBLE.format(name=err.args[0]))
+    except Exception:  # any other error has been named on plain tensors already
+        return None
+    return None
+
+
 def _first_key_one(fn: Callable[..., Any], q0: int, window: int) -> Feedback | None:
     got, fb = run_reader_code(fn, q0, window)
     if fb is not None:
@@ -1042,7 +1119,9 @@ def _solution_first_key(q_start: int, window: int) -> int:
 @exercise(solution=(_solution_visible, _solution_first_key), kind="functions",
           tables=(MistakeTable(VISIBLE_MISTAKES, _visible_cases, reference_visible),
                   MistakeTable(FIRST_KEY_MISTAKES, _first_key_cases, reference_first_key, same=_first_key_same)),
-          not_generic={"float16": "the answers are a boolean tile and a key position"})
+          not_generic={"float16": "the answers are a boolean tile and a key position",
+                       "a non-contiguous copy": "`visible` may use operators only, as inside a Triton kernel: a copy "
+                                                "made with torch.stack is a torch function, refused there"})
 def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, int], Any]) -> Feedback:
     """Check a sliding window added to a fused kernel: ``visible(rows, cols, window)`` (the mask inside a
     tile) and ``first_key(q_start, window)`` (where a query block's walk starts, so the key blocks before
@@ -1060,6 +1139,9 @@ def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, 
         problem = _visible_one(visible, rows, cols, window)
         if problem is not None:
             return problem
+    problem = _torch_in_visible(visible)
+    if problem is not None:
+        return problem
     for q0, window in _first_key_cases():
         problem = _first_key_one(first_key, q0, window)
         if problem is not None:
@@ -1084,7 +1166,7 @@ def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, 
             except Exception as err:  # the reader's visible may use what Triton cannot compile
                 return wrong(f"Triton could not run your `visible` inside the kernel ({type(err).__name__}: "
                              f"{str(err).splitlines()[0][:160] if str(err) else 'no message'}): write it with "
-                             "comparisons (<, <=), arithmetic and & only, no torch functions.")
+                             "comparisons (<, <=), arithmetic (+, -, abs) and & only, no torch functions.")
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(S, window=W))
         if not close(out, ref, atol=1e-5, rtol=1e-5):
             return wrong("the kernel's output differs from SDPA with the same sliding-window mask, although "

@@ -41,6 +41,7 @@ from .feedback import (
     check_number_cases,
     as_number,
     close,
+    computed_narrower,
     correct,
     describe,
     diagnose,
@@ -640,6 +641,11 @@ def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | 
     dtype_problem = None if half else _dtype_hint(out, ref_out)
     if dtype_problem is not None:
         return dtype_problem
+    if dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused even where it fits ATOL
+        narrow = reference_append_and_attend(*(t.float() for t in case))[0].double()
+        narrower = computed_narrower(out, ref_out, narrow, name="your output")
+        if narrower is not None:
+            return narrower
     if close(out, ref_out):
         return None
     if isinstance(out, Tensor) and out.is_floating_point() and bool(out.isnan().any()):
@@ -740,6 +746,15 @@ WINDOW_MISTAKES = (
             "window is one-sided, so each query sees the last window = 2048 positions, and the cache keeps all 2048."),
     Mistake("MiB", lambda S: reference_window_cache_bytes(S) / 2**20,
             "those are MiB (you divided by 2**20): the function returns bytes."),
+    Mistake("GiB", lambda S: reference_window_cache_bytes(S) / 2**30,
+            "those are GiB (you divided by 2**30): the function returns bytes."),
+    Mistake("seq_len % window", _bytes(lambda S: S % _W),
+            "you counted seq_len % window positions: that is the slot of the rolling buffer the next token is written "
+            "to, not how many positions the buffer holds. A buffer that has wrapped around is full, and stays full."),
+    Mistake("query heads and no window", _bytes(lambda S: S, heads="heads"),
+            "two slips at once: you cached the 16 query heads (only the 4 key/value heads are stored; grouped-query "
+            "attention repeats them at compute time), and the cache keeps growing past the window (it keeps only the "
+            "last window positions)."),
 )
 
 
@@ -831,11 +846,14 @@ def reference_decode_intensity(D: int, H: int, H_kv: int, S: int, batch: int) ->
 
 def _intensity(weights_per_seq: bool = False, cache_once: bool = False, nbytes: int = 2, cache_heads: str = "kv",
                kv: int = 2, mha_weights: bool = False, activations: bool = False, flops_batch: bool = True,
-               cache_bytes: bool = True, prefill: bool = False) -> Callable[..., float]:
+               cache_bytes: bool = True, prefill: bool = False, weights_kv: str = "D H_kv d_k",
+               cache_width: str = "d_k") -> Callable[..., float]:
     def f(D: int, H: int, H_kv: int, S: int, batch: int) -> float:
         d_k = D // H
         flops = (batch if flops_batch else 1) * layer_flops(D, H, H_kv, S if prefill else 1, S)
-        weight_numbers = 4 * D * D if mha_weights else 2 * D * D + 2 * D * H_kv * d_k
+        kv_weights = {"D H_kv d_k": 2 * D * H_kv * d_k, "none": 0, "D H_kv": 2 * D * H_kv}[weights_kv]
+        weight_numbers = 4 * D * D if mha_weights else 2 * D * D + kv_weights
+        d_k = D if cache_width == "D" else d_k
         weights = weight_numbers * nbytes * (batch if weights_per_seq else 1)
         heads = H_kv if cache_heads == "kv" else H
         cache = (1 if cache_once else batch) * kv * heads * d_k * S * nbytes * (1 if cache_bytes else 0)
@@ -895,6 +913,15 @@ INTENSITY_MISTAKES = (
             "B x layer_bytes(D, H, H_kv, 1, S) makes two slips at once: layer_bytes reads the weights for ONE call, so "
             "multiplying it by B reads them once per sequence, and its default activations=True counts the activations "
             "too. Read the weights once for the whole batch, add B caches, and pass activations=False."),
+    Mistake("cache heads D wide", _intensity(cache_width="D"),
+            "your cache counts D numbers per key/value head: D is the model width, and a head is D_k = D / H wide, "
+            "so a position caches 2 x H_kv x D_k numbers."),
+    Mistake("key and value projections left out", _intensity(weights_kv="none"),
+            "you counted only the query and output projections, 2 D^2 weights: the key and value projections are "
+            "read too, D x (H_kv D_k) weights each."),
+    Mistake("key and value projections D x H_kv", _intensity(weights_kv="D H_kv"),
+            "your key and value projections have D x H_kv weights each: each maps D inputs to H_kv heads of D_k "
+            "outputs each, so it is D x (H_kv D_k)."),
     Mistake("rounded to a whole number", lambda *c: float(math.ceil(reference_decode_intensity(*c))),
             "the intensity is a ratio and stays fractional: do not round it (math.ceil, round or //)."),
     Mistake("rounded to 1 decimal", lambda *c: round(reference_decode_intensity(*c), 1),
@@ -985,6 +1012,15 @@ MLA_MISTAKES = (
             "your equivalent heads come from the bytes over all layers: a GQA head's 2 x head_dim numbers are per "
             "token AND per layer, so compare the numbers one token caches in ONE layer with a head's, leaving out the "
             "layers and the bytes."),
+    Mistake("latent twice, rotary key once", lambda l, L, r, d: (float((2 * L + r) * l * 2), (2 * L + r) / (2 * d)),
+            "you cached the latent twice, once for the keys and once for the values: MLA stores it once, and both "
+            "are rebuilt (or absorbed) from that one latent."),
+    Mistake("heads without the rotary key", lambda l, L, r, d: (float((L + r) * l * 2), L / (2 * d)),
+            "your bytes are right, but your equivalent heads leave out the rotary key: compare everything MLA caches "
+            "per token and layer, the rotary key included, with a GQA head's numbers."),
+    Mistake("heads from the latent alone, per head_dim", lambda l, L, r, d: (float((L + r) * l * 2), L / d),
+            "your bytes are right, but your equivalent heads make two slips: they leave out the rotary key, and a GQA "
+            "head caches a key AND a value per token and layer, not head_dim numbers."),
     Mistake("heads upside down", lambda l, L, r, d: (float((L + r) * l * 2), 2 * d / (L + r)),
             "your ratio of heads is upside down: divide MLA's numbers per token and layer by a GQA head's 2 x head_dim."),
 )
@@ -1096,6 +1132,23 @@ MERGE_MISTAKES = (
                 outs, lses, lambda s: (s - torch.logsumexp(s * math.log(2), 0) / math.log(2)) * math.log(2)),
             "you mixed bases: exp2 and log2 (as Triton kernels use them) need logarithms in base 2, but each lse_i "
             "here is a natural logarithm. Use torch.exp and torch.logsumexp (or multiply the lse_i by log2(e) first)."),
+    Mistake("logsumexp over the single query axis", lambda outs, lses: _merge_lse_last_axis(outs, lses),
+            "your logsumexp runs over the last axis of torch.stack(lses), [chunks, B, H, 1], which holds a single "
+            "entry (the one query), so it changes nothing, and your result gained the chunk axis: "
+            "[chunks, B, H, 1, D_v]. Each sequence and head needs one total over its chunks: reduce the axis "
+            "that the stack added."),
+    Mistake("weighted chunks not added up", lambda outs, lses: torch.stack(
+                [torch.exp(l - torch.logsumexp(torch.stack(lses), 0))[..., None] * o for o, l in zip(outs, lses)]),
+            "your weights are right, but you stacked the weighted chunks, [chunks, B, H, 1, D_v], instead of adding "
+            "them up: the merged output is their sum over the chunks, [B, H, 1, D_v]."),
+    Mistake("torch.cat for torch.stack", lambda outs, lses: _merge_weights(
+                outs, lses, lambda s: s - torch.logsumexp(torch.cat(lses), 0)),
+            "torch.cat(lses) joins the chunks along the batch axis, [chunks x B, H, 1], so your logsumexp adds up "
+            "the chunks of every sequence of the batch together. torch.stack(lses) puts the chunks on a new axis of "
+            "their own, [chunks, B, H, 1], which you can reduce on its own."),
+    Mistake("last chunk only", lambda outs, lses: outs[-1],
+            "you returned the last chunk's output alone: the merged output combines every chunk, each weighted by "
+            "its share of the softmax denominator."),
     Mistake("summed, not weighted", lambda outs, lses: sum(outs),
             "you added the partial outputs with weight 1 each: weight chunk i by exp(lse_i - lse), a softmax over the "
             "chunk axis (dim=0 of torch.stack(lses)), not over the last axis, which has a single entry (the one query), "
@@ -1116,6 +1169,12 @@ def _merge_weights(outs: list[Tensor], lses: list[Tensor], log_w: Callable[[Tens
     """Sum of ``outs`` weighted by ``exp(log_w(torch.stack(lses)))``."""
     w = torch.exp(log_w(torch.stack(lses)))  # [chunks, B, H, 1]
     return sum(w[i][..., None] * o for i, o in enumerate(outs))
+
+
+def _merge_lse_last_axis(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
+    """The merge with lse = logsumexp(stack(lses), -1, keepdim=True): [chunks, B, H, 1], the stack itself."""
+    lse = torch.logsumexp(torch.stack(lses), -1, keepdim=True)
+    return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses))
 
 
 def _merge_lse_dim(outs: list[Tensor], lses: list[Tensor], dim: int) -> Tensor:

@@ -13,6 +13,11 @@ The contract (enforced for every checker by ``tests/test_checker_contract.py``):
   is the stub ("Your turn"), ``return``-ing ``None`` gets "did you forget `return`?";
 * a right answer returned in float16 or bfloat16 is named as such (:func:`low_precision`), not
   mistaken for a known wrong one: a checker asks before it diagnoses;
+* one dtype rule for every tensor exercise: compute in the inputs' dtype or wider. Upcasting float16 or
+  bfloat16 inputs to float32 is fine, and so is returning such a result wider (where the exercise returns a
+  stored cache, the cache keeps its own dtype). Computing narrower than the inputs is refused, float32
+  inside a function given float64 (``.float()`` ... ``.double()``) included, even when the result is cast
+  back and the digits it lost happen to fit the checker's tolerance (:func:`computed_narrower`);
 * a number is read with :func:`as_number` / :func:`check_number`: a Python, NumPy or 0-d tensor
   real scalar, compared with a tolerance that matches the precision the exercise asks for;
 * a checker's known mistakes live in :class:`Mistake` tables, registered with their test cases
@@ -46,7 +51,7 @@ from torch import Tensor
 
 __all__ = [
     "Feedback", "Mistake", "MistakeTable", "Exercise", "EXERCISES", "NOT_EXERCISES", "exercise",
-    "run_reader_code", "call_reader", "check_number_cases", "as_index", "in_place_message", "compare_tensors", "close", "diagnose", "low_precision", "HALF_TOL", "as_cpu_float64", "as_number", "check_number",
+    "run_reader_code", "call_reader", "check_number_cases", "as_index", "in_place_message", "list_changed_message", "compare_tensors", "computed_narrower", "close", "diagnose", "low_precision", "HALF_TOL", "as_cpu_float64", "as_number", "check_number",
     "as_tensor", "describe", "RETURNED_NONE", "ATOL", "RTOL",
 ]
 
@@ -167,6 +172,14 @@ def in_place_message(name: str) -> str:
             f"Compute on a new tensor instead: `{name} = {name} / ...`, `torch.exp({name})`, `{name}.unsqueeze(0)`.")
 
 
+def list_changed_message(name: str) -> str:
+    """The hint for code that changed the reader's input ``name``, a list of tensors, in place."""
+    return (f"your function changed its input `{name}`, a list of tensors, in place (`{name}[i] = ...`, "
+            f"`{name}.append(...)`, `{name}.pop()` or `{name}.sort()`), which silently changes the caller's list, "
+            f"as an in-place operation on a tensor does. Build a new list instead (`[... for x in {name}]`), or a "
+            "running sum.")
+
+
 #: Where :func:`exercise`'s guard collects the reader's calls while a checker runs (``None``: not collecting).
 _CALLS: contextvars.ContextVar[list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any]] | None] = \
     contextvars.ContextVar("attnbook_reader_calls", default=None)
@@ -184,13 +197,53 @@ def _translate(err: BaseException, axes: Sequence[str] | None) -> str:
     return text
 
 
+def _tensor_names(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, lists: bool) -> list[str]:
+    """The reader's own names for the tensors passed in (``lists``: for the lists of tensors instead)."""
+    names = []
+    for where, a in [*enumerate(args), *kwargs.items()]:
+        is_list = isinstance(a, (tuple, list)) and any(isinstance(x, Tensor) for x in a)
+        if (is_list if lists else isinstance(a, Tensor)):
+            names.append(f"`{_arg_name(fn, where)}`")
+    return names
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _idiom(err: BaseException, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A sentence that translates a raw error several exercises share (a Python idiom applied to tensors) into
+    the exercise's own names, or ``""``: math.exp of a tensor, torch.max's (values, indices) pair used as a
+    tensor, a Python list where a tensor is needed."""
+    text = str(err)
+    if "only one element tensors can be converted to Python scalars" in text:
+        names = _tensor_names(fn, args, kwargs, lists=False) or _tensor_names(fn, args, kwargs, lists=True)
+        held = f"{_listed(names)} hold{'s' if len(names) == 1 else ''} many numbers" if names else "a tensor holds many numbers"
+        return (f" The math module's functions (math.exp, math.log, math.sqrt) and float() take ONE Python number, "
+                f"and {held}: use the torch functions of the same names (torch.exp, torch.log, torch.logaddexp, "
+                "torch.sqrt), which work on every entry at once.")
+    kind = re.search(r"return_types\.(\w+)", text)
+    if kind is not None:
+        f = kind.group(1)
+        alt = {"max": "amax", "min": "amin"}.get(f)
+        return (f" torch.{f}(x, dim) returns a pair (values, indices), a torch.return_types.{f}, not a tensor: take "
+                f"its .values" + (f", or use x.{alt}(dim), which returns the values only." if alt else "."))
+    if re.search(r"must be Tensor, not (list|tuple)", text) or re.search(r"expected Tensor as element", text):
+        names = _tensor_names(fn, args, kwargs, lists=True)
+        what = f"{_listed(names)} {'is a list' if len(names) == 1 else 'are lists'} of tensors" if names else "a list of tensors"
+        return (f" A Python list is not a tensor, and {what}: a torch function wants one tensor, so stack the list "
+                "first, torch.stack(items) (a new leading axis, one entry per item), and reduce over that axis.")
+    return ""
+
+
 def run_reader_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Feedback | None]:
     """Call the reader's function, turning the stub, a missing ``return``, crashes and in-place
     changes to its inputs into feedback.
 
     The tensors passed in (also inside a list or tuple argument) are compared before and after the
     call: code that changes them in place (``q /= ...``, ``div_``, ``exp_``, ``unsqueeze_``) is refused
-    by name, even when what it returns is right, because it corrupts the caller's tensors.
+    by name, even when what it returns is right, because it corrupts the caller's tensors; so is code
+    that changes a list of tensors passed in (``outs[i] = ...``, ``append``, ``pop``).
 
     Returns:
         ``(result, None)`` when the call returned something, or ``(None, feedback)`` when it
@@ -202,12 +255,18 @@ def run_reader_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[
 
 
 def call_reader(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None, *,
-                axes: Sequence[str] | None = None) -> tuple[Any, Feedback | None]:
+                axes: Sequence[str] | None = None, idioms: bool = True) -> tuple[Any, Feedback | None]:
     """:func:`run_reader_code` with the arguments as a tuple, and ``axes`` naming the dimensions of the
-    exercise's main tensor (``("B", "H", "S_q", "S_k")``) so a size mismatch is reported in its names."""
+    exercise's main tensor (``("B", "H", "S_q", "S_k")``) so a size mismatch is reported in its names.
+
+    A raw error that several exercises share (``math.exp`` of a tensor, ``torch.max(x, dim)``'s pair used as a
+    tensor, a list passed where a tensor is needed) gets a sentence in the reader's own argument names;
+    ``idioms=False`` leaves it out for a checker that writes its own."""
     args, kwargs = tuple(args), dict(kwargs or {})
     inputs = _tensor_args(args, kwargs)
     snapshot = [t.detach().clone() for _, t in inputs]
+    lists = [(where, a, list(a)) for where, a in [*enumerate(args), *kwargs.items()]
+             if isinstance(a, list) and any(isinstance(x, Tensor) for x in a)]  # the items, to compare by identity
     try:
         result = fn(*args, **kwargs)
     except NotImplementedError as err:
@@ -216,10 +275,15 @@ def call_reader(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[s
         return None, wrong(f"your code raised NotImplementedError ({_short(err) or 'no message'}) from a function it calls, "
                            "not from its own `raise NotImplementedError`: something it calls is still a stub or is not supported.")
     except Exception as err:  # the reader's code may raise anything; report it instead of crashing
-        return None, wrong(f"your code raised {type(err).__name__}: {_translate(err, axes)}")
+        extra = _idiom(err, fn, args, kwargs) if idioms else ""
+        message = f"your code raised {type(err).__name__}: {_translate(err, axes)}"
+        return None, wrong(message.rstrip(".") + "." + extra if extra else message)
     for (where, tensor), before in zip(inputs, snapshot):
         if not _unchanged(before, tensor.detach()):
             return None, wrong(in_place_message(_arg_name(fn, where)))
+    for where, items, before in lists:
+        if len(items) != len(before) or any(x is not y for x, y in zip(items, before)):
+            return None, wrong(list_changed_message(_arg_name(fn, where)))
     calls = _CALLS.get()
     if calls is not None:
         calls.append((fn, tuple(snapshot_args(args, inputs, snapshot)), kwargs, result))
@@ -437,6 +501,22 @@ def low_precision(got: Any, expected: Tensor, *, name: str = "the result") -> Fe
     digits = 3 if got.dtype == torch.float16 else 2
     return wrong(f"{name} is {got.dtype}, which keeps only about {digits} significant digits: compute it and "
                  f"return it in the dtype of the inputs ({expected.dtype}).")
+
+
+def computed_narrower(got: Any, expected: Tensor, narrow: Tensor, *, name: str = "your result") -> Feedback | None:
+    """The hint of the dtype rule (see the module's contract) for a result computed narrower than its inputs and cast
+    back: ``got`` has ``expected``'s dtype, float64, and agrees with ``narrow`` (the right answer computed in
+    float32, cast back) to float32's precision but not with ``expected`` to float64's; ``None`` otherwise."""
+    if not (isinstance(got, Tensor) and isinstance(expected, Tensor) and expected.dtype == torch.float64
+            and got.dtype == torch.float64 and tuple(got.shape) == tuple(expected.shape)):
+        return None
+    if close(got, expected, atol=1e-12, rtol=1e-10) or not close(got, narrow, atol=1e-6, rtol=1e-6):
+        return None
+    worst = float((as_cpu_float64(got) - as_cpu_float64(expected)).abs().max())
+    return wrong(f"{name} carries only float32's precision, about 7 significant digits (off by up to {worst:.1g}), "
+                 "though the inputs are torch.float64: a cast inside your function (.float(), .to(torch.float32)) "
+                 "computed in a narrower dtype, and casting back does not restore the digits. Compute in the inputs' "
+                 "dtype or wider; upcast only float16 or bfloat16.")
 
 
 def compare_tensors(got: Any, expected: Tensor, *, name: str = "result", atol: float = ATOL, rtol: float = RTOL) -> Feedback | None:

@@ -705,3 +705,45 @@ def test_online_step_with_an_elementwise_max_is_named() -> None:
 
     fb = check_online_softmax_update(f)
     assert fb.status == "wrong" and "compares elementwise" in fb.message and "one value per score" in fb.message, fb
+
+
+# ---- the learner probe of chapters 8-11: its raw errors and generic verdicts, each named ----
+
+
+def _probe_step(product):
+    """An online step whose new tile enters acc through ``product(p, v)``."""
+    def f(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True)); p = torch.exp(s - m_new); r = torch.exp(m - m_new)
+        return m_new, l * r + p.sum(-1, keepdim=True), acc * r + product(p, v)
+    return f
+
+
+@pytest.mark.parametrize("product", [lambda p, v: v @ p, lambda p, v: p @ v.T])
+def test_probe_online_step_with_the_product_in_the_wrong_order_is_translated(product) -> None:
+    fb = check_online_softmax_update(_probe_step(product))
+    assert fb.status == "wrong" and "shapes cannot be multiplied" in fb.message, fb
+    assert "p = exp(s - m_new) is [S_q, S_blk]" in fb.message and "order of the two operands" in fb.message, fb
+
+
+def test_probe_tile_weights_math_exp_matmul_and_division_are_named() -> None:
+    import math
+
+    fb = check_tile_weights(lambda s_tile, lse: math.exp(s_tile - lse[:, None]))
+    assert fb.status == "wrong" and "only one element tensors" in fb.message, fb
+    assert "`s_tile` and `lse` hold many numbers" in fb.message and "torch.exp" in fb.message, fb
+    fb = check_tile_weights(lambda s_tile, lse: torch.exp(s_tile @ lse))
+    assert fb.status == "wrong" and "matrix product" in fb.message and "one number per query row, shape [3]" in fb.message, fb
+    fb = check_tile_weights(lambda s_tile, lse: s_tile / lse[:, None])
+    assert fb.message == ("you divided the scores by lse: lse is a logarithm, the log of the row's whole softmax "
+                          "denominator, and a weight is an exponential. Dividing by the denominator is subtracting "
+                          "its logarithm inside the exponent."), fb
+
+
+def test_probe_tile_weights_follow_the_dtype_rule() -> None:
+    """The one dtype rule (attnbook.feedback): float32 inside on float64 inputs is refused even when cast back;
+    float16 inputs upcast to float32 pass, cast back or not."""
+    fb = check_tile_weights(lambda s, lse: torch.exp(s.float() - lse.float()[:, None]).to(s.dtype))
+    assert fb.status == "wrong" and "computed in float32" in fb.message and "casting back does not restore" in fb.message, fb
+    wide = lambda s, lse: torch.exp(s.float() - lse.float()[:, None]) if s.dtype == torch.float16 else torch.exp(s - lse[:, None])
+    assert check_tile_weights(wide).passed
+    assert check_tile_weights(lambda s, lse: wide(s, lse).to(s.dtype)).passed

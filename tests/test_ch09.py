@@ -436,11 +436,24 @@ def test_sliding_window_python_and_is_translated_into_a_hint(visible) -> None:
     assert "raised" not in fb.message
 
 
-def test_sliding_window_refuses_a_float_mask_and_a_torch_function_is_fine_in_pytorch() -> None:
+def test_sliding_window_refuses_a_float_mask_and_a_torch_function_in_pytorch_too() -> None:
     fb = check_sliding_window(lambda r, c, w: ((c <= r) & (r - c < w)).float(), reference_first_key)
     assert fb.status == "wrong" and "torch.bool" in fb.message
-    fb = check_sliding_window(lambda r, c, w: torch.logical_and(c <= r, r - c < w), reference_first_key)
-    assert fb.passed  # without Triton the PyTorch twin runs it; Triton refuses it with a named message (below)
+    # the probe: without Triton the PyTorch twin runs `visible`, and refuses a torch function as Triton does
+    def where(rows, cols, window):
+        return torch.where(cols <= rows, rows - cols < window, False)
+
+    for visible, name in ((lambda r, c, w: torch.logical_and(c <= r, r - c < w), "logical_and"), (where, "where")):
+        fb = check_sliding_window(visible, reference_first_key)
+        assert fb.status == "wrong" and f"`visible` calls {name} (torch.{name}" in fb.message, fb
+        assert "Triton tiles, which torch functions cannot take" in fb.message, fb
+
+
+def test_sliding_window_accepts_pythons_abs_which_the_exercise_counts_as_arithmetic() -> None:
+    def visible(rows, cols, window):
+        return (cols <= rows) & (abs(rows - cols) < window)
+
+    assert check_sliding_window(visible, reference_first_key).passed
 
 
 def test_windowed_twin_skips_the_tiles_before_the_window_and_equals_sdpa() -> None:
@@ -473,6 +486,8 @@ def test_sliding_window_in_the_triton_interpreter(tmp_path) -> None:
             "print(check_sliding_window(reference_visible, reference_first_key).message)\n"
             "def torch_fn(r, c, w):\n    return torch.logical_and(c <= r, r - c < w)\n"
             "print(check_sliding_window(torch_fn, reference_first_key).message)\n"
+            "def with_abs(rows, cols, window):\n    return (cols <= rows) & (abs(rows - cols) < window)\n"
+            "print(check_sliding_window(with_abs, reference_first_key).message)\n"
             "print(check_sliding_window(lambda r, c, w: (c <= r) & (r - c < w), reference_first_key))\n"
             "visible = lambda rows, cols, window: (cols <= rows) & (rows - cols < window)\n"
             "print(check_sliding_window(visible, lambda q, w: max(0, q - w + 1)))\n")
@@ -481,9 +496,11 @@ def test_sliding_window_in_the_triton_interpreter(tmp_path) -> None:
     script.write_text(code)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300, cwd=root)
     assert done.returncode == 0, done.stderr
-    right, torch_fn, *lambdas = done.stdout.strip().splitlines()
+    right, torch_fn, with_abs, *lambdas = done.stdout.strip().splitlines()
     assert "in Triton's interpreter" in right and "41 tiles" in right
-    assert torch_fn.startswith("Triton could not run your `visible`")
+    # a torch function is named before the kernel runs, as in the PyTorch loop; Python's abs runs in Triton too
+    assert torch_fn.startswith("`visible` calls logical_and (torch.logical_and") and "Triton tiles" in torch_fn
+    assert "in Triton's interpreter" in with_abs and "41 tiles" in with_abs
     # a right `visible` written as a lambda, which Triton cannot compile, is accepted in the PyTorch loop, and told so
     assert len(lambdas) == 2
     for line in lambdas:
@@ -684,3 +701,26 @@ def test_sliding_window_first_key_rounded_to_the_window_is_not_told_it_starts_at
 
     fb = check_sliding_window(reference_visible, lambda q_start, window: (q_start - window + 1) // window * window)
     assert fb.status == "wrong" and "multiples of window" in fb.message and "key 0" not in fb.message, fb
+
+
+# --- the learner probe of chapters 8-11: generic verdicts and raw errors, each named --------------
+
+def test_probe_serial_cap_slips_are_named() -> None:
+    from attnbook.ch09 import check_serial_cap
+
+    two_d = lambda d, matmul_flops, exps_per_s: (lambda t: t / (t + 1 / exps_per_s))(2 * d / matmul_flops)
+    fb = check_serial_cap(two_d)  # one matmul, or both with a multiply-add counted as one FLOP: both named
+    assert "either one matmul only, or both with a multiply-add counted as one FLOP" in fb.message, fb
+    for fn, words in ((lambda d, mf, e: (lambda t: t / (t + 1 / mf))(4 * d / e), "you swapped the two rates"),
+                      (lambda d, mf, e: (4 * d / mf) / (4 * d / mf + 4 * d / e), "a score has ONE exponential"),
+                      (lambda d, mf, e: 1 / (1 + int(mf) // int(4 * d * e)), "floored the ratio of the two times")):
+        fb = check_serial_cap(fn)
+        assert fb.status == "wrong" and words in fb.message, fb
+
+
+def test_probe_merge_with_math_log_on_tensors_is_translated() -> None:
+    import math as m
+
+    fb = check_merge_partials(lambda out_a, lse_a, out_b, lse_b: (out_a, m.log(m.exp(lse_a) + m.exp(lse_b))))
+    assert fb.status == "wrong" and "only one element tensors" in fb.message, fb
+    assert "take ONE Python number" in fb.message and "`lse_a`" in fb.message and "torch.logaddexp" in fb.message, fb

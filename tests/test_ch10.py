@@ -414,9 +414,10 @@ def test_probe_1011_append_order_shapes_masks_and_cache_dtype() -> None:
 
     def float32_output(q, kc, vc, kn, vn):  # P1: kept, a wider output of 16-bit inputs passes
         k = torch.cat([kc, kn], 2); v = torch.cat([vc, vn], 2); H = q.shape[1]
-        o = F.scaled_dot_product_attention(q.float(), repeat_kv(k, H).float(), repeat_kv(v, H).float(),
+        wide = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # upcast only 16 bits
+        o = F.scaled_dot_product_attention(q.to(wide), repeat_kv(k, H).to(wide), repeat_kv(v, H).to(wide),
                                            attn_mask=causal_mask(q.shape[2], S_k=k.shape[2]))
-        return (o if q.dtype in (torch.float16, torch.bfloat16) else o.to(q.dtype)), k, v
+        return o, k, v
 
     assert ch10.check_append_and_attend(float32_output).passed
     # right answers written otherwise still pass: an additive -inf mask, enable_gqa, a list for the tuple
@@ -498,3 +499,89 @@ def test_probe_1011_merge_names_the_axis_math_exp_and_the_wrong_totals() -> None
         return o
 
     assert ch10.check_merge_partials(pairwise).passed
+
+
+# ---- the learner probe of chapters 8-11: generic verdicts and raw errors, each named ----
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda seq_len: 2 * 24 * 4 * 96 * min(seq_len, 2048) * 2 / 2**30, "those are GiB"),
+    (lambda seq_len: 2 * 24 * 4 * 96 * (seq_len % 2048) * 2, "seq_len % window positions"),
+    (lambda seq_len: 2 * 24 * 16 * 96 * seq_len * 2, "two slips at once: you cached the 16 query heads"),
+])
+def test_probe_window_cache_slips_are_named(fn, words: str) -> None:
+    fb = ch10.check_window_cache_bytes(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda D, H, Hk, S, b: b * ch10.layer_flops(D, H, Hk, 1, S) / ((2 * D * D + 2 * D * Hk * (D // H)) * 2 + b * 4 * Hk * D * S),
+     "your cache counts D numbers per key/value head"),
+    (lambda D, H, Hk, S, b: b * ch10.layer_flops(D, H, Hk, 1, S) / ((2 * D * D) * 2 + b * 4 * Hk * (D // H) * S),
+     "you counted only the query and output projections"),
+    (lambda D, H, Hk, S, b: b * ch10.layer_flops(D, H, Hk, 1, S) / ((2 * D * D + 2 * D * Hk) * 2 + b * 4 * Hk * (D // H) * S),
+     "your key and value projections have D x H_kv weights each"),
+])
+def test_probe_decode_intensity_slips_are_named(fn, words: str) -> None:
+    fb = ch10.check_decode_intensity(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda layers, latent, rope, head_dim: ((2 * latent + rope) * layers * 2, (2 * latent + rope) / (2 * head_dim)),
+     "you cached the latent twice"),
+    (lambda layers, latent, rope, head_dim: ((latent + rope) * layers * 2, latent / (2 * head_dim)),
+     "your equivalent heads leave out the rotary key"),
+    (lambda layers, latent, rope, head_dim: ((latent + rope) * layers * 2, latent / head_dim),
+     "your equivalent heads make two slips"),
+])
+def test_probe_mla_slips_are_named(fn, words: str) -> None:
+    fb = ch10.check_mla_cache(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+def _probe_last_axis(outs, lses):
+    lse = torch.logsumexp(torch.stack(lses), -1, keepdim=True)
+    return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses))
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_probe_last_axis, "runs over the last axis of torch.stack(lses)"),
+    (lambda outs, lses: outs[-1], "the last chunk's output alone"),
+    (lambda outs, lses: torch.stack([torch.exp(l - torch.logsumexp(torch.stack(lses), 0))[..., None] * o
+                                     for o, l in zip(outs, lses)]), "instead of adding them up"),
+    (lambda outs, lses: sum(torch.exp(l - torch.logsumexp(torch.cat(lses), 0))[..., None] * o for o, l in zip(outs, lses)),
+     "torch.cat(lses) joins the chunks along the batch axis"),
+    (lambda outs, lses: sum(torch.exp(l - torch.logsumexp(lses, 0))[..., None] * o for o, l in zip(outs, lses)),
+     "must be Tensor, not list. A Python list is not a tensor"),
+])
+def test_probe_merge_slips_are_named(fn, words: str) -> None:
+    fb = ch10.check_merge_partials(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+def test_probe_merge_that_overwrites_the_callers_outs_is_refused() -> None:
+    def overwrite(outs, lses):
+        lse = torch.logsumexp(torch.stack(lses), 0)
+        for i in range(len(outs)):
+            outs[i] = torch.exp(lses[i] - lse)[..., None] * outs[i]
+        return sum(outs)
+
+    fb = ch10.check_merge_partials(overwrite)
+    assert fb.status == "wrong" and "changed its input `outs`, a list of tensors, in place" in fb.message, fb
+
+
+def test_probe_append_computed_in_float32_on_float64_is_refused_by_the_dtype_rule() -> None:
+    import torch.nn.functional as F
+
+    from attnlib import causal_mask, repeat_kv
+
+    def float32_inside(q, kc, vc, kn, vn):
+        k = torch.cat([kc, kn], 2); v = torch.cat([vc, vn], 2); H = q.shape[1]
+        o = F.scaled_dot_product_attention(q.float(), repeat_kv(k, H).float(), repeat_kv(v, H).float(),
+                                           attn_mask=causal_mask(q.shape[2], S_k=k.shape[2]))
+        return o.to(q.dtype), k, v
+
+    fb = ch10.check_append_and_attend(float32_inside)
+    assert fb.status == "wrong" and "carries only float32's precision" in fb.message, fb
+    assert "casting back does not restore the digits" in fb.message, fb

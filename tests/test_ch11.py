@@ -697,3 +697,74 @@ def test_probe_1011_cow_names_running_out_of_blocks_and_a_fresh_block_copied_at_
     assert not fb.passed and "ran out of free blocks" in fb.message and "pop from empty list" in fb.message, fb
     fb = ch11.check_cow_table(_probe_cow(copy_appended=True))
     assert not fb.passed and "copied again at once" in fb.message, fb
+
+
+# ---- the learner probe of chapters 8-11: generic verdicts and raw errors, each named ----
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda prompt_len, new_tokens, block_size, shared_prefix: prompt_len + new_tokens - shared_prefix,
+     "you counted positions (tokens), not blocks"),
+    (lambda prompt_len, new_tokens, block_size, shared_prefix:
+     math.ceil((prompt_len - shared_prefix) / block_size) + math.ceil(new_tokens / block_size),
+     "rounded the rest of the prompt and the new tokens up separately"),
+])
+def test_probe_blocks_slips_are_named(fn, words: str) -> None:
+    fb = ch11.check_blocks_needed(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+def test_probe_cow_copy_appended_is_named() -> None:
+    def appended(table, length, b, free, n):
+        t = list(table); f = sorted(free)
+        if n == 0:
+            return t
+        if length % b != 0:
+            t.append(f.pop(0))  # the copy appended instead of replacing the shared last entry
+        for _ in range(math.ceil((length + n) / b) - len(table)):
+            t.append(f.pop(0))
+        return t
+
+    fb = ch11.check_cow_table(appended)
+    assert fb.status == "wrong" and "you appended the copy of the shared last block" in fb.message, fb
+
+
+def _probe_scale(x):
+    s = x.abs().amax(-1, keepdim=True) / 127
+    return torch.where(s > 0, s, torch.ones_like(s))
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda x: (torch.round(x / _probe_scale(x)).clamp(-127, 127).to(torch.int8), _probe_scale(x)),
+     "you returned the codes and the scale as a pair"),
+    (lambda x: torch.round(x / _probe_scale(x)).clamp(-127, 127) * _probe_scale(x).mean(), "dequantised with their mean"),
+    (lambda x: torch.max(x.abs(), -1, keepdim=True) / 127 * x,
+     "returns a pair (values, indices), a torch.return_types.max, not a tensor"),
+])
+def test_probe_int8_slips_are_named(fn, words: str) -> None:
+    fb = ch11.check_int8_per_token(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda scores, sink: torch.exp(scores - scores.amax(-1, keepdim=True)) / (
+        sink[None, :, None, None] + torch.exp(scores - scores.amax(-1, keepdim=True)).sum(-1, keepdim=True)),
+     "its term in the denominator is exp(sink[h]), not sink[h]"),
+    (lambda scores, sink: torch.exp(scores - torch.maximum(torch.logsumexp(scores, -1, keepdim=True), sink.view(-1, 1, 1))),
+     "you combined the row's logsumexp and the sink with a maximum"),
+    (lambda scores, sink: scores - torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink.view(-1, 1, 1)),
+     "those are the logarithms of the weights"),
+    (lambda scores, sink: torch.exp(scores - torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True),
+                                                             torch.tensor(float(sink[0]), dtype=scores.dtype))),
+     "every head used head 0's sink logit"),
+    (lambda scores, sink: torch.exp(scores) / (math.exp(sink) + torch.exp(scores).sum(-1, keepdim=True)),
+     "take ONE Python number, and `scores` and `sink` hold many numbers"),
+])
+def test_probe_sink_slips_are_named(fn, words: str) -> None:
+    fb = ch11.check_sink_softmax(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+def test_probe_plain_softmax_is_still_told_the_weights_sum_to_1() -> None:
+    fb = ch11.check_sink_softmax(lambda scores, sink: torch.softmax(scores, -1))
+    assert fb.message.startswith("the weights still sum to 1"), fb

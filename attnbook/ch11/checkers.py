@@ -68,6 +68,13 @@ BLOCKS_MISTAKES = (
     Mistake("prompt and new tokens rounded separately", lambda p, n, b, s: -(-p // b) + -(-n // b) - s // b,
             "the generated tokens continue in the prompt's last block: round up once, for all "
             "prompt_len + new_tokens positions, not for the prompt and the new tokens separately."),
+    Mistake("positions, not blocks", lambda p, n, b, s: p + n - s,
+            "you counted positions (tokens), not blocks: a block holds block_size positions, so count the blocks the "
+            "request's positions fill, whole blocks, and take off the blocks of the prefix that are already full."),
+    Mistake("prefix tokens off, the rest rounded in two parts", lambda p, n, b, s: -(-(p - s) // b) + -(-n // b),
+            "you took the prefix's tokens off the prompt and rounded the rest of the prompt and the new tokens up "
+            "separately: blocks are laid out from position 0, prefix included, so count the blocks all "
+            "prompt_len + new_tokens positions fill, rounded up once, then take off the prefix's FULL blocks."),
     Mistake("generated tokens only", lambda p, n, b, s: -(-n // b),
             "the prompt's positions need blocks too, and the cached prefix is part of the prompt: count "
             "prompt_len + new_tokens positions, then subtract the prefix's full blocks."),
@@ -162,10 +169,19 @@ INT8_MISTAKES = (
     Mistake("asymmetric min/max, 254 steps", lambda x: _asymmetric(x, 254),
             "that is asymmetric quantisation (a scale and a zero point from each position's min and max, as KIVI uses): "
             "this exercise asks for the symmetric form, s = max|x| / 127 and codes in -127..127 with no zero point."),
+    Mistake("dequantised with the mean scale", lambda x: torch.round(x / _int8_scale(x)).clamp(-127, 127) * _int8_scale(x).mean(),
+            "you quantised with one scale per position, but dequantised with their mean: multiply each position's "
+            "codes by that position's own scale."),
     Mistake("per head", lambda x: torch.round(x / (x.abs().amax((-2, -1), keepdim=True) / 127)) * (x.abs().amax((-2, -1), keepdim=True) / 127),
             "that is one scale per head, over all its positions and channels: per token, take the max |x| over "
             "D_k alone, amax(dim=-1, keepdim=True)."),
 )
+
+
+def _int8_scale(x: Tensor) -> Tensor:
+    """The right scale of every position, [..., S, 1] (1 where a position is all zeros)."""
+    scale = x.abs().amax(-1, keepdim=True) / 127
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
 def _asymmetric(x: Tensor, steps: int) -> Tensor:
@@ -273,6 +289,14 @@ def _int8_one(fn: Callable[[Tensor], Any], x: Tensor, got: Any = None) -> Feedba
             "with x [B, H_kv, S, D_k]. Keep it with keepdim=True, [B, H_kv, S, 1], so one scale "
             f"broadcasts over each position's D_k numbers. ({fb.message.removeprefix('your code raised ')})")
     expected = reference_int8_per_token(x)
+    if isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, Tensor) for t in got):
+        try:
+            parts = close(got[0].double() * got[1].double(), expected)
+        except RuntimeError:  # the two do not broadcast: not codes and scales
+            parts = False
+        if parts:
+            return wrong("you returned the codes and the scale as a pair: the exercise compares the dequantised "
+                         "cache with x, so return one tensor like x, the codes multiplied back by their scale.")
     half = low_precision(got, expected)
     if half is None and isinstance(got, Tensor) and got.dtype in (torch.float16, torch.bfloat16) and _int8_steps(got, x):
         digits = 3 if got.dtype == torch.float16 else 2
@@ -350,6 +374,31 @@ def _unshifted_sink(s: Tensor, k: Tensor) -> Tensor:
     return e / (e.sum(-1, keepdim=True) + sink)
 
 
+_SINK_WITHOUT_EXP = (
+    "the sink is a logit, like a score: its term in the denominator is exp(sink[h]), not sink[h] (and after you "
+    "subtract the row's max m, exp(sink[h] - m)). Combine it with the scores' logsumexp: "
+    "torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink.view(-1, 1, 1))."
+)
+
+_SINK_BY_MAX = (
+    "you combined the row's logsumexp and the sink with a maximum (torch.maximum or max): that keeps only the "
+    "larger of the two terms, while the denominator is their sum, exp(lse) + exp(sink[h]). Where the scores "
+    "dominate, your weights are a plain softmax that sums to 1; the log of a sum of two exponentials is "
+    "torch.logaddexp."
+)
+
+
+def _sink_by_max(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes the maximum of the row's logsumexp and the sink instead of their logaddexp: it is
+    tried on scores near 0 and sinks near 5, where the sink dominates and the two differ."""
+    gen = torch.Generator().manual_seed(7)
+    scores = torch.randn(1, 2, 3, 4, generator=gen, dtype=torch.float64)
+    sink = torch.tensor([5.0, 6.0], dtype=torch.float64)
+    got, fb = call_reader(fn, (scores.clone(), sink.clone()))
+    lse = torch.logsumexp(scores, -1, keepdim=True)
+    return fb is None and close(got, torch.exp(scores - torch.maximum(lse, sink.view(-1, 1, 1))))
+
+
 SINK_MISTAKES = (
     Mistake("ordinary softmax", lambda s, k: torch.softmax(s, -1),
             "the weights still sum to 1: the sink adds exp(sink[h]) to every row's denominator, so they sum to less."),
@@ -367,8 +416,14 @@ SINK_MISTAKES = (
             "term is exp(sink - m), not exp(sink). Take the max over the scores and the sink together, or use "
             "torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink)."),
     Mistake("sink added without exp", _sink_without_exp,
-            "the sink is a logit, like a score: its term in the denominator is exp(sink[h]), not sink[h]. Combine it "
-            "with the scores' logsumexp: torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink.view(-1, 1, 1))."),
+            _SINK_WITHOUT_EXP),
+    Mistake("sink added without exp to shifted scores", lambda s, k: _sink_without_exp(s - s.amax(-1, keepdim=True), k),
+            _SINK_WITHOUT_EXP),
+    Mistake("log of the weights", lambda s, k: s - torch.logaddexp(torch.logsumexp(s, -1, keepdim=True), k.view(-1, 1, 1)),
+            "those are the logarithms of the weights (scores - lse, all below 0): take exp of them."),
+    Mistake("head 0's sink for every head", lambda s, k: torch.exp(s - torch.logaddexp(torch.logsumexp(s, -1, keepdim=True), k[0])),
+            "every head used head 0's sink logit: sink[h] belongs to head h, so reshape the whole sink to [H, 1, 1] "
+            "(sink.view(-1, 1, 1)) and each head gets its own."),
     Mistake("softmax divided by 1 + sink", lambda s, k: torch.softmax(s, -1) / (1 + k.view(-1, 1, 1)),
             "the sink is not divided into a softmax afterwards as 1 + sink: it is one more term of the softmax's "
             "denominator, exp(sink[h]), next to the scores' exponentials, and the row's weights share that "
@@ -445,6 +500,8 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
                          ".to(scores.dtype)).")
         if close(got, expected):
             continue
+        if close(got, torch.softmax(scores, -1)) and _sink_by_max(fn):
+            return wrong(_SINK_BY_MAX)
         return diagnose(got, SINK_MISTAKES, scores, sink) or wrong(
             f"the weights differ from exp(s_j) / (exp(sink_h) + sum_j exp(s_j)) (expected shape {tuple(expected.shape)}).")
     return correct("each row sums to 1 - sigmoid(sink - logsumexp(scores)): the rest goes to the sink (in float16 and "
@@ -536,12 +593,29 @@ COW_MISTAKES = (
             else reference_cow_table(t, l, b, f, n),
             "with n = 0 the sample writes nothing, so nothing is copied: a shared block is copied at the first write "
             "into it, not at the fork. The table stays as it is."),
+    Mistake("copy appended", lambda *c: _cow_copy_appended(*c),
+            "you appended the copy of the shared last block at the end of the table: the copy takes the place of "
+            "the block it was copied from, in the same entry (the table is in position order), so the table does "
+            "not grow by it."),
     Mistake("table sorted", lambda *c: sorted(reference_cow_table(*c)),
             "a block table is in position order (entry i holds positions i x block_size onwards), not sorted by "
             "block number: put each copy where the shared block was and append fresh blocks at the end."),
     Mistake("new blocks only", lambda t, *c: [x for i, x in enumerate(reference_cow_table(t, *c)) if i >= len(t) or x != t[i]],
             "return the whole block table of the sample, the shared blocks it keeps included, in position order."),
 )
+
+
+def _cow_copy_appended(table: list[int], length: int, b: int, free: list[int], n: int) -> list[int]:
+    """The copy of a partly filled shared last block appended to the table instead of put in its entry; where
+    that equals a new block taken one position early, that hint speaks."""
+    out, spare = list(table), sorted(free)
+    if n and length % b:
+        out.append(spare.pop(0))
+    for _ in range(-(-(length + n) // b) - len(table) if n else 0):
+        out.append(spare.pop(0))
+    if out == _cow(table, length, b, free, n, shift=1):
+        raise ValueError("on this case the two slips give the same table")
+    return out
 
 
 def _cow_fresh_copied(*case: Any) -> list[int]:
