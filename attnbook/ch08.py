@@ -56,6 +56,7 @@ __all__ = [
     "TILE_LEGEND",
     "steady_median_ms",
     "time_projections_and_cores",
+    "time_exp_fresh_and_reused",
     "tile_grid_html",
     "reference_tile_weights",
     "check_tile_weights",
@@ -111,14 +112,14 @@ def steady_median_ms(fns: dict[str, Callable[[], Any]], *, repeats: int, warmup:
 
 
 def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.device | str = "cpu"
-                               ) -> tuple[float, dict[str, list[float]], list[int | None]]:
+                               ) -> tuple[float, dict[str, list[float]], list[int]]:
     """Time the four projections of a ``MultiHeadSelfAttention(D, H)`` and three attention cores at
     each sequence length of ``sizes`` (batch 1), and print the results.
 
     Returns ``(peak_gflops, times, core_mem)``: the speed of one ``[1024, 1024] @ [1024, 1024]``
     float32 matmul (GFLOP/s); for ``"projections"``, ``"attnlib core"``, ``"torch.softmax core"``
-    and ``"SDPA core"`` the median seconds at each size; and the readable core's peak extra
-    memory in bytes at each size (None where it cannot be measured). The callables of one size
+    and ``"SDPA core"`` the median seconds at each size; and the most bytes of tensors the readable
+    core holds at once at each size (:func:`attnbook.measure.peak_tensor_bytes`, exact on every device). The callables of one size
     take turns (:func:`steady_median_ms`: medians of interleaved repeats, 7 up to S = 512 and 3
     above). The last line compares the growth from the fourth size to the last (S = 512 to 2048
     in the chapter).
@@ -128,7 +129,7 @@ def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.d
     import attnlib
     from attnlib import MultiHeadSelfAttention, split_heads
 
-    from .measure import peak_memory_bytes
+    from .measure import peak_tensor_bytes
 
     MiB = 2**20
     a_big = torch.randn(1024, 1024, device=device)
@@ -142,7 +143,7 @@ def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.d
         "SDPA core": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
     }
     times: dict[str, list[float]] = {name: [] for name in ("projections", *cores)}  # seconds, one entry per S
-    core_mem: list[int | None] = []
+    core_mem: list[int] = []
     with torch.inference_mode():
         for S in sizes:
             x = torch.randn(1, S, D, device=device)
@@ -154,17 +155,40 @@ def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.d
             ms = steady_median_ms(fns, repeats=7 if S <= 512 else 3, warmup=1, device=device)
             for name in times:
                 times[name].append(ms[name] / 1e3)
-            core_mem.append(peak_memory_bytes(fns["attnlib core"], device))
+            core_mem.append(peak_tensor_bytes(fns["attnlib core"]))
     for i, S in enumerate(sizes):
-        mem = "n/a" if core_mem[i] is None else f"~{core_mem[i] / MiB:.0f} MiB"
+        weights = H * S * S * 4  # [1, H, S, S] float32
         print(f"S = {S:>4} ({S / D:.2f} D): "
               + ", ".join(f"{name} ~{t[i] * 1e3:.2f} ms" for name, t in times.items())
-              + f" | attnlib core peak extra memory {mem}")
+              + f" | attnlib core holds at most {core_mem[i] / MiB:.2f} MiB of tensors"
+              + f" ({core_mem[i] / weights:.2f}x the weights)")
     if len(sizes) > 3:
         print(f"growth from S = {sizes[3]} to {sizes[-1]}: projections "
               f"~{times['projections'][-1] / times['projections'][3]:.1f}x (FLOPs {sizes[-1] // sizes[3]}x), attnlib "
               f"core ~{times['attnlib core'][-1] / times['attnlib core'][3]:.1f}x (FLOPs {(sizes[-1] // sizes[3]) ** 2}x)")
     return peak_gflops, times, core_mem
+
+
+def time_exp_fresh_and_reused(H: int, sizes: Sequence[int]) -> dict[int, dict[str, float]]:
+    """Time one elementwise pass over ``[H, S, S]`` float32 scores, three ways, on one CPU thread.
+
+    ``"copy"`` copies the scores into a tensor made once before the timing; ``"exp, reused"`` writes
+    their exponentials into that tensor (``torch.exp(x, out=y)``); ``"exp, fresh"`` is
+    ``torch.exp(x)``, which allocates its result at every call, as each step of the readable core
+    does. Prints one line per size and returns the medians in milliseconds per size and name.
+    """
+    out: dict[int, dict[str, float]] = {}
+    for S in sizes:
+        x = torch.randn(H, S, S)
+        y = torch.empty_like(x).fill_(0.0)  # every page of y touched once, before the timing
+        out[S] = steady_median_ms({
+            "copy": lambda: y.copy_(x),
+            "exp, reused": lambda: torch.exp(x, out=y),
+            "exp, fresh": lambda: torch.exp(x),
+        }, repeats=5)
+        print(f"[{H}, {S}, {S}] float32 ({x.numel() * 4 / 2**20:.0f} MiB): "
+              + ", ".join(f"{name} ~{ms:.1f} ms" for name, ms in out[S].items()))
+    return out
 
 
 def causal_tile_counts(S: int, block_q: int, block_k: int) -> dict[str, int]:

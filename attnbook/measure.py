@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "saved_tensor_bytes", "peak_memory_bytes", "median_seconds", "interleaved_median_ms", "aten_ops_called",
+    "saved_tensor_bytes", "peak_memory_bytes", "peak_tensor_bytes", "median_seconds", "interleaved_median_ms", "aten_ops_called",
     "matmul_gflops",
 ]
 
@@ -118,6 +118,56 @@ def peak_memory_bytes(fn: Callable[[], Any], device: torch.device | str = "cpu")
     peak = _rss_bytes("VmHWM")
     del result
     return max(peak - before, 0)
+
+
+def peak_tensor_bytes(fn: Callable[[], Any]) -> int:
+    """Most bytes of tensors that ``fn()`` allocates and holds at once, on any device.
+
+    Every operation of the call is recorded (with a ``TorchDispatchMode``); a tensor whose memory
+    an operation allocated counts from that operation until the last tensor using the memory is
+    gone (views share it and count once). Memory that existed before the call (inputs, parameters)
+    does not count; the result of ``fn()`` does. This is exact and the same on every machine: it
+    counts the tensors PyTorch hands out, not what an allocator or the operating system keeps
+    around them, nor scratch space a kernel uses internally.
+
+    >>> peak_tensor_bytes(lambda: torch.ones(256) * 2)  # two 1 KiB tensors exist at once
+    2048
+    """
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    live: dict[int, tuple[int, list[weakref.ref[Tensor]]]] = {}  # data_ptr -> (bytes, tensors using it)
+    peak = 0
+
+    def held() -> int:
+        for ptr in [p for p, (_, refs) in live.items() if all(r() is None for r in refs)]:
+            del live[ptr]  # every tensor on this memory is gone: it was freed
+        return sum(n for n, _ in live.values())
+
+    class _Track(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            nonlocal peak
+            out = func(*args, **(kwargs or {}))
+            before = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+            held()
+            for t in tree_leaves(out):
+                if not isinstance(t, Tensor):
+                    continue
+                storage = t.untyped_storage()
+                ptr = storage.data_ptr()
+                if ptr in live:
+                    live[ptr][1].append(weakref.ref(t))  # a view of memory this call allocated
+                elif ptr not in before:  # new memory (a view or in-place result of an input is not)
+                    live[ptr] = (storage.nbytes(), [weakref.ref(t)])
+            peak = max(peak, held())
+            return out
+
+    with _Track():
+        result = fn()
+    del result
+    return peak
 
 
 def median_seconds(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1,

@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                     lines.append(row)
                     print(row, flush=True)
             del q, k, v, d_out
-    has_flash = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+    # torch 2.13's flash backend: compute capability in [sm80, sm121]
+    has_flash = device.type == "cuda" and (8, 0) <= torch.cuda.get_device_capability(device) <= (12, 1)
     for causal, (ratio, backend) in verdicts.items():
         if not has_flash and backend != "flash":
             lines += ["", f"Target, Triton forward within 2x of SDPA's flash backend at S = 4096 float16, causal={causal}: "

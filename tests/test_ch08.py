@@ -633,7 +633,9 @@ def test_time_projections_and_cores_prints_each_size_and_grows_with_s(capsys: py
     assert list(times) == names and all(len(t) == len(sizes) for t in times.values()) and len(mem) == len(sizes)
     for line, S in zip(lines[1:5], sizes):
         assert re.fullmatch(rf"S = {S:>4} \({S / 64:.2f} D\): " + ", ".join(rf"{n} ~\d+\.\d\d ms" for n in names)
-                            + r" \| attnlib core peak extra memory (~\d+ MiB|n/a)", line), line
+                            + r" \| attnlib core holds at most \d+\.\d\d MiB of tensors \(\d\.\d\dx the weights\)", line), line
+    # exact: the scores, shifted scores, exponentials and weights exist at once, plus [S, 1] row statistics
+    assert all(4 * 4 * 4 * S * S <= m <= 4.1 * 4 * 4 * S * S for m, S in zip(mem, sizes))
     assert re.fullmatch(r"growth from S = 512 to 512: projections ~\d+\.\dx \(FLOPs 1x\), attnlib core ~\d+\.\dx \(FLOPs 1x\)", lines[5])
     # CPU time of one thread: the S^2 core at S = 512 does 256x the work of S = 32; 4x holds on a busy machine
     assert times["attnlib core"][3] > 4 * times["attnlib core"][0]
@@ -747,3 +749,13 @@ def test_probe_tile_weights_follow_the_dtype_rule() -> None:
     wide = lambda s, lse: torch.exp(s.float() - lse.float()[:, None]) if s.dtype == torch.float16 else torch.exp(s - lse[:, None])
     assert check_tile_weights(wide).passed
     assert check_tile_weights(lambda s, lse: wide(s, lse).to(s.dtype)).passed
+
+
+def test_exp_into_fresh_memory_costs_more_than_into_reused(capsys: pytest.CaptureFixture[str]) -> None:
+    from attnbook.ch08 import time_exp_fresh_and_reused
+
+    ms = time_exp_fresh_and_reused(8, [1024])
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("[8, 1024, 1024] float32 (32 MiB): copy ~"), line
+    assert set(ms[1024]) == {"copy", "exp, reused", "exp, fresh"}
+    assert all(t > 0 for t in ms[1024].values())

@@ -89,6 +89,11 @@ def test_ch08_the_materialising_core_is_slower_than_sdpa_at_2048(two_busy_proces
     assert ms["attnlib core"] > 2 * ms["SDPA core"], ms
 
 
+def test_ch08_exp_into_a_new_128_mib_tensor_costs_more_than_into_an_existing_one(two_busy_processes: None) -> None:
+    ms = ch08.time_exp_fresh_and_reused(8, [2048])[2048]
+    assert ms["exp, fresh"] > 1.1 * ms["exp, reused"], ms
+
+
 def test_ch08_sdpa_beats_every_materialised_variant(two_busy_processes: None) -> None:
     S, H, D_k = 2048, 8, 64
     torch.manual_seed(0)
