@@ -42,7 +42,7 @@ from .feedback import (
 __all__ = [
     "soft_lookup_inputs", "check_soft_lookup", "SOFT_LOOKUP_MISTAKES", "SOFT_LOOKUP_CASES",
     "reference_shapes", "check_attention_shapes", "SHAPE_KEYS", "SHAPE_MISTAKES", "SHAPE_CONFIGS",
-    "layers_until_linked", "check_reach", "reach_answer", "REACH_MISTAKES", "encoder_layer_figure", "residual_gradient_norms",
+    "layers_until_linked", "check_reach", "sinusoidal_code", "position_code_figure", "reach_answer", "REACH_MISTAKES", "encoder_layer_figure", "residual_gradient_norms",
     "MINILM_ARE", "are_row_from_model", "HEAD_B", "HEAD_D", "draw_head_path", "one_head_diagram",
     "TOY_QUERY", "TOY_KEYS", "soft_lookup_diagram", "lost_precision", "rounded_like_half", "not_finite", "reach_rows", "reach_diagram",
 ]
@@ -629,6 +629,38 @@ def encoder_layer_figure():  # -> matplotlib Figure
 
 
 # ---------------------------------------------------------------- what the residual path keeps
+
+
+def sinusoidal_code(S: int, D: int) -> Tensor:
+    """The original Transformer's position code, ``[S, D]``: features ``2m`` and ``2m + 1`` of position ``p``
+    are ``sin(p * omega_m)`` and ``cos(p * omega_m)``, with ``omega_m = 10000 ** (-2m / D)``."""
+    pos = torch.arange(S, dtype=torch.float32)[:, None]  # [S, 1]
+    omega = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)  # [D/2]
+    pe = torch.zeros(S, D)
+    pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * omega), torch.cos(pos * omega)
+    return pe
+
+
+def position_code_figure(tokens: list[str], D: int = 64):  # -> matplotlib Figure
+    """The sinusoidal code of ``len(tokens)`` positions at width ``D`` as two heatmaps, the sin features
+    (even) and the cos features (odd), one row per token and one column per pair ``m``, in a
+    colour-blind-safe diverging map from -1 to 1."""
+    import matplotlib.pyplot as plt
+
+    pe = sinusoidal_code(len(tokens), D)
+    fig, axes = plt.subplots(1, 2, figsize=(4.6, 3.8), sharey=True)
+    for ax, start, name in ((axes[0], 0, "sin (even features)"), (axes[1], 1, "cos (odd features)")):
+        image = ax.imshow(pe[:, start::2].numpy(), cmap="PuOr", vmin=-1.0, vmax=1.0, aspect="auto",
+                          interpolation="nearest")
+        ax.set_xticks(range(0, D // 2, 10))
+        ax.set_xlabel("pair m")
+        ax.set_title(name, fontsize=12)
+    axes[0].set_yticks(range(len(tokens)), labels=[f"{p} {t}" for p, t in enumerate(tokens)])
+    axes[0].set_ylabel("position, token")
+    fig.suptitle(f"Sinusoidal position code, D = {D}")
+    fig.subplots_adjust(top=0.8, wspace=0.15)
+    fig.colorbar(image, ax=axes, fraction=0.046, pad=0.04)
+    return fig
 
 
 def residual_gradient_norms(depth: int = 12, D: int = 32, S: int = 8, position: int = 5, *, seed: int = 0) -> dict[str, list[float]]:

@@ -39,7 +39,7 @@ from .feedback import (
 
 __all__ = [
     "qkv_inputs", "reference_attention", "check_self_attention", "check_cross_attention",
-    "WEIGHT_MISTAKES", "OUTPUT_MISTAKES", "PROBE_MISTAKES", "CASES", "marker_batch", "OneHead", "train_marker_head",
+    "WEIGHT_MISTAKES", "OUTPUT_MISTAKES", "PROBE_MISTAKES", "CASES", "marker_batch", "OneHead", "initial_marker_head", "train_marker_head",
     "TOY_D", "TOY_D_K", "TOY_D_V", "qkv_path_diagram", "FRENCH", "cross_attention_diagram",
 ]
 
@@ -251,6 +251,9 @@ OUTPUT_MISTAKES: tuple[Mistake, ...] = (
             "labels one value, so weights [S_q, S_k] @ V [S_k, D_v]. (With S_q != S_k your code raised an error.)"),
     Mistake("weights.T @ V", lambda xq, xk, wq, wk, wv: _right_weights(xq, xk, wq, wk, wv).mT @ (xk @ wv),
             "you multiplied weights.T @ V. Row i of the output mixes the values with row i of the weights: weights @ V."),
+    Mistake("output from unscaled weights", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk)) @ (xk @ wv),
+            "your weights are right, but your output mixes the values with different weights: those of the "
+            "scores without the division by sqrt(D_k). Mix the values with the weights you return: weights @ V."),
     Mistake("output = V", lambda xq, xk, wq, wk, wv: _square_only(xk @ wv, xq, xk),
             "your output equals V: no mixing happened. Multiply by the weights: weights @ V."),
 )
@@ -496,6 +499,13 @@ class OneHead(torch.nn.Module):
         return weights @ v, weights  # [B, S, D_v], [B, S, S]
 
 
+def initial_marker_head(*, d_content: int = 6, d_k: int = 4, seed: int = 0) -> OneHead:
+    """The untrained head :func:`train_marker_head` starts from (seeded privately; the global generator is untouched)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return OneHead(d_content + 2, d_k, d_content)
+
+
 def train_marker_head(
     steps: int = 300, *, S: int = 8, d_content: int = 6, d_k: int = 4, batch: int = 64, lr: float = 0.03, seed: int = 0
 ) -> tuple[OneHead, list[float]]:
@@ -511,16 +521,14 @@ def train_marker_head(
     >>> len(losses), head.w_q.shape
     (5, torch.Size([8, 4]))
     """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        head = OneHead(d_content + 2, d_k, d_content)
+    head = initial_marker_head(d_content=d_content, d_k=d_k, seed=seed)
     gen = torch.Generator().manual_seed(seed + 1)
     opt = torch.optim.Adam(head.parameters(), lr=lr)
     losses: list[float] = []
     threads = torch.get_num_threads()
     # Tiny tensors: one thread is fastest, and fixes the order of the sums. It does not fix the last bits
     # across instruction sets (AVX2, AVX-512): there the losses agree to 4 digits, but a parameter that
-    # gets no gradient keeps whatever value the early steps' rounding gave it (chapter 2 prints none).
+    # gets no gradient in exact arithmetic still moves by rounding-level steps that Adam enlarges (chapter 2 prints them with a ~).
     torch.set_num_threads(1)
     try:
         for _ in range(steps):

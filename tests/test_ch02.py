@@ -386,3 +386,13 @@ def test_transpose_advice_only_for_an_error_in_the_score_product() -> None:
 def test_probe_mistakes_are_named_by_both_checkers(mistake) -> None:
     assert check_self_attention(_by_hand(keepdim=False)).message == mistake.hint
     assert check_cross_attention(_cross_by_hand(keepdim=False)).message == mistake.hint
+
+
+def test_output_from_unscaled_weights_is_named() -> None:
+    def reader(x, w_q, w_k, w_v):
+        q, k, v = x @ w_q, x @ w_k, x @ w_v
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1]), dim=-1)
+        return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v, weights  # the output forgot the scale
+
+    fb = check_self_attention(reader)
+    assert fb.status == "wrong" and "without the division by sqrt(D_k)" in fb.message, fb
