@@ -35,13 +35,14 @@ from .feedback import (
     exercise,
     low_precision,
     run_reader_code,
+    todo,
     wrong,
 )
 
 __all__ = [
     "soft_lookup_inputs", "check_soft_lookup", "SOFT_LOOKUP_MISTAKES", "SOFT_LOOKUP_CASES",
     "reference_shapes", "check_attention_shapes", "SHAPE_KEYS", "SHAPE_MISTAKES", "SHAPE_CONFIGS",
-    "layers_until_linked", "encoder_layer_figure", "residual_gradient_norms",
+    "layers_until_linked", "check_reach", "sinusoidal_code", "position_code_figure", "reach_answer", "REACH_MISTAKES", "encoder_layer_figure", "residual_gradient_norms",
     "MINILM_ARE", "are_row_from_model", "HEAD_B", "HEAD_D", "draw_head_path", "one_head_diagram",
     "TOY_QUERY", "TOY_KEYS", "soft_lookup_diagram", "lost_precision", "rounded_like_half", "not_finite", "reach_rows", "reach_diagram",
 ]
@@ -85,6 +86,14 @@ def _w(q: Tensor, k: Tensor) -> Tensor:
 
 def _lookup(queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
     return _w(queries, keys) @ values  # [M, N] @ [N, D_v] -> [M, D_v]
+
+
+def _row_normalised(e: Tensor) -> Tensor:
+    return e / e.sum(dim=-1, keepdim=True)  # each row divided by its own sum
+
+
+def _cosine(q: Tensor, k: Tensor) -> Tensor:
+    return _s(q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True))  # [M, N], in [-1, 1]
 
 
 def _sqrt_count(n: int) -> float:
@@ -164,6 +173,23 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
     Mistake("first key dropped", lambda q, k, v: torch.softmax(q @ k[1:].T, dim=-1) @ v[1:],
             "you left out the first key and value (a range or slice that starts at 1, such as keys[1:] or "
             "range(1, N)): Python counts from 0, and every one of the N rows takes part."),
+    Mistake("softmax over the whole matrix", lambda q, k, v: (torch.exp(_s(q, k)) / torch.exp(_s(q, k)).sum()) @ v,
+            "your weights sum to 1 over the whole [M, N] matrix, so each query's row sums to less than 1: the sum "
+            "in exp(s) / exp(s).sum() ran over every entry. Each query normalises its own row of scores, over the "
+            "keys (the last axis)."),
+    Mistake("max per column", lambda q, k, v: _row_normalised(torch.exp(_s(q, k) - _s(q, k).max(dim=0).values)) @ v,
+            "you subtracted each key's largest score (the maximum over a column, dim=0) before exp. Subtracting a "
+            "number leaves softmax unchanged only when the whole row of one query gets the same number: take the "
+            "maximum over the keys, per query (the last axis, with keepdim=True)."),
+    Mistake("cosine similarity", lambda q, k, v: torch.softmax(_cosine(q, k), dim=-1) @ v,
+            "you scored with the cosine similarity (the vectors normalised to length 1 first). The lookup scores with "
+            "the plain dot product, so a longer query or key gives larger scores and sharper weights."),
+    Mistake("multiplied by sqrt(D)", lambda q, k, v: torch.softmax(_s(q, k) * math.sqrt(q.shape[1]), dim=-1) @ v,
+            "you multiplied the scores by sqrt(D). This exercise leaves any scaling out (chapter 3 explains the "
+            "division by sqrt(D_k)): use the plain dot products as scores."),
+    Mistake("one query's mix for all", lambda q, k, v: (_w(q[:1], k) @ v).expand(q.shape[0], -1),
+            "every row of your result is the same: the mix of the first query, repeated. Each query has its own "
+            "scores and weights, so each row of the result is its own mix of the values."),
     Mistake("queries @ keys", lambda q, k, v: torch.softmax(q @ k, dim=-1) @ v,
             "queries @ keys only runs when N == D: keys is [N, D] with one row per entry, so compare the "
             "queries with keys.T, [M, D] @ [D, N] = [M, N] (your code raised an error when N != D)."),
@@ -357,7 +383,7 @@ SHAPE_MISTAKES: tuple[Mistake, ...] = (
             "'{step}' is [B, S, S] = ({B}, {S}, {S}) for a single head: a head axis, [B, H, S, S], appears "
             "only when there are several heads (chapter 5)."),
     Mistake("scores like q", _with(scores="B S D_k", weights="B S D_k"),
-            "'{step}' is [B, S, S], like the scores: every query is compared with every key, so both of the last "
+            "'{step}' is [B, S, S] = ({B}, {S}, {S}): every query is compared with every key, so both of the last "
             "two axes are positions, S = {S}."),
     Mistake("scores without the batch", _with(scores="S S", weights="S S"),
             "'{step}' is [B, S, S] = ({B}, {S}, {S}): each sequence of the batch has its own scores and weights; keep the batch axis."),
@@ -466,6 +492,92 @@ def layers_until_linked(kernel: int, src: int, dst: int, *, S: int = 8, dilation
     raise ValueError(f"positions {src} and {dst} are not linked within {S} layers")
 
 
+#: The three counts the reach exercise asks for, in this order, with how each is named in a hint.
+REACH_PARTS: tuple[str, ...] = ("the first number, the dilated kernel-3 layers", "the second number, the plain kernel-3 layers",
+                                "the third number, the self-attention layers")
+
+
+def reach_answer() -> tuple[int, int, int]:
+    """The reach exercise's three counts for "The" (position 0) to "." (position 7), measured with autograd."""
+    return (layers_until_linked(3, 0, 7, dilation_growth=2), layers_until_linked(3, 0, 7), 1)
+
+
+def _one_off(i: int, value: int) -> Callable[[], tuple[int, ...]]:
+    """A wrong answer with only count ``i`` changed to ``value``."""
+    def answer() -> tuple[int, ...]:
+        out = list(reach_answer())
+        out[i] = value
+        return tuple(out)
+    return answer
+
+
+#: Per count, the hint for any wrong value of it (``{got}`` is the reader's number).
+REACH_HINTS: tuple[str, ...] = (
+    "{part}, is off (you wrote {got}): layer l looks 2^l positions to each side, so L such layers reach "
+    "1 + 2 + ... + 2^(L-1) = 2^L - 1 positions; find the smallest L whose reach covers the distance from 'The' to '.'.",
+    "{part}, is off (you wrote {got}): each plain kernel-3 layer widens the reach by one position to each side, "
+    "so count the layers until the reach covers the distance from 'The' (position 0) to '.' (position 7).",
+    "{part}, is off (you wrote {got}): within one attention layer the output at every position is a direct "
+    "function of the input at every position, whatever their distance (section 1.6 measured it with autograd).",
+)
+
+#: Known slips of the reach exercise, each in one count; the checker names the count and the slip.
+REACH_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("floor of log2 7", _one_off(0, 2),
+            "the first number, the dilated kernel-3 layers, is one short: 2 layers (dilations 1 and 2) reach only "
+            "1 + 2 = 3 positions to each side, short of the distance from 'The' to '.'. L layers reach 2^L - 1 "
+            "positions, so floor(log2 7) rounds the wrong way."),
+    Mistake("the books-to-are distance", _one_off(1, 4),
+            "the second number, the plain kernel-3 layers, counts the 'books' → 'are' link of section 1.6 (4 "
+            "positions apart). This question links 'The' (position 0) with '.' (position 7)."),
+    Mistake("no attention layer", _one_off(2, 0),
+            "the third number, the self-attention layers, cannot be 0: with no layer at all, the output at '.' is "
+            "only its own input. Count the layers needed before it depends on the input at 'The'."),
+)
+
+
+def _reach_ints(answer: object) -> tuple[int, ...] | None:
+    """``answer`` as a tuple of ints when it is a tuple or list of whole numbers (``None`` otherwise)."""
+    if not isinstance(answer, (tuple, list)):
+        return None
+    try:
+        return tuple(as_index(a) for a in answer)
+    except (TypeError, ValueError):
+        return None
+
+
+@exercise(solution=(3, 7, 1), kind="value",
+          tables=(MistakeTable(REACH_MISTAKES, lambda: [()], reach_answer),),
+          not_generic={"float16": "the counts are whole numbers", "transposed": "three counts have no axes to swap"})
+def check_reach(answer: object) -> Feedback:
+    """Check the reader's ``(dilated, plain, attention)`` layer counts for linking position 0 with position 7.
+
+    Each wrong count is named, with the hint of its known slip (:data:`REACH_MISTAKES`) when it is one.
+    """
+    if answer is None:
+        return todo("write your three numbers as my_answer, then run the cell again.")
+    ints = _reach_ints(answer)
+    if ints is None and isinstance(answer, (tuple, list)) and any(isinstance(a, float) for a in answer):
+        return wrong("write each count as a whole number, an int (3, not 3.0): a number of layers has no fraction.")
+    if ints is None or len(ints) != 3:
+        return wrong("write my_answer as three whole numbers in parentheses, (dilated, plain, attention), such as "
+                     f"(4, 6, 2); got {describe(answer)}.")
+    right = reach_answer()
+    if ints == right:
+        return correct(f"{ints}: doubling dilations cover 2^L - 1 positions in L layers, a plain kernel-3 stack one "
+                       "more per layer, and one attention layer links every pair.")
+    for m in REACH_MISTAKES:
+        if ints == m.compute():
+            return wrong(m.hint)
+    hints = []
+    for i, (got, want) in enumerate(zip(ints, right)):
+        if got == want:
+            continue
+        slip = next((m for m in REACH_MISTAKES if m.compute()[i] == got), None)
+        hints.append(slip.hint if slip is not None else REACH_HINTS[i].format(part=REACH_PARTS[i], got=got))
+    return wrong(" Also, ".join(hints))
+
+
 def _conv_stack(depth: int, D: int, kernel: int, dilation_growth: int) -> list[nn.Module]:
     layers: list[nn.Module] = []
     for layer in range(depth):
@@ -517,6 +629,38 @@ def encoder_layer_figure():  # -> matplotlib Figure
 
 
 # ---------------------------------------------------------------- what the residual path keeps
+
+
+def sinusoidal_code(S: int, D: int) -> Tensor:
+    """The original Transformer's position code, ``[S, D]``: features ``2m`` and ``2m + 1`` of position ``p``
+    are ``sin(p * omega_m)`` and ``cos(p * omega_m)``, with ``omega_m = 10000 ** (-2m / D)``."""
+    pos = torch.arange(S, dtype=torch.float32)[:, None]  # [S, 1]
+    omega = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)  # [D/2]
+    pe = torch.zeros(S, D)
+    pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * omega), torch.cos(pos * omega)
+    return pe
+
+
+def position_code_figure(tokens: list[str], D: int = 64):  # -> matplotlib Figure
+    """The sinusoidal code of ``len(tokens)`` positions at width ``D`` as two heatmaps, the sin features
+    (even) and the cos features (odd), one row per token and one column per pair ``m``, in a
+    colour-blind-safe diverging map from -1 to 1."""
+    import matplotlib.pyplot as plt
+
+    pe = sinusoidal_code(len(tokens), D)
+    fig, axes = plt.subplots(1, 2, figsize=(4.6, 3.8), sharey=True)
+    for ax, start, name in ((axes[0], 0, "sin (even features)"), (axes[1], 1, "cos (odd features)")):
+        image = ax.imshow(pe[:, start::2].numpy(), cmap="PuOr", vmin=-1.0, vmax=1.0, aspect="auto",
+                          interpolation="nearest")
+        ax.set_xticks(range(0, D // 2, 10))
+        ax.set_xlabel("pair m")
+        ax.set_title(name, fontsize=12)
+    axes[0].set_yticks(range(len(tokens)), labels=[f"{p} {t}" for p, t in enumerate(tokens)])
+    axes[0].set_ylabel("position, token")
+    fig.suptitle(f"Sinusoidal position code, D = {D}")
+    fig.subplots_adjust(top=0.8, wspace=0.15)
+    fig.colorbar(image, ax=axes, fraction=0.046, pad=0.04)
+    return fig
 
 
 def residual_gradient_norms(depth: int = 12, D: int = 32, S: int = 8, position: int = 5, *, seed: int = 0) -> dict[str, list[float]]:

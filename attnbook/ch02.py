@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
+import traceback
 from typing import Callable, Iterator
 
 import torch
@@ -37,7 +39,7 @@ from .feedback import (
 
 __all__ = [
     "qkv_inputs", "reference_attention", "check_self_attention", "check_cross_attention",
-    "WEIGHT_MISTAKES", "OUTPUT_MISTAKES", "CASES", "marker_batch", "OneHead", "train_marker_head",
+    "WEIGHT_MISTAKES", "OUTPUT_MISTAKES", "PROBE_MISTAKES", "CASES", "marker_batch", "OneHead", "initial_marker_head", "train_marker_head",
     "TOY_D", "TOY_D_K", "TOY_D_V", "qkv_path_diagram", "FRENCH", "cross_attention_diagram",
 ]
 
@@ -204,9 +206,31 @@ WEIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("weights transposed", lambda xq, xk, wq, wk, wv: _right_weights(xq, xk, wq, wk, wv).mT,
             "your weight matrix is the right one transposed: its columns sum to 1. Return the weights with one "
             "row per query, [S_q, S_k], not weights.T."),
+    Mistake("divided after softmax", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk)) / math.sqrt(wq.shape[-1]),
+            "every row of your weights sums to 1/sqrt(D_k), not 1: you divided by sqrt(D_k) after softmax. The "
+            "scale belongs to the scores, before softmax turns them into weights; after it, the weights no longer "
+            "sum to 1."),
     Mistake("divided by sqrt(S_q)", lambda xq, xk, wq, wk, wv: _unequal_lengths(_sm(_scores(xq, xk, wq, wk) / math.sqrt(xq.shape[-2])), xq, xk),
             "you divided by sqrt(S_q), the number of queries (x_q.shape[0]). The scale is sqrt(D_k), the width of "
             "the queries and keys: shape[-1] of q or k, not shape[0]."),
+)
+
+
+def _sum_without_keepdim(xq: Tensor, xk: Tensor, wq: Tensor, wk: Tensor) -> Tensor:
+    """A softmax written by hand whose row sums lost their axis: ``e / e.sum(dim=-1)``. It runs only where the
+    sums, shape [..., S_q], broadcast against the last axis, S_k (a square probe, with a batch of 1)."""
+    e = torch.exp(_scores(xq, xk, wq, wk) / math.sqrt(wq.shape[-1]))
+    return e / e.sum(dim=-1)
+
+
+#: Known wrong weights that raise an error on the checkers' cases and run only on a probe (``S_q = S_k``,
+#: and a batch of one in self-attention); the checkers try the probe when the reader's code raises.
+PROBE_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("softmax sum without keepdim", lambda xq, xk, wq, wk, wv: _sum_without_keepdim(xq, xk, wq, wk),
+            "your hand-written softmax divides by e.sum(dim=-1), which drops the summed axis: the sums, one per "
+            "query, are then lined up with the keys' axis, so each column is divided by another row's sum (and with "
+            "S_q != S_k, or a batch, the division raised an error). Keep the axis, e.sum(dim=-1, keepdim=True), or "
+            "use torch.softmax(scores, dim=-1)."),
 )
 
 
@@ -227,6 +251,9 @@ OUTPUT_MISTAKES: tuple[Mistake, ...] = (
             "labels one value, so weights [S_q, S_k] @ V [S_k, D_v]. (With S_q != S_k your code raised an error.)"),
     Mistake("weights.T @ V", lambda xq, xk, wq, wk, wv: _right_weights(xq, xk, wq, wk, wv).mT @ (xk @ wv),
             "you multiplied weights.T @ V. Row i of the output mixes the values with row i of the weights: weights @ V."),
+    Mistake("output from unscaled weights", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk)) @ (xk @ wv),
+            "your weights are right, but your output mixes the values with different weights: those of the "
+            "scores without the division by sqrt(D_k). Mix the values with the weights you return: weights @ V."),
     Mistake("output = V", lambda xq, xk, wq, wk, wv: _square_only(xk @ wv, xq, xk),
             "your output equals V: no mixing happened. Multiply by the weights: weights @ V."),
 )
@@ -254,7 +281,7 @@ def _diagnose(result: object, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tenso
     if close(output, expected_w) and close(weights, expected_out):
         return wrong("return (output, weights) in that order: your first item is the weight matrix.")
     if not close(weights, expected_w):
-        hint = diagnose(weights, WEIGHT_MISTAKES, *args)
+        hint = diagnose(weights, WEIGHT_MISTAKES + PROBE_MISTAKES, *args)
         if hint is not None:
             return hint
         if tuple(weights.shape) != tuple(expected_w.shape):
@@ -266,6 +293,9 @@ def _diagnose(result: object, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tenso
         if half is not None:
             return half
         sums = as_cpu_float64(weights).sum(dim=-1)
+        if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4) and torch.allclose(sums, sums.flatten()[0].expand_as(sums), atol=1e-6):
+            return wrong(f"your rows sum to {float(sums.flatten()[0]):.4f}, every row alike, not 1: the weights were "
+                         "scaled after softmax. Scale the scores before softmax; the weights it returns already sum to 1.")
         if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
             worst = int((sums - 1).abs().flatten().argmax())
             row = worst % sums.shape[-1]
@@ -356,10 +386,41 @@ def _solution_cross(x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tensor, w_v: Te
     return weights @ v, weights
 
 
+def _probe_args(self_attention: bool) -> tuple[Tensor, ...]:
+    """Where a slip that raises on the checkers' cases runs: ``S_q = S_k``, and a batch of one in self-attention."""
+    if self_attention:
+        t = qkv_inputs()
+        x = t["x_batch"][:1]  # [1, S, D]
+        return x, x, t["w_q"], t["w_k"], t["w_v"]
+    t = qkv_inputs(S_K)
+    return t["x_q"], t["x"], t["w_q"], t["w_k"], t["w_v"]
+
+
 def _tables(self_attention: bool) -> tuple[MistakeTable, ...]:
     cases = _table_cases(self_attention)
     return (MistakeTable(WEIGHT_MISTAKES, cases, _right_weights),
-            MistakeTable(OUTPUT_MISTAKES, cases, lambda *a: reference_attention(*a)[0]))
+            MistakeTable(OUTPUT_MISTAKES, cases, lambda *a: reference_attention(*a)[0]),
+            MistakeTable(PROBE_MISTAKES, lambda: [_probe_args(self_attention)], _right_weights))
+
+
+_SCORE_PRODUCT = re.compile(r"@|matmul|\bbmm\b|\bmm\b|einsum")
+
+
+def _failing_line(fn: Callable[..., object], args: tuple[Tensor, ...]) -> str | None:
+    """The source line of the reader's function on which it raised for ``args`` (``None`` when unknown)."""
+    code = getattr(fn, "__code__", None)
+    try:
+        fn(*(a.clone() for a in args))
+    except Exception as err:  # the reader's error, read for its line only
+        frames = [f for f in traceback.extract_tb(err.__traceback__) if code is not None and f.filename == code.co_filename]
+        return frames[-1].line if frames and frames[-1].line else None
+    return None
+
+
+_TRANSPOSE_ADVICE = (" (The error is in the score product. With x of shape [B, S, D], q and k are [B, S, D_k]: k.T "
+                     "reverses all three axes, a transpose of the wrong pair, such as k.transpose(0, 1), moves the batch "
+                     "axis, and transposing q instead of k multiplies [B, D_k, S] by [B, S, D_k]; swap only the last two "
+                     "axes of k, k.transpose(-2, -1).)")
 
 
 @exercise(solution=_solution_self, tables=_tables(True))
@@ -369,9 +430,16 @@ def check_self_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Te
                       lambda a: (a[0], *a[2:]), by_hand=True)
     if feedback is not None:
         if feedback.message.startswith("your code raised"):
-            return wrong(feedback.message + " (With x of shape [B, S, D], k is [B, S, D_k]: k.T reverses all three "
-                         "axes, and a transpose of the wrong pair, such as k.transpose(0, 1), moves the batch axis; "
-                         "swap only the last two, k.transpose(-2, -1).)")
+            probe = _probe_args(True)
+            result, raised = run_reader_code(fn, *(a.clone() for a in (probe[0], *probe[2:])))
+            if raised is None and isinstance(result, (tuple, list)) and len(result) == 2:
+                hint = diagnose(result[1], PROBE_MISTAKES + WEIGHT_MISTAKES, *probe)
+                if hint is not None:
+                    return hint
+            t = qkv_inputs()
+            line = _failing_line(fn, (t["x_batch"], t["w_q"], t["w_k"], t["w_v"]))
+            if line is None or _SCORE_PRODUCT.search(line):
+                return wrong(feedback.message + _TRANSPOSE_ADVICE)
         return feedback
     t = qkv_inputs()
     expected_out, expected_w = reference_attention(t["x_batch"], t["x_batch"], t["w_q"], t["w_k"], t["w_v"])
@@ -431,6 +499,13 @@ class OneHead(torch.nn.Module):
         return weights @ v, weights  # [B, S, D_v], [B, S, S]
 
 
+def initial_marker_head(*, d_content: int = 6, d_k: int = 4, seed: int = 0) -> OneHead:
+    """The untrained head :func:`train_marker_head` starts from (seeded privately; the global generator is untouched)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return OneHead(d_content + 2, d_k, d_content)
+
+
 def train_marker_head(
     steps: int = 300, *, S: int = 8, d_content: int = 6, d_k: int = 4, batch: int = 64, lr: float = 0.03, seed: int = 0
 ) -> tuple[OneHead, list[float]]:
@@ -446,16 +521,14 @@ def train_marker_head(
     >>> len(losses), head.w_q.shape
     (5, torch.Size([8, 4]))
     """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        head = OneHead(d_content + 2, d_k, d_content)
+    head = initial_marker_head(d_content=d_content, d_k=d_k, seed=seed)
     gen = torch.Generator().manual_seed(seed + 1)
     opt = torch.optim.Adam(head.parameters(), lr=lr)
     losses: list[float] = []
     threads = torch.get_num_threads()
     # Tiny tensors: one thread is fastest, and fixes the order of the sums. It does not fix the last bits
     # across instruction sets (AVX2, AVX-512): there the losses agree to 4 digits, but a parameter that
-    # gets no gradient keeps whatever value the early steps' rounding gave it (chapter 2 prints none).
+    # gets no gradient in exact arithmetic still moves by rounding-level steps that Adam enlarges (chapter 2 prints them with a ~).
     torch.set_num_threads(1)
     try:
         for _ in range(steps):

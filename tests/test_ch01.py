@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnbook.ch01 import (
     SHAPE_CONFIGS,
     SHAPE_MISTAKES,
     SOFT_LOOKUP_MISTAKES,
+    REACH_MISTAKES,
     check_attention_shapes,
+    check_reach,
     check_soft_lookup,
     layers_until_linked,
     reference_shapes,
@@ -274,7 +277,8 @@ def _shapes_with(**changes):
 @pytest.mark.parametrize(
     ("fn", "hint"),
     [  # only the weights wrong: the hint names 'weights', not the scores the reader got right
-        (_shapes_with(weights="B S D_k"), "'weights' is [B, S, S], like the scores"),
+        (_shapes_with(weights="B S D_k"), "'weights' is [B, S, S] = (2, 5, 5): every query is compared"),
+        (_shapes_with(scores="B S D_k"), "'scores' is [B, S, S] = (2, 5, 5): every query is compared"),
         (_shapes_with(weights="B 1 S S"), "'weights' is [B, S, S] = (2, 5, 5) for a single head"),
         (_shapes_with(weights="S S"), "'weights' is [B, S, S] = (2, 5, 5): each sequence"),
         (_shapes_with(q="B S D_v", k="B S D_v", v="B S D_k", context="B S D_k"), "you swapped D_k and D_v"),
@@ -289,6 +293,14 @@ def _shapes_with(**changes):
 def test_shapes_name_the_step_and_the_slips_a_reader_made(fn, hint: str) -> None:
     fb = check_attention_shapes(fn)
     assert fb.status == "wrong" and hint in fb.message, fb
+
+
+def _stable_softmax_lookup(row_max):
+    def fn(q, k, v):
+        e = torch.exp(q @ k.T - row_max(q @ k.T))
+        return (e / e.sum(dim=-1, keepdim=True)) @ v
+
+    return fn
 
 
 def _half_then_back(dtype):
@@ -308,6 +320,13 @@ def _half_then_back(dtype):
         (lambda q, k, v: torch.softmax(q @ k.T / 2, dim=-1) @ v, "a fixed temperature"),
         (lambda q, k, v: torch.softmax(q @ k[1:].T, dim=-1) @ v[1:], "left out the first key"),
         (lambda q, k, v: (torch.relu(q @ k.T) / torch.relu(q @ k.T).sum(-1, keepdim=True)) @ v, "inf or NaN"),
+        (lambda q, k, v: (torch.exp(q @ k.T) / torch.exp(q @ k.T).sum()) @ v, "sum to 1 over the whole [M, N] matrix"),
+        (_stable_softmax_lookup(lambda s: s.max(dim=0).values), "the maximum over a column, dim=0"),
+        (_stable_softmax_lookup(lambda s: s.max(dim=0, keepdim=True).values), "the maximum over a column, dim=0"),
+        (lambda q, k, v: torch.softmax(F.cosine_similarity(q[:, None], k[None], dim=-1), dim=-1) @ v, "cosine similarity"),
+        (lambda q, k, v: torch.softmax(F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).T, -1) @ v, "cosine similarity"),
+        (lambda q, k, v: torch.softmax(q @ k.T * q.shape[-1] ** 0.5, dim=-1) @ v, "multiplied the scores by sqrt(D)"),
+        (lambda q, k, v: (torch.softmax(q[0] @ k.T, dim=-1) @ v).repeat(q.shape[0], 1), "the mix of the first query"),
     ],
 )
 def test_soft_lookup_names_the_reading_mistakes(fn, hint: str) -> None:
@@ -324,3 +343,38 @@ def test_soft_lookup_right_variants_still_pass() -> None:
     ]
     for fn in variants:
         assert check_soft_lookup(fn).passed
+
+
+# ---------------------------------------------------------------- reach of dilated convolutions
+
+
+@pytest.mark.parametrize("mistake", REACH_MISTAKES, ids=lambda m: m.name)
+def test_reach_names_each_mistake_of_its_table(mistake) -> None:
+    fb = check_reach(mistake.compute())
+    assert fb.status == "wrong" and fb.message == mistake.hint, fb
+
+
+@pytest.mark.parametrize(
+    ("answer", "hint"),
+    [
+        ((2, 7, 1), "the first number, the dilated kernel-3 layers, is one short"),
+        ((3, 4, 1), "the second number, the plain kernel-3 layers, counts the 'books'"),
+        ((3, 7, 0), "the third number, the self-attention layers, cannot be 0"),
+        ((5, 7, 1), "the first number, the dilated kernel-3 layers, is off (you wrote 5)"),
+        ((3, 8, 1), "the second number, the plain kernel-3 layers, is off (you wrote 8)"),
+        ((3, 7, 2), "the third number, the self-attention layers, is off (you wrote 2)"),
+        (7, "three whole numbers in parentheses"),
+        ((3, 7), "got a tuple of 2 items"),
+        ((3.0, 7, 1), "an int (3, not 3.0)"),
+    ],
+)
+def test_reach_names_the_wrong_count(answer, hint: str) -> None:
+    fb = check_reach(answer)
+    assert fb.status == "wrong" and hint in fb.message, fb
+
+
+def test_reach_names_every_wrong_count_and_accepts_the_measured_answer() -> None:
+    fb = check_reach((2, 4, 0))
+    assert all(part in fb.message for part in ("first number", "second number", "third number")), fb
+    assert check_reach(None).status == "todo"
+    assert check_reach([3, 7, 1]).passed

@@ -9,6 +9,7 @@ import torch
 
 from attnbook.ch02 import (
     OUTPUT_MISTAKES,
+    PROBE_MISTAKES,
     S_K,
     WEIGHT_MISTAKES,
     check_cross_attention,
@@ -324,3 +325,74 @@ def test_right_variants_still_pass() -> None:
 
     assert check_self_attention(with_mT).passed and check_self_attention(loop).passed
     assert check_cross_attention(lambda x_q, x_kv, *w: list(cross_right(x_q, x_kv, *w))).passed
+
+
+# ---------------------------------------------------------------- hand-written softmax and scale slips
+
+
+def _by_hand(*, keepdim: bool = True, scale_after: bool = False, row_max: bool = False, transpose_q: bool = False):
+    def fn(x, w_q, w_k, w_v):
+        q, k, v = x @ w_q, x @ w_k, x @ w_v
+        if transpose_q:
+            s = q.transpose(-2, -1) @ k / math.sqrt(k.shape[-1])
+        else:
+            s = q @ k.transpose(-2, -1) / (1.0 if scale_after else math.sqrt(k.shape[-1]))
+        e = torch.exp(s - s.amax(dim=-1, keepdim=True)) if row_max else torch.exp(s)
+        weights = e / e.sum(dim=-1, keepdim=keepdim)
+        if scale_after:
+            weights = weights / math.sqrt(k.shape[-1])
+        return weights @ v, weights
+
+    return fn
+
+
+def _cross_by_hand(*, keepdim: bool = True, scale_after: bool = False):
+    def fn(x_q, x_kv, w_q, w_k, w_v):
+        q, k, v = x_q @ w_q, x_kv @ w_k, x_kv @ w_v
+        e = torch.exp(q @ k.T / (1.0 if scale_after else math.sqrt(k.shape[-1])))
+        weights = e / e.sum(dim=-1, keepdim=keepdim)
+        if scale_after:
+            weights = weights / math.sqrt(k.shape[-1])
+        return weights @ v, weights
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    ("check", "fn", "hint"),
+    [
+        (check_self_attention, _by_hand(keepdim=False), "drops the summed axis"),
+        (check_cross_attention, _cross_by_hand(keepdim=False), "drops the summed axis"),
+        (check_self_attention, _by_hand(scale_after=True), "sums to 1/sqrt(D_k), not 1: you divided by sqrt(D_k) after softmax"),
+        (check_cross_attention, _cross_by_hand(scale_after=True), "sums to 1/sqrt(D_k), not 1: you divided by sqrt(D_k) after softmax"),
+        (check_self_attention, _by_hand(transpose_q=True), "The error is in the score product"),
+    ],
+)
+def test_softmax_slips_are_named_not_blamed_on_the_transpose_or_axis(check, fn, hint: str) -> None:
+    fb = check(fn)
+    assert fb.status == "wrong" and hint in fb.message, fb
+    assert "apply softmax over the keys" not in fb.message
+    if "score product" not in hint:
+        assert "transpose" not in fb.message, fb
+
+
+def test_transpose_advice_only_for_an_error_in_the_score_product() -> None:
+    fb = check_self_attention(_by_hand(keepdim=False, row_max=True))  # not a table mistake: the row max does not cancel
+    assert fb.status == "wrong" and "raised RuntimeError" in fb.message, fb
+    assert "score product" not in fb.message and "k.transpose" not in fb.message, fb
+
+
+@pytest.mark.parametrize("mistake", PROBE_MISTAKES, ids=lambda m: m.name)
+def test_probe_mistakes_are_named_by_both_checkers(mistake) -> None:
+    assert check_self_attention(_by_hand(keepdim=False)).message == mistake.hint
+    assert check_cross_attention(_cross_by_hand(keepdim=False)).message == mistake.hint
+
+
+def test_output_from_unscaled_weights_is_named() -> None:
+    def reader(x, w_q, w_k, w_v):
+        q, k, v = x @ w_q, x @ w_k, x @ w_v
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1]), dim=-1)
+        return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v, weights  # the output forgot the scale
+
+    fb = check_self_attention(reader)
+    assert fb.status == "wrong" and "without the division by sqrt(D_k)" in fb.message, fb
