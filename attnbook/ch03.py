@@ -199,9 +199,16 @@ def check_scaled_weights(fn: Callable[[Tensor, Tensor, float], Tensor]) -> Feedb
     return correct("softmax(q k^T / sqrt(D_k) / T), normalised over the keys, with and without a batch axis.")
 
 
+#: The length of the entropy checker's long rows: softmaxes of unit-variance scores, whose weights are
+#: mostly below 1e-3 (as in the chapter's section on the sequence length), so that a fix for the zeros
+#: that also touches small non-zero weights shows.
+LONG_ROW = 4096
+
+
 def _weights_for_entropy(case: int = 0) -> tuple[Tensor, Tensor]:
     """Case 0: ``[7, 6]`` float32 (7 rows, so that summing over the wrong axis shows); case 1:
-    ``[2, 4, 5]`` float64, with two leading axes and another row length."""
+    ``[2, 4, 5]`` float64, with two leading axes and another row length; case 2: ``[2, 4096]``
+    float32, two long rows with no zeros and many weights below 1e-3."""
     if case == 0:
         gen = torch.Generator().manual_seed(4)
         rows = torch.softmax(torch.randn(5, 6, generator=gen) * 1.5, dim=-1)  # [5, 6], no zeros
@@ -210,6 +217,10 @@ def _weights_for_entropy(case: int = 0) -> tuple[Tensor, Tensor]:
         w = torch.cat([rows, one_hot, half])  # [7, 6]
         has_zero = torch.tensor([False] * 5 + [True, True])
         return w, has_zero
+    if case == 2:
+        gen = torch.Generator().manual_seed(6)
+        w = torch.softmax(torch.randn(2, LONG_ROW, generator=gen), dim=-1)  # [2, 4096], most weights below 1e-3
+        return w, torch.zeros(2, dtype=torch.bool)
     gen = torch.Generator().manual_seed(5)
     w = torch.softmax(torch.randn(2, 4, 5, generator=gen, dtype=torch.float64) * 2, dim=-1)  # [2, 4, 5]
     w[1, 2] = torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0], dtype=torch.float64)  # a row with zeros
@@ -225,6 +236,12 @@ def _plogp(w: Tensor, log: Callable[[Tensor], Tensor] = torch.log) -> Tensor:
 _EPS_HINT = ("you added a small epsilon inside the log: that shifts every log, not only the zeros, so every "
              "entropy comes out a little too low. Touch only p = 0: clamp (p.clamp_min(tiny)) or "
              "torch.where(p > 0, ...).")
+
+_SMALL_WEIGHTS_HINT = ("right on short rows, but too low on long rows (4,096 keys), where most weights are below "
+                       "1e-3: your fix for the zeros also changes small weights that are not zero (a clamp at a "
+                       "'small' number, or dropping weights under a threshold). Weights of 1e-4 are ordinary in long "
+                       "rows; change only the exact zeros, for example by clamping at the smallest positive number "
+                       "of the dtype, torch.finfo(p.dtype).tiny.")
 
 #: Known wrong entropies ``compute(weights [7, 6]) -> [7]``; compared on the rows without zeros.
 ENTROPY_MISTAKES: tuple[Mistake, ...] = (
@@ -243,8 +260,12 @@ ENTROPY_MISTAKES: tuple[Mistake, ...] = (
     Mistake("exp of the entropy", lambda w: torch.exp(-_plogp(w).sum(-1)),
             "you returned exp(entropy), the 'effective number of keys' (perplexity); return the entropy itself, "
             "-sum p ln p, in nats."),
+    Mistake("clamped too large / dropped small weights", lambda w: -(w * torch.log(w.clamp_min(1e-3))).sum(-1),
+            _SMALL_WEIGHTS_HINT),
+    Mistake("weights below 1e-3 dropped", lambda w: -torch.where(w > 1e-3, w * torch.log(w.clamp_min(1e-30)), 0).sum(-1),
+            _SMALL_WEIGHTS_HINT),
     *(Mistake(f"epsilon {eps:g} inside the log", lambda w, eps=eps: -(w * torch.log(w + eps)).sum(-1), _EPS_HINT)
-      for eps in (1e-3, 1e-4, 1e-5)),
+      for eps in (1e-3, 1e-4, 1e-5, 1e-6)),
 )
 
 
@@ -308,6 +329,8 @@ def _entropy_one(fn: Callable[[Tensor], Tensor], w: Tensor, has_zero: Tensor) ->
         return wrong("right for rows without zeros, but wrong where a weight is 0: a zero weight contributes nothing (0 ln 0 = 0).")
     on_rows = tuple(Mistake(m.name, lambda x, m=m: m.compute(x)[ok], m.hint) for m in ENTROPY_MISTAKES)
     hint = diagnose(got[ok], on_rows, w)
+    if hint is None and w.shape[-1] >= LONG_ROW and bool((g < expected.to(torch.float64) - 1e-4).all()):
+        return wrong(_SMALL_WEIGHTS_HINT)  # any other threshold: right on the short rows, too low on the long ones
     return hint or compare_tensors(got, expected, name="the entropy")
 
 
@@ -325,7 +348,7 @@ def _entropy_same(a: Tensor, b: Tensor) -> bool:
 
 
 def _entropy_cases() -> list[tuple[Tensor]]:
-    return [(_weights_for_entropy(c)[0],) for c in range(2)]
+    return [(_weights_for_entropy(c)[0],) for c in range(3)]
 
 
 def _entropy_table() -> MistakeTable:
@@ -333,7 +356,7 @@ def _entropy_table() -> MistakeTable:
     def rows(c: int) -> Tensor:
         return ~_weights_for_entropy(c)[1]
 
-    masks = {c: rows(c) for c in range(2)}
+    masks = {c: rows(c) for c in range(3)}
 
     def pick(t: Tensor) -> Tensor:
         for c, m in masks.items():
@@ -348,10 +371,11 @@ def _entropy_table() -> MistakeTable:
 def check_entropy(fn: Callable[[Tensor], Tensor]) -> Feedback:
     """Check ``fn(weights) -> entropy``: ``weights [..., S_k]`` rows summing to 1, result ``[...]`` in nats.
 
-    The inputs include a one-hot row (entropy 0) and a row with zeros (``0 ln 0`` must count as 0).
+    The inputs include a one-hot row (entropy 0), a row with zeros (``0 ln 0`` must count as 0) and long
+    rows of 4,096 keys with many weights below 1e-3 (a clamp or threshold that touches them shows).
     The exercise asks for ``torch.log``; ``torch.special.entr`` and ``xlogy`` are refused while it runs.
     """
-    for case in range(2):
+    for case in range(3):
         problem = _entropy_one(fn, *_weights_for_entropy(case))
         if problem is not None:
             return problem
