@@ -12,6 +12,7 @@ Each checker keeps its known mistakes in one table (``COMBINED_MASK_MISTAKES``,
 from __future__ import annotations
 
 import math
+import re
 import time
 from typing import Any, Callable
 
@@ -29,6 +30,7 @@ from .feedback import (
     Feedback,
     Mistake,
     MistakeTable,
+    call_reader,
     close,
     compare_tensors,
     correct,
@@ -114,7 +116,13 @@ COMBINED_MASK_MISTAKES: tuple[Mistake, ...] = (
 
 def _combined_one(fn: Callable[[Tensor], Any], am: Tensor) -> Feedback | None:
     B, S = am.shape
-    got, fb = run_reader_code(fn, am.clone())
+    got, fb = call_reader(fn, (am.clone(),), axes=("B", "H", "S_q", "S_k"))
+    if fb is not None and re.search(r"bitwise_(and|or)\S* not implemented for '(Float|Double|Half|BFloat16)'", fb.message):
+        return wrong(
+            "your code raised an error at `&` (or `|`): one side is a float tensor, and `&` works on two bool "
+            "tensors. `torch.ones(...)` is float by default, and so is `torch.tril` of it: make the triangle a "
+            "bool tensor before you combine it with the padding part."
+        )
     if fb is not None:
         return fb
     if not isinstance(got, Tensor):
@@ -197,6 +205,12 @@ def _masking_order_case(c: int) -> tuple[Tensor, Tensor, Tensor]:
     return q, k, v
 
 
+def _renormalised(q: Tensor, k: Tensor, dim: int) -> Tensor:
+    """Softmax, zero the future, divide by the sum over ``dim``: right for ``dim=-1``."""
+    w = torch.softmax(_scores(q, k), dim=-1).masked_fill(_future(q), 0.0)
+    return w / w.sum(dim, keepdim=True)
+
+
 def _zeroed_row_sums() -> str:
     """The symptom of zeroing after softmax on the checker's first case: the row sums of head 0."""
     q, k, _ = _masking_order_case(0)
@@ -210,6 +224,12 @@ MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
             "the future is at 0, but the rows no longer sum to 1: on the first test input the rows of head 0 sum "
             f"to {_zeroed_row_sums()}. Attention weights must share all of a row's weight among the keys a query "
             "may see. Where does each row lose the rest?"),
+    Mistake("softmax twice", lambda q, k, v: torch.softmax(torch.softmax(_scores(q, k), dim=-1).masked_fill(_future(q), float("-inf")), dim=-1),
+            "the future is at 0 and the rows sum to 1, but you applied softmax twice: the second one takes the "
+            "weights as scores, which flattens every row. Mask the scores, then apply one softmax."),
+    Mistake("renormalised over the queries", lambda q, k, v: _renormalised(q, k, -2),
+            "the future is at 0, but you renormalised over the queries (dim=-2): each row (one query) must sum to "
+            "1 over its keys, so divide by the sum over the last axis (dim=-1, keepdim=True)."),
     Mistake("filled with 0", lambda q, k, v: torch.softmax(_scores(q, k).masked_fill(_future(q), 0.0), dim=-1),
             "the future gets weight because you filled it with 0: exp(0) = 1, so a 0 score is an ordinary "
             "score. Fill with -inf (or torch.finfo(dtype).min) so that exp gives 0."),
@@ -242,7 +262,7 @@ MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
 
 
 def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k: Tensor, v: Tensor) -> Feedback | None:
-    got, fb = run_reader_code(fn, q.clone(), k.clone(), v.clone())
+    got, fb = call_reader(fn, (q.clone(), k.clone(), v.clone()), axes=("B", "H", "S_q", "S_k"))
     if fb is not None:
         return fb
     if not isinstance(got, (tuple, list)) or len(got) != 2:
@@ -274,6 +294,11 @@ def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k
     w = weights.detach().cpu().to(torch.float64)
     leak = float(w[..., _future(q)].abs().nan_to_num(float("inf")).max())
     if not close(weights, exp_w):
+        if bool((w < 0).any()):  # -inf written into the weights (0.0 -> -inf after the softmax), or any negative weight
+            neg = "-inf" if bool(torch.isneginf(w).any()) else f"negative values (down to {float(w.min()):.2g})"
+            return wrong(f"your weights hold {neg}: a weight is never negative. -inf belongs in the *scores*, before "
+                         "the softmax, where exp turns it into a weight of exactly 0 and the softmax shares each row "
+                         "among the keys that remain.")
         hint = diagnose(_nan_as(weights.detach().cpu()), MASKING_ORDER_MISTAKES, q, k, v)
         if hint is not None:
             return hint
