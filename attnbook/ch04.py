@@ -181,6 +181,86 @@ def check_combined_mask(fn: Callable[[Tensor], Any]) -> Feedback:
     return correct("each query sees itself and earlier real tokens, never the future or padding.")
 
 
+#: The lower-right exercise's cases ``(S_q, S_k)``: a cache of 3 with 2 new tokens, one new token, no cache
+#: (S_q == S_k, where both alignments agree), and a longer cache.
+LOWER_RIGHT_CASES: tuple[tuple[int, int], ...] = ((2, 5), (1, 4), (4, 4), (3, 7))
+
+
+def _lower_right(S_q: int, S_k: int) -> Tensor:
+    return torch.ones(S_q, S_k, dtype=torch.bool).tril(S_k - S_q)  # [S_q, S_k]: key j <= query i + (S_k - S_q)
+
+
+def _wrong_way(S_q: int, S_k: int) -> Tensor:
+    """The diagonal moved up instead of down; for one query it hides everything, as the inverted mask does,
+    so it is told apart (and named) on the cases with more than one query only."""
+    if S_q == 1:
+        raise ValueError("the same answer as the inverted mask")
+    return torch.ones(S_q, S_k, dtype=torch.bool).tril(S_q - S_k)
+
+
+#: Known wrong masks ``compute(S_q, S_k) -> bool [S_q, S_k]``, tried in order.
+LOWER_RIGHT_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("aligned top-left", lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(),
+            "your triangle starts in the top-left corner, as is_causal=True does: the first new token sees only "
+            "key 0, and the last does not see itself. With a cache the queries are the *newest* S_q positions: "
+            "the last query is the last key, and it may see every key."),
+    Mistake("shifted the wrong way", lambda S_q, S_k: _wrong_way(S_q, S_k),
+            "you moved the diagonal the wrong way: the queries come *after* the S_k - S_q cached keys, so each "
+            "sees more keys than in the top-left triangle, not fewer."),
+    Mistake("one key of the future", lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(S_k - S_q + 1),
+            "off by one: each query but the last sees one key of its future. Query i sits at position "
+            "S_k - S_q + i and may see keys up to that position, itself included."),
+    Mistake("own key hidden", lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(S_k - S_q - 1),
+            "off by one: no query sees its own key. Query i sits at position S_k - S_q + i and may see keys up "
+            "to that position, itself included."),
+    Mistake("inverted", lambda S_q, S_k: ~_lower_right(S_q, S_k),
+            "your mask is inverted: True must mean *may attend* (the past and the query itself)."),
+    Mistake("transposed", lambda S_q, S_k: _lower_right(S_q, S_k).T,
+            "rows and columns are swapped: rows are the S_q queries and columns the S_k keys, so the mask is "
+            "[S_q, S_k]."),
+)
+
+
+def _lower_right_one(fn: Callable[[int, int], Any], S_q: int, S_k: int) -> Feedback | None:
+    got, fb = run_reader_code(fn, S_q, S_k)
+    if fb is not None:
+        return fb
+    if not isinstance(got, Tensor):
+        return wrong(f"return a torch.Tensor, got {describe(got)}.")
+    expected = _lower_right(S_q, S_k)
+    if got.dtype != torch.bool:
+        return wrong(f"your mask has dtype {got.dtype}; attnlib's masks are torch.bool with True = may attend.")
+    if close(got, expected):
+        return None
+    hint = diagnose(got, LOWER_RIGHT_MISTAKES, S_q, S_k)
+    if hint is not None:
+        return hint
+    if tuple(got.shape) != (S_q, S_k):
+        return wrong(f"for S_q = {S_q}, S_k = {S_k} your mask has shape {tuple(got.shape)}; expected [S_q, S_k] = {(S_q, S_k)}.")
+    i, j = (int(t) for t in (got.cpu() != expected).nonzero()[0])
+    what = "may see" if bool(got[i, j]) else "may not see"
+    return wrong(f"for S_q = {S_q}, S_k = {S_k}: query {i} (position {S_k - S_q + i}) {what} key {j}, which is wrong. "
+                 "Rows are the newest S_q positions, columns all S_k keys.")
+
+
+def _solution_lower_right(S_q: int, S_k: int) -> Tensor:
+    return torch.ones(S_q, S_k, dtype=torch.bool).tril(diagonal=S_k - S_q)  # [S_q, S_k]
+
+
+@exercise(solution=_solution_lower_right,
+          tables=(MistakeTable(LOWER_RIGHT_MISTAKES, lambda: list(LOWER_RIGHT_CASES), _lower_right),))
+def check_lower_right_mask(fn: Callable[[int, int], Any]) -> Feedback:
+    """Check ``fn(S_q, S_k) -> bool [S_q, S_k]``: a causal mask aligned bottom-right, for ``S_q <= S_k``.
+
+    Tried on :data:`LOWER_RIGHT_CASES`; the reference is ``attnlib.causal_mask(S_q, S_k=S_k)``.
+    """
+    for S_q, S_k in LOWER_RIGHT_CASES:
+        problem = _lower_right_one(fn, S_q, S_k)
+        if problem is not None:
+            return problem
+    return correct("the newest S_q positions each see every key up to their own position, the last one every key.")
+
+
 def _scores(q: Tensor, k: Tensor) -> Tensor:
     return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, H, S, S]
 

@@ -497,3 +497,32 @@ def test_masking_order_names_minus_inf_written_into_the_weights() -> None:
 def test_masking_order_names_renormalising_without_keepdim_in_axis_names() -> None:
     fb = check_masking_order(_post_softmax(lambda w, future: (lambda z: z / z.sum(-1))(w.masked_fill(future, 0.0))))
     assert fb.status == "wrong" and "is S_q in [B, H, S_q, S_k]" in fb.message, fb
+
+
+def test_lower_right_mask_accepts_right_answers_and_matches_attnlib() -> None:
+    from attnbook.ch04 import LOWER_RIGHT_CASES, _lower_right, check_lower_right_mask
+
+    for S_q, S_k in LOWER_RIGHT_CASES:
+        assert torch.equal(_lower_right(S_q, S_k), causal_mask(S_q, S_k=S_k))
+    assert check_lower_right_mask(lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(S_k - S_q)).passed
+    assert check_lower_right_mask(lambda S_q, S_k: torch.arange(S_k)[None, :] <= torch.arange(S_q)[:, None] + S_k - S_q).passed
+    assert check_lower_right_mask(lambda S_q, S_k: causal_mask(S_q, S_k=S_k)).passed
+
+
+@pytest.mark.parametrize("mistake", ch04.LOWER_RIGHT_MISTAKES, ids=lambda m: m.name)
+def test_lower_right_mask_names_each_mistake_of_its_table(mistake) -> None:  # type: ignore[no-untyped-def]
+    from attnbook.ch04 import check_lower_right_mask
+
+    fb = check_lower_right_mask(mistake.compute)
+    assert fb.status == "wrong" and fb.message == mistake.hint, fb
+
+
+def test_lower_right_mask_fallbacks() -> None:
+    from attnbook.ch04 import check_lower_right_mask
+
+    fb = check_lower_right_mask(lambda S_q, S_k: torch.ones(S_q, S_k).tril(S_k - S_q))
+    assert fb.status == "wrong" and "dtype torch.float32" in fb.message, fb
+    fb = check_lower_right_mask(lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).triu(S_k - S_q))
+    assert fb.status == "wrong" and "query 0 (position 3) may not see key 0" in fb.message, fb
+    fb = check_lower_right_mask(lambda S_q, S_k: torch.ones(2, 5, dtype=torch.bool).tril(3))
+    assert fb.status == "wrong" and "expected [S_q, S_k]" in fb.message, fb
