@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
-from .diagrams import MUTED, Diagram, diagram
+from .diagrams import INK, MUTED, Diagram, diagram
 from .feedback import (
     Feedback,
     Mistake,
@@ -111,6 +111,12 @@ WEIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("integer sqrt", lambda q, k, t: _sm(_raw(q, k) / math.isqrt(q.shape[-1]) / t),
             "you rounded sqrt(D_k) down to a whole number (math.isqrt or int(...)): for D_k = 12 that divides by 3 "
             "instead of 3.46. Use math.sqrt(D_k) or D_k ** 0.5."),
+    Mistake("no softmax", lambda q, k, t: _raw(q, k) / math.sqrt(q.shape[-1]) / t,
+            "you returned the scaled scores themselves: they are right, but they are not weights yet. Weights are "
+            "positive and each row sums to 1 over the keys: did you apply the softmax?"),
+    Mistake("fourth root of D_k once", lambda q, k, t: _sm(_raw(q, k) / q.shape[-1] ** 0.25 / t),
+            "your scores are divided by the fourth root of D_k, not its square root: if you split the scale "
+            "between q and k, each of them needs its share (D_k^(1/4) on each side)."),
     Mistake("log_softmax", lambda q, k, t: torch.log_softmax(_raw(q, k) / math.sqrt(q.shape[-1]) / t, dim=-1),
             "you returned log-probabilities (log_softmax): the weights are the softmax itself, rows of positive "
             "numbers that sum to 1."),
@@ -564,4 +570,44 @@ def softcap_diagram() -> Diagram:
     d.text(x1, y_mid + 22, f"s = {r:g}", size=14, anchor="end", color=MUTED)
     d.text(x0, y_mid + 22, f"{-r:g}", size=14, anchor="start", color=MUTED)
     d.text(210, 292, f"nearly the identity for small scores, never beyond ±{c:g}", size=14, color=MUTED)
+    return d
+
+
+# --- diagram: the gradient's path back to W^Q ----------------------------------------------------
+
+
+#: The boxes of the gradient-path diagram, top (the loss) to bottom (the weight matrix it trains).
+GRADIENT_PATH = (("L", "loss"), ("p = softmax(s)", "weights"), ("s_{j} = q·k_{j}", "scores"), ("q = x W^{Q}", "query"),
+                 ("W^{Q}", "a weight matrix"))
+
+
+@diagram
+def gradient_path_diagram() -> Diagram:
+    """The chain L -> p -> s -> q -> W^Q that the gradient follows back, with what each link multiplies by."""
+    alt = ("A column of five boxes, from top to bottom: the loss L, the weights p = softmax(s), the scores "
+           "s_j = q·k_j, the query q = x W^Q, and the weight matrix W^Q. Arrows run downwards, the way the gradient "
+           "flows back. From the weights to the scores it is multiplied by the softmax's slope, nearly 0 when one "
+           "weight is nearly 1, so it shrinks; from the scores to the query it is multiplied by the keys, each of "
+           "length about sqrt(D_k) when the scores are not divided by sqrt(D_k), so it grows; from the query to "
+           "W^Q it is multiplied by the input x.")
+    d = Diagram("ch03_gradient_path", 400, 476, title="The path of the gradient back to W^Q", alt=alt)
+    x, w, h, step, top = 10, 156, 52, 100, 16
+    colours = ("grey", "blue", "blue", "blue", "orange")
+    for i, ((label, sub), colour) in enumerate(zip(GRADIENT_PATH, colours)):
+        d.box(x, top + i * step, w, h, label, sub=sub, color=colour, size=16)
+    links = (
+        (("∂L/∂p = g arrives", "from the layers above"), INK),
+        (("× the softmax's slope:", "≈ 0 if one weight ≈ 1"), "vermillion"),
+        (("× the keys, each of", "length ≈ √D\u2096 (unscaled)"), "green"),
+        (("× the input x", ""), INK),
+    )
+    tx = x + w + 12
+    for i, ((first, second), colour) in enumerate(links):
+        y1, y2 = top + i * step + h, top + (i + 1) * step
+        d.arrow(x + w / 2, y1 + 2, x + w / 2, y2 - 4, color=colour)
+        d.text(tx, (y1 + y2) / 2 - 2 if second else (y1 + y2) / 2 + 5, first, size=14, anchor="start", color=colour)
+        if second:
+            d.text(tx, (y1 + y2) / 2 + 16, second, size=14, anchor="start", color=colour)
+    d.text(tx, top + 18, "the gradient", size=14, anchor="start", color=MUTED)
+    d.text(tx, top + 36, "flows down", size=14, anchor="start", color=MUTED)
     return d
