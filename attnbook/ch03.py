@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
-from .diagrams import MUTED, Diagram, diagram
+from .diagrams import INK, MUTED, Diagram, diagram
 from .feedback import (
     Feedback,
     Mistake,
@@ -111,6 +111,12 @@ WEIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("integer sqrt", lambda q, k, t: _sm(_raw(q, k) / math.isqrt(q.shape[-1]) / t),
             "you rounded sqrt(D_k) down to a whole number (math.isqrt or int(...)): for D_k = 12 that divides by 3 "
             "instead of 3.46. Use math.sqrt(D_k) or D_k ** 0.5."),
+    Mistake("no softmax", lambda q, k, t: _raw(q, k) / math.sqrt(q.shape[-1]) / t,
+            "you returned the scaled scores themselves: they are right, but they are not weights yet. Weights are "
+            "positive and each row sums to 1 over the keys: did you apply the softmax?"),
+    Mistake("fourth root of D_k once", lambda q, k, t: _sm(_raw(q, k) / q.shape[-1] ** 0.25 / t),
+            "your scores are divided by the fourth root of D_k, not its square root: if you split the scale "
+            "between q and k, each of them needs its share (D_k^(1/4) on each side)."),
     Mistake("log_softmax", lambda q, k, t: torch.log_softmax(_raw(q, k) / math.sqrt(q.shape[-1]) / t, dim=-1),
             "you returned log-probabilities (log_softmax): the weights are the softmax itself, rows of positive "
             "numbers that sum to 1."),
@@ -199,9 +205,16 @@ def check_scaled_weights(fn: Callable[[Tensor, Tensor, float], Tensor]) -> Feedb
     return correct("softmax(q k^T / sqrt(D_k) / T), normalised over the keys, with and without a batch axis.")
 
 
+#: The length of the entropy checker's long rows: softmaxes of unit-variance scores, whose weights are
+#: mostly below 1e-3 (as in the chapter's section on the sequence length), so that a fix for the zeros
+#: that also touches small non-zero weights shows.
+LONG_ROW = 4096
+
+
 def _weights_for_entropy(case: int = 0) -> tuple[Tensor, Tensor]:
     """Case 0: ``[7, 6]`` float32 (7 rows, so that summing over the wrong axis shows); case 1:
-    ``[2, 4, 5]`` float64, with two leading axes and another row length."""
+    ``[2, 4, 5]`` float64, with two leading axes and another row length; case 2: ``[2, 4096]``
+    float32, two long rows with no zeros and many weights below 1e-3."""
     if case == 0:
         gen = torch.Generator().manual_seed(4)
         rows = torch.softmax(torch.randn(5, 6, generator=gen) * 1.5, dim=-1)  # [5, 6], no zeros
@@ -210,6 +223,10 @@ def _weights_for_entropy(case: int = 0) -> tuple[Tensor, Tensor]:
         w = torch.cat([rows, one_hot, half])  # [7, 6]
         has_zero = torch.tensor([False] * 5 + [True, True])
         return w, has_zero
+    if case == 2:
+        gen = torch.Generator().manual_seed(6)
+        w = torch.softmax(torch.randn(2, LONG_ROW, generator=gen), dim=-1)  # [2, 4096], most weights below 1e-3
+        return w, torch.zeros(2, dtype=torch.bool)
     gen = torch.Generator().manual_seed(5)
     w = torch.softmax(torch.randn(2, 4, 5, generator=gen, dtype=torch.float64) * 2, dim=-1)  # [2, 4, 5]
     w[1, 2] = torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0], dtype=torch.float64)  # a row with zeros
@@ -225,6 +242,12 @@ def _plogp(w: Tensor, log: Callable[[Tensor], Tensor] = torch.log) -> Tensor:
 _EPS_HINT = ("you added a small epsilon inside the log: that shifts every log, not only the zeros, so every "
              "entropy comes out a little too low. Touch only p = 0: clamp (p.clamp_min(tiny)) or "
              "torch.where(p > 0, ...).")
+
+_SMALL_WEIGHTS_HINT = ("right on short rows, but too low on long rows (4,096 keys), where most weights are below "
+                       "1e-3: your fix for the zeros also changes small weights that are not zero (a clamp at a "
+                       "'small' number, or dropping weights under a threshold). Weights of 1e-4 are ordinary in long "
+                       "rows; change only the exact zeros, for example by clamping at the smallest positive number "
+                       "of the dtype, torch.finfo(p.dtype).tiny.")
 
 #: Known wrong entropies ``compute(weights [7, 6]) -> [7]``; compared on the rows without zeros.
 ENTROPY_MISTAKES: tuple[Mistake, ...] = (
@@ -243,8 +266,12 @@ ENTROPY_MISTAKES: tuple[Mistake, ...] = (
     Mistake("exp of the entropy", lambda w: torch.exp(-_plogp(w).sum(-1)),
             "you returned exp(entropy), the 'effective number of keys' (perplexity); return the entropy itself, "
             "-sum p ln p, in nats."),
+    Mistake("clamped too large / dropped small weights", lambda w: -(w * torch.log(w.clamp_min(1e-3))).sum(-1),
+            _SMALL_WEIGHTS_HINT),
+    Mistake("weights below 1e-3 dropped", lambda w: -torch.where(w > 1e-3, w * torch.log(w.clamp_min(1e-30)), 0).sum(-1),
+            _SMALL_WEIGHTS_HINT),
     *(Mistake(f"epsilon {eps:g} inside the log", lambda w, eps=eps: -(w * torch.log(w + eps)).sum(-1), _EPS_HINT)
-      for eps in (1e-3, 1e-4, 1e-5)),
+      for eps in (1e-3, 1e-4, 1e-5, 1e-6)),
 )
 
 
@@ -308,6 +335,8 @@ def _entropy_one(fn: Callable[[Tensor], Tensor], w: Tensor, has_zero: Tensor) ->
         return wrong("right for rows without zeros, but wrong where a weight is 0: a zero weight contributes nothing (0 ln 0 = 0).")
     on_rows = tuple(Mistake(m.name, lambda x, m=m: m.compute(x)[ok], m.hint) for m in ENTROPY_MISTAKES)
     hint = diagnose(got[ok], on_rows, w)
+    if hint is None and w.shape[-1] >= LONG_ROW and bool((g < expected.to(torch.float64) - 1e-4).all()):
+        return wrong(_SMALL_WEIGHTS_HINT)  # any other threshold: right on the short rows, too low on the long ones
     return hint or compare_tensors(got, expected, name="the entropy")
 
 
@@ -325,7 +354,7 @@ def _entropy_same(a: Tensor, b: Tensor) -> bool:
 
 
 def _entropy_cases() -> list[tuple[Tensor]]:
-    return [(_weights_for_entropy(c)[0],) for c in range(2)]
+    return [(_weights_for_entropy(c)[0],) for c in range(3)]
 
 
 def _entropy_table() -> MistakeTable:
@@ -333,7 +362,7 @@ def _entropy_table() -> MistakeTable:
     def rows(c: int) -> Tensor:
         return ~_weights_for_entropy(c)[1]
 
-    masks = {c: rows(c) for c in range(2)}
+    masks = {c: rows(c) for c in range(3)}
 
     def pick(t: Tensor) -> Tensor:
         for c, m in masks.items():
@@ -348,10 +377,11 @@ def _entropy_table() -> MistakeTable:
 def check_entropy(fn: Callable[[Tensor], Tensor]) -> Feedback:
     """Check ``fn(weights) -> entropy``: ``weights [..., S_k]`` rows summing to 1, result ``[...]`` in nats.
 
-    The inputs include a one-hot row (entropy 0) and a row with zeros (``0 ln 0`` must count as 0).
+    The inputs include a one-hot row (entropy 0), a row with zeros (``0 ln 0`` must count as 0) and long
+    rows of 4,096 keys with many weights below 1e-3 (a clamp or threshold that touches them shows).
     The exercise asks for ``torch.log``; ``torch.special.entr`` and ``xlogy`` are refused while it runs.
     """
-    for case in range(2):
+    for case in range(3):
         problem = _entropy_one(fn, *_weights_for_entropy(case))
         if problem is not None:
             return problem
@@ -540,4 +570,44 @@ def softcap_diagram() -> Diagram:
     d.text(x1, y_mid + 22, f"s = {r:g}", size=14, anchor="end", color=MUTED)
     d.text(x0, y_mid + 22, f"{-r:g}", size=14, anchor="start", color=MUTED)
     d.text(210, 292, f"nearly the identity for small scores, never beyond ±{c:g}", size=14, color=MUTED)
+    return d
+
+
+# --- diagram: the gradient's path back to W^Q ----------------------------------------------------
+
+
+#: The boxes of the gradient-path diagram, top (the loss) to bottom (the weight matrix it trains).
+GRADIENT_PATH = (("L", "loss"), ("p = softmax(s)", "weights"), ("s_{j} = q·k_{j}", "scores"), ("q = x W^{Q}", "query"),
+                 ("W^{Q}", "a weight matrix"))
+
+
+@diagram
+def gradient_path_diagram() -> Diagram:
+    """The chain L -> p -> s -> q -> W^Q that the gradient follows back, with what each link multiplies by."""
+    alt = ("A column of five boxes, from top to bottom: the loss L, the weights p = softmax(s), the scores "
+           "s_j = q·k_j, the query q = x W^Q, and the weight matrix W^Q. Arrows run downwards, the way the gradient "
+           "flows back. From the weights to the scores it is multiplied by the softmax's slope, nearly 0 when one "
+           "weight is nearly 1, so it shrinks; from the scores to the query it is multiplied by the keys, each of "
+           "length about sqrt(D_k) when the scores are not divided by sqrt(D_k), so it grows; from the query to "
+           "W^Q it is multiplied by the input x.")
+    d = Diagram("ch03_gradient_path", 400, 476, title="The path of the gradient back to W^Q", alt=alt)
+    x, w, h, step, top = 10, 156, 52, 100, 16
+    colours = ("grey", "blue", "blue", "blue", "orange")
+    for i, ((label, sub), colour) in enumerate(zip(GRADIENT_PATH, colours)):
+        d.box(x, top + i * step, w, h, label, sub=sub, color=colour, size=16)
+    links = (
+        (("∂L/∂p = g arrives", "from the layers above"), INK),
+        (("× the softmax's slope:", "≈ 0 if one weight ≈ 1"), "vermillion"),
+        (("× the keys, each of", "length ≈ √D\u2096 (unscaled)"), "green"),
+        (("× the input x", ""), INK),
+    )
+    tx = x + w + 12
+    for i, ((first, second), colour) in enumerate(links):
+        y1, y2 = top + i * step + h, top + (i + 1) * step
+        d.arrow(x + w / 2, y1 + 2, x + w / 2, y2 - 4, color=colour)
+        d.text(tx, (y1 + y2) / 2 - 2 if second else (y1 + y2) / 2 + 5, first, size=14, anchor="start", color=colour)
+        if second:
+            d.text(tx, (y1 + y2) / 2 + 16, second, size=14, anchor="start", color=colour)
+    d.text(tx, top + 18, "the gradient", size=14, anchor="start", color=MUTED)
+    d.text(tx, top + 36, "flows down", size=14, anchor="start", color=MUTED)
     return d

@@ -12,6 +12,7 @@ Each checker keeps its known mistakes in one table (``COMBINED_MASK_MISTAKES``,
 from __future__ import annotations
 
 import math
+import re
 import time
 from typing import Any, Callable
 
@@ -29,6 +30,7 @@ from .feedback import (
     Feedback,
     Mistake,
     MistakeTable,
+    call_reader,
     close,
     compare_tensors,
     correct,
@@ -114,7 +116,13 @@ COMBINED_MASK_MISTAKES: tuple[Mistake, ...] = (
 
 def _combined_one(fn: Callable[[Tensor], Any], am: Tensor) -> Feedback | None:
     B, S = am.shape
-    got, fb = run_reader_code(fn, am.clone())
+    got, fb = call_reader(fn, (am.clone(),), axes=("B", "H", "S_q", "S_k"))
+    if fb is not None and re.search(r"bitwise_(and|or)\S* not implemented for '(Float|Double|Half|BFloat16)'", fb.message):
+        return wrong(
+            "your code raised an error at `&` (or `|`): one side is a float tensor, and `&` works on two bool "
+            "tensors. `torch.ones(...)` is float by default, and so is `torch.tril` of it: make the triangle a "
+            "bool tensor before you combine it with the padding part."
+        )
     if fb is not None:
         return fb
     if not isinstance(got, Tensor):
@@ -173,6 +181,86 @@ def check_combined_mask(fn: Callable[[Tensor], Any]) -> Feedback:
     return correct("each query sees itself and earlier real tokens, never the future or padding.")
 
 
+#: The lower-right exercise's cases ``(S_q, S_k)``: a cache of 3 with 2 new tokens, one new token, no cache
+#: (S_q == S_k, where both alignments agree), and a longer cache.
+LOWER_RIGHT_CASES: tuple[tuple[int, int], ...] = ((2, 5), (1, 4), (4, 4), (3, 7))
+
+
+def _lower_right(S_q: int, S_k: int) -> Tensor:
+    return torch.ones(S_q, S_k, dtype=torch.bool).tril(S_k - S_q)  # [S_q, S_k]: key j <= query i + (S_k - S_q)
+
+
+def _wrong_way(S_q: int, S_k: int) -> Tensor:
+    """The diagonal moved up instead of down; for one query it hides everything, as the inverted mask does,
+    so it is told apart (and named) on the cases with more than one query only."""
+    if S_q == 1:
+        raise ValueError("the same answer as the inverted mask")
+    return torch.ones(S_q, S_k, dtype=torch.bool).tril(S_q - S_k)
+
+
+#: Known wrong masks ``compute(S_q, S_k) -> bool [S_q, S_k]``, tried in order.
+LOWER_RIGHT_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("aligned top-left", lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(),
+            "your triangle starts in the top-left corner, as is_causal=True does: the first new token sees only "
+            "key 0, and the last does not see itself. With a cache the queries are the *newest* S_q positions: "
+            "the last query is the last key, and it may see every key."),
+    Mistake("shifted the wrong way", lambda S_q, S_k: _wrong_way(S_q, S_k),
+            "you moved the diagonal the wrong way: the queries come *after* the S_k - S_q cached keys, so each "
+            "sees more keys than in the top-left triangle, not fewer."),
+    Mistake("one key of the future", lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(S_k - S_q + 1),
+            "off by one: each query but the last sees one key of its future. Query i sits at position "
+            "S_k - S_q + i and may see keys up to that position, itself included."),
+    Mistake("own key hidden", lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(S_k - S_q - 1),
+            "off by one: no query sees its own key. Query i sits at position S_k - S_q + i and may see keys up "
+            "to that position, itself included."),
+    Mistake("inverted", lambda S_q, S_k: ~_lower_right(S_q, S_k),
+            "your mask is inverted: True must mean *may attend* (the past and the query itself)."),
+    Mistake("transposed", lambda S_q, S_k: _lower_right(S_q, S_k).T,
+            "rows and columns are swapped: rows are the S_q queries and columns the S_k keys, so the mask is "
+            "[S_q, S_k]."),
+)
+
+
+def _lower_right_one(fn: Callable[[int, int], Any], S_q: int, S_k: int) -> Feedback | None:
+    got, fb = run_reader_code(fn, S_q, S_k)
+    if fb is not None:
+        return fb
+    if not isinstance(got, Tensor):
+        return wrong(f"return a torch.Tensor, got {describe(got)}.")
+    expected = _lower_right(S_q, S_k)
+    if got.dtype != torch.bool:
+        return wrong(f"your mask has dtype {got.dtype}; attnlib's masks are torch.bool with True = may attend.")
+    if close(got, expected):
+        return None
+    hint = diagnose(got, LOWER_RIGHT_MISTAKES, S_q, S_k)
+    if hint is not None:
+        return hint
+    if tuple(got.shape) != (S_q, S_k):
+        return wrong(f"for S_q = {S_q}, S_k = {S_k} your mask has shape {tuple(got.shape)}; expected [S_q, S_k] = {(S_q, S_k)}.")
+    i, j = (int(t) for t in (got.cpu() != expected).nonzero()[0])
+    what = "may see" if bool(got[i, j]) else "may not see"
+    return wrong(f"for S_q = {S_q}, S_k = {S_k}: query {i} (position {S_k - S_q + i}) {what} key {j}, which is wrong. "
+                 "Rows are the newest S_q positions, columns all S_k keys.")
+
+
+def _solution_lower_right(S_q: int, S_k: int) -> Tensor:
+    return torch.ones(S_q, S_k, dtype=torch.bool).tril(diagonal=S_k - S_q)  # [S_q, S_k]
+
+
+@exercise(solution=_solution_lower_right,
+          tables=(MistakeTable(LOWER_RIGHT_MISTAKES, lambda: list(LOWER_RIGHT_CASES), _lower_right),))
+def check_lower_right_mask(fn: Callable[[int, int], Any]) -> Feedback:
+    """Check ``fn(S_q, S_k) -> bool [S_q, S_k]``: a causal mask aligned bottom-right, for ``S_q <= S_k``.
+
+    Tried on :data:`LOWER_RIGHT_CASES`; the reference is ``attnlib.causal_mask(S_q, S_k=S_k)``.
+    """
+    for S_q, S_k in LOWER_RIGHT_CASES:
+        problem = _lower_right_one(fn, S_q, S_k)
+        if problem is not None:
+            return problem
+    return correct("the newest S_q positions each see every key up to their own position, the last one every key.")
+
+
 def _scores(q: Tensor, k: Tensor) -> Tensor:
     return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, H, S, S]
 
@@ -197,6 +285,12 @@ def _masking_order_case(c: int) -> tuple[Tensor, Tensor, Tensor]:
     return q, k, v
 
 
+def _renormalised(q: Tensor, k: Tensor, dim: int) -> Tensor:
+    """Softmax, zero the future, divide by the sum over ``dim``: right for ``dim=-1``."""
+    w = torch.softmax(_scores(q, k), dim=-1).masked_fill(_future(q), 0.0)
+    return w / w.sum(dim, keepdim=True)
+
+
 def _zeroed_row_sums() -> str:
     """The symptom of zeroing after softmax on the checker's first case: the row sums of head 0."""
     q, k, _ = _masking_order_case(0)
@@ -210,6 +304,12 @@ MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
             "the future is at 0, but the rows no longer sum to 1: on the first test input the rows of head 0 sum "
             f"to {_zeroed_row_sums()}. Attention weights must share all of a row's weight among the keys a query "
             "may see. Where does each row lose the rest?"),
+    Mistake("softmax twice", lambda q, k, v: torch.softmax(torch.softmax(_scores(q, k), dim=-1).masked_fill(_future(q), float("-inf")), dim=-1),
+            "the future is at 0 and the rows sum to 1, but you applied softmax twice: the second one takes the "
+            "weights as scores, which flattens every row. Mask the scores, then apply one softmax."),
+    Mistake("renormalised over the queries", lambda q, k, v: _renormalised(q, k, -2),
+            "the future is at 0, but you renormalised over the queries (dim=-2): each row (one query) must sum to "
+            "1 over its keys, so divide by the sum over the last axis (dim=-1, keepdim=True)."),
     Mistake("filled with 0", lambda q, k, v: torch.softmax(_scores(q, k).masked_fill(_future(q), 0.0), dim=-1),
             "the future gets weight because you filled it with 0: exp(0) = 1, so a 0 score is an ordinary "
             "score. Fill with -inf (or torch.finfo(dtype).min) so that exp gives 0."),
@@ -242,7 +342,7 @@ MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
 
 
 def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k: Tensor, v: Tensor) -> Feedback | None:
-    got, fb = run_reader_code(fn, q.clone(), k.clone(), v.clone())
+    got, fb = call_reader(fn, (q.clone(), k.clone(), v.clone()), axes=("B", "H", "S_q", "S_k"))
     if fb is not None:
         return fb
     if not isinstance(got, (tuple, list)) or len(got) != 2:
@@ -274,6 +374,11 @@ def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k
     w = weights.detach().cpu().to(torch.float64)
     leak = float(w[..., _future(q)].abs().nan_to_num(float("inf")).max())
     if not close(weights, exp_w):
+        if bool((w < 0).any()):  # -inf written into the weights (0.0 -> -inf after the softmax), or any negative weight
+            neg = "-inf" if bool(torch.isneginf(w).any()) else f"negative values (down to {float(w.min()):.2g})"
+            return wrong(f"your weights hold {neg}: a weight is never negative. -inf belongs in the *scores*, before "
+                         "the softmax, where exp turns it into a weight of exactly 0 and the softmax shares each row "
+                         "among the keys that remain.")
         hint = diagnose(_nan_as(weights.detach().cpu()), MASKING_ORDER_MISTAKES, q, k, v)
         if hint is not None:
             return hint

@@ -213,3 +213,24 @@ def test_softcap_diagram_draws_the_chapters_cap() -> None:
 
     assert SOFTCAP == 50.0  # the notebook asserts Gemma 2's attn_logit_softcapping is this value
     assert f"{50 * math.tanh(1):.1f} at s = 50" in softcap_diagram().alt
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda w: -(w * torch.log(w.clamp_min(1e-3))).sum(-1),
+        lambda w: -(w * torch.log(w.clamp_min(2.2e-3))).sum(-1),
+        lambda w: -torch.where(w > 1e-3, w * torch.log(w), 0).sum(-1),
+        lambda w: -torch.where(w > 1e-4, w * torch.log(w), 0).sum(-1),
+    ],
+    ids=["clamp_min(1e-3)", "clamp_min(2.2e-3)", "drop below 1e-3", "drop below 1e-4"],
+)
+def test_a_clamp_or_threshold_that_touches_small_weights_is_named(fn) -> None:
+    """Right on the short rows (no non-zero weight there is below 0.0022), too low on the long rows."""
+    fb = check_entropy(fn)
+    assert fb.status == "wrong" and "too low on long rows" in fb.message and "1e-4 are ordinary" in fb.message, fb
+
+
+def test_a_clamp_at_the_dtypes_tiny_passes_on_long_rows() -> None:
+    assert check_entropy(lambda w: -(w * torch.log(w.clamp_min(torch.finfo(w.dtype).tiny))).sum(-1)).passed
+    assert check_entropy(lambda w: torch.distributions.Categorical(probs=w).entropy()).passed

@@ -469,3 +469,60 @@ def test_masking_order_names_half_precision_in_good_grammar() -> None:
 def test_fully_masked_names_the_three_to_one_slip() -> None:
     fb = check_fully_masked_prediction({**RIGHT, "add -1e4": [0.75, 1 / 12, 1 / 12, 1 / 12]})
     assert fb.status == "wrong" and "3 + 1 + 1 + 1" in fb.message and "Run" not in fb.message, fb
+
+
+def test_combined_mask_names_a_float_triangle_anded_with_a_bool_mask() -> None:
+    def float_tril(am):  # type: ignore[no-untyped-def]
+        S = am.shape[1]
+        return torch.tril(torch.ones(S, S)) & am.bool()[:, None, None, :]
+
+    fb = check_combined_mask(float_tril)
+    assert fb.status == "wrong" and "float by default" in fb.message and "stub" not in fb.message, fb
+
+
+def _post_softmax(post):  # type: ignore[no-untyped-def]
+    def reader(q, k, v):  # type: ignore[no-untyped-def]
+        w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+        w = post(w, ~causal_mask(q.shape[-2]))
+        return w @ v, w
+
+    return reader
+
+
+def test_masking_order_names_minus_inf_written_into_the_weights() -> None:
+    fb = check_masking_order(_post_softmax(lambda w, future: w.masked_fill(future, float("-inf"))))
+    assert fb.status == "wrong" and "weights hold -inf" in fb.message and "1.8e+308" not in fb.message, fb
+
+
+def test_masking_order_names_renormalising_without_keepdim_in_axis_names() -> None:
+    fb = check_masking_order(_post_softmax(lambda w, future: (lambda z: z / z.sum(-1))(w.masked_fill(future, 0.0))))
+    assert fb.status == "wrong" and "is S_q in [B, H, S_q, S_k]" in fb.message, fb
+
+
+def test_lower_right_mask_accepts_right_answers_and_matches_attnlib() -> None:
+    from attnbook.ch04 import LOWER_RIGHT_CASES, _lower_right, check_lower_right_mask
+
+    for S_q, S_k in LOWER_RIGHT_CASES:
+        assert torch.equal(_lower_right(S_q, S_k), causal_mask(S_q, S_k=S_k))
+    assert check_lower_right_mask(lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(S_k - S_q)).passed
+    assert check_lower_right_mask(lambda S_q, S_k: torch.arange(S_k)[None, :] <= torch.arange(S_q)[:, None] + S_k - S_q).passed
+    assert check_lower_right_mask(lambda S_q, S_k: causal_mask(S_q, S_k=S_k)).passed
+
+
+@pytest.mark.parametrize("mistake", ch04.LOWER_RIGHT_MISTAKES, ids=lambda m: m.name)
+def test_lower_right_mask_names_each_mistake_of_its_table(mistake) -> None:  # type: ignore[no-untyped-def]
+    from attnbook.ch04 import check_lower_right_mask
+
+    fb = check_lower_right_mask(mistake.compute)
+    assert fb.status == "wrong" and fb.message == mistake.hint, fb
+
+
+def test_lower_right_mask_fallbacks() -> None:
+    from attnbook.ch04 import check_lower_right_mask
+
+    fb = check_lower_right_mask(lambda S_q, S_k: torch.ones(S_q, S_k).tril(S_k - S_q))
+    assert fb.status == "wrong" and "dtype torch.float32" in fb.message, fb
+    fb = check_lower_right_mask(lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).triu(S_k - S_q))
+    assert fb.status == "wrong" and "query 0 (position 3) may not see key 0" in fb.message, fb
+    fb = check_lower_right_mask(lambda S_q, S_k: torch.ones(2, 5, dtype=torch.bool).tril(3))
+    assert fb.status == "wrong" and "expected [S_q, S_k]" in fb.message, fb
