@@ -659,6 +659,44 @@ def one_vs_two_heads_diagram() -> Diagram:
 
 
 @diagram
+def one_value_map_diagram() -> Diagram:
+    """One head: one map M applied to the weighted sum of both contents; two heads: a map per content."""
+    d = Diagram(
+        "ch05_one_value_map", 420, 360, title="One value map against two",
+        alt=("Two panels for the query 'they', which should receive the U-part of the content of 'books' plus the "
+             "W-part of the content of 'dusty'. One head: the contents of 'books' and 'dusty' are mixed first, by one "
+             "row of weights, and the mix goes through one map M, the same for both tokens: M sees only the mix, so it "
+             "cannot keep U of one token and W of the other. Two heads: head 0 sends the content of 'books' through its "
+             "own map, which keeps U, head 1 sends the content of 'dusty' through its own map, which keeps W, and the "
+             "two results are added: a map per head gives exactly the target."))
+    tok = dict(color="sky", size=15)
+    d.text(14, 26, "one head", size=15, anchor="start", weight="bold")
+    d.box(14, 40, 86, 34, "books", **tok)
+    d.box(14, 98, 86, 34, "dusty", **tok)
+    d.box(146, 62, 84, 48, "mix", sub="one row", color="blue", size=15)
+    d.arrow(100, 57, 144, 78)
+    d.arrow(100, 115, 144, 96)
+    d.box(252, 62, 66, 48, "M", sub="one map", color="orange", size=15)
+    d.arrow(230, 86, 250, 86)
+    d.arrow(318, 86, 346, 86)
+    d.box(348, 68, 62, 36, "they′", color="green", size=15)
+    d.text(14, 156, "M sees only the mix: it cannot keep", size=14, anchor="start", color=MUTED)
+    d.text(14, 174, "U of one token and W of the other", size=14, anchor="start", color=MUTED)
+    d.line(14, 190, 406, 190, color=MUTED, width=1, dash=True)
+    d.text(14, 216, "two heads", size=15, anchor="start", weight="bold")
+    for h, (token, keep, y) in enumerate((("books", "keep U", 230), ("dusty", "keep W", 290))):
+        d.box(14, y, 86, 34, token, **tok)  # the token's content, through its head's own map
+        d.box(150, y - 6, 84, 46, keep, sub=f"head {h}", color="orange", size=15)
+        d.arrow(100, y + 17, 148, y + 17)
+        d.arrow(234, y + 17, 264, 270 + 18 * h)
+    d.box(266, 260, 40, 36, "+", color="grey", size=18)
+    d.arrow(306, 278, 346, 278)
+    d.box(348, 260, 62, 36, "they′", color="green", size=15)
+    d.text(14, 350, "a map per head: exactly the target", size=14, anchor="start", color=MUTED)
+    return d
+
+
+@diagram
 def split_merge_diagram() -> Diagram:
     """The D axis cut into H slices of D_k, attention per head, and the merge back, with shapes."""
     B, S, D, H = SPLIT_SIZES
