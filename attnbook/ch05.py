@@ -15,12 +15,14 @@ Each checker keeps its known mistakes in one table (:class:`attnbook.feedback.Mi
 from __future__ import annotations
 
 import math
+import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnlib
 from attnlib.cost import attention_weights_bytes, mha_param_count
@@ -54,16 +56,18 @@ __all__ = [
 # --- one head cannot serve two relations that need different value subspaces -----------------
 
 
-def relation_subspaces(generator: torch.Generator, d: int = 12, r: int = 6) -> tuple[Tensor, Tensor]:
-    """Two orthonormal bases ``U, W: [d, r]`` of orthogonal subspaces, in a random rotation of ``R^d``.
+def relation_subspaces(generator: torch.Generator, d: int = 12, r: int = 6, r_w: int | None = None) -> tuple[Tensor, Tensor]:
+    """Two orthonormal bases ``U: [d, r]`` and ``W: [d, r_w]`` (``r_w = r`` by default) of orthogonal
+    subspaces, in a random rotation of ``R^d``.
 
     The first relation needs the part of one target token's content in ``span(U)``, the second the
     part of the other target's content in ``span(W)``.
     """
-    if 2 * r > d:
-        raise ValueError(f"two orthogonal {r}-dimensional subspaces need d >= {2 * r}, got d = {d}")
+    r_w = r if r_w is None else r_w
+    if r + r_w > d:
+        raise ValueError(f"orthogonal subspaces of dimensions {r} and {r_w} need d >= {r + r_w}, got d = {d}")
     q, _ = torch.linalg.qr(torch.randn(d, d, generator=generator, dtype=torch.float64))  # random rotation
-    return q[:, :r], q[:, r:2 * r]
+    return q[:, :r], q[:, r:r + r_w]
 
 
 def relation_batch(n: int, S: int, d: int, generator: torch.Generator) -> Tensor:
@@ -81,16 +85,17 @@ def relative_error(got: Tensor, target: Tensor) -> float:
 def best_single_head_error(U: Tensor, W: Tensor, *, n: int = 4000, shares: int = 21, generator: torch.Generator) -> tuple[float, float]:
     """The smallest relative error any single head can reach on ``y = P_U c_a + P_W c_t``, and the share of ``a`` there.
 
-    One head adds ``M (sum_j w_j c_j)`` to the query (``M = W_O W_V`` restricted to the content, the
-    same map for every key). For each share ``w_a`` of the antecedent (the rest on the other target;
-    weight on other tokens only adds noise), ``M`` is fitted by least squares *on the very samples it
-    is scored on*, which can only flatter the head. Theory: the optimum is exactly 0.5 for every
-    ``w_a`` when ``span(U)`` and ``span(W)`` are orthogonal and of equal dimension.
+    One head adds ``M (sum_j w_j c_j)`` to the query (``M = W_V W_O`` restricted to the content, the
+    same map for every key). For each share ``w_a`` of the first target, *books* (the rest on the
+    second, *dusty*; weight on other tokens only adds noise), ``M`` is fitted by least squares *on the
+    very samples it is scored on*, which can only flatter the head. Theory, for orthogonal ``span(U)``
+    and ``span(W)``: ``min(r_U, r_W) / (r_U + r_W)``, so exactly 0.5 (for every share) when the two
+    dimensions are equal.
     """
     d = U.shape[0]
-    c_a = torch.randn(n, d, generator=generator, dtype=torch.float64)  # [n, d]: antecedent's content
-    c_t = torch.randn(n, d, generator=generator, dtype=torch.float64)  # [n, d]: predicate's content
-    y = c_a @ U @ U.T + c_t @ W @ W.T  # [n, d]: what "it" should receive
+    c_a = torch.randn(n, d, generator=generator, dtype=torch.float64)  # [n, d]: content of "books"
+    c_t = torch.randn(n, d, generator=generator, dtype=torch.float64)  # [n, d]: content of "dusty"
+    y = c_a @ U @ U.T + c_t @ W @ W.T  # [n, d]: what "they" should receive
     best = (math.inf, 0.0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thousands of tiny solves: extra threads only wait on each other
@@ -105,7 +110,8 @@ def best_single_head_error(U: Tensor, W: Tensor, *, n: int = 4000, shares: int =
 
 
 def two_head_module(U: Tensor, W: Tensor, S: int, query: int, antecedent: int, predicate: int, s: float = 16.0) -> MultiHeadSelfAttention:
-    """``H = 2`` module on ``[one-hot(S), content(d)]`` tokens: head 0 brings ``P_U c_antecedent``, head 1 ``P_W c_predicate``.
+    """``H = 2`` module on ``[one-hot(S), content(d)]`` tokens: head 0 brings ``P_U`` of the first target's
+    content (*books*, at position ``antecedent``), head 1 ``P_W`` of the second's (*dusty*, at ``predicate``).
 
     Each head's query/key pick its target (score ``s``), its ``W_V`` reads the content through its
     own basis (``U^T`` or ``W^T``) and its block of ``W_O`` writes it back (``U`` or ``W``) into the
@@ -177,6 +183,11 @@ PARAM_MISTAKES: tuple[Mistake, ...] = (
             "vector of D numbers (head h uses its slice of D_k of them)."),
     Mistake("one bias", lambda D, H: 4 * D * D + D, "you have one bias vector: each of the four projections has its own bias of D numbers."),
     Mistake("scalar biases", lambda D, H: 4 * (D * D + 1), "each bias is a vector of D numbers, not one number."),
+    Mistake("a full D×D per head", lambda D, H: H * D * D,
+            "you gave each head a full D×D matrix: the heads share the projections, each head using D_k = D / H of "
+            "their output features, so H does not multiply the count. Count the matrices of the block, and their biases."),
+    Mistake("two matrices", lambda D, H: 2 * D * D + 2 * D,
+            "that counts two projections with their biases: the block has four, W_Q, W_K, W_V and the output projection W_O."),
     Mistake("half the width", lambda D, H: 4 * (D // 2) ** 2 + 4 * (D // 2),
             "that is the count for a model half as wide (D = 512, as in the chapter's example); this block has D = 1024."),
 )
@@ -229,12 +240,13 @@ def _reference_module(case: int = 0) -> tuple[MultiHeadSelfAttention, Tensor]:
 def _loop(module: MultiHeadSelfAttention, x: Tensor, *, scale: float | None = None, dim: int | tuple[int, int] = -1, use_wo: bool = True,
           qkv_bias: bool = True, wo_bias: bool = True, columns: bool = False, merge: str = "cat", transposed: bool = False,
           wo_bias_per_head: bool = False, same_slice: bool = False, scale_after: bool = False,
-          weights_transposed: bool = False, keys_from_w_q: bool = False) -> Tensor:
+          weights_transposed: bool = False, keys_from_w_q: bool = False, causal: bool = False,
+          strided: bool = False) -> Tensor:
     """The per-head loop with one thing changed (a typical mistake); the defaults give the right answer."""
     d_k, H = module.d_k, module.num_heads
     heads = []
     for h in range(H):
-        sl = slice(0, d_k) if same_slice else slice(h * d_k, (h + 1) * d_k)
+        sl = slice(0, d_k) if same_slice else slice(h, None, H) if strided else slice(h * d_k, (h + 1) * d_k)
 
         def project(lin: torch.nn.Linear) -> Tensor:
             w = lin.weight[:, sl] if columns else lin.weight[sl].T  # [D, D_k]
@@ -243,6 +255,9 @@ def _loop(module: MultiHeadSelfAttention, x: Tensor, *, scale: float | None = No
         q, k, v = project(module.w_q), project(module.w_q if keys_from_w_q else module.w_k), project(module.w_v)  # each [B, S, D_k]
         s = 1.0 / math.sqrt(d_k) if scale is None else scale
         scores = (k @ q.transpose(-2, -1) if transposed else q @ k.transpose(-2, -1)) * (1.0 if scale_after else s)  # [B, S, S]
+        if causal:  # a causal mask, as in chapter 4's decoder
+            S = scores.shape[-1]
+            scores = scores.masked_fill(torch.ones(S, S, dtype=torch.bool, device=scores.device).triu(1), float("-inf"))
         if isinstance(dim, tuple):  # one softmax over the whole [S, S] matrix
             weights = torch.softmax(scores.flatten(-2), dim=-1).view_as(scores)
         else:
@@ -291,7 +306,9 @@ LOOP_MISTAKES: tuple[Mistake, ...] = (
     Mistake("scaled by sqrt(H)", lambda m, x: _loop(m, x, scale=1.0 / math.sqrt(m.num_heads)),
             "you scaled by 1/sqrt(H), the number of heads; each head scales by 1/sqrt(D_k), its own width."),
     Mistake("not scaled", lambda m, x: _loop(m, x, scale=1.0), "the scores are not scaled: divide q_h k_h^T by sqrt(D_k)."),
-    Mistake("divided by D_k", lambda m, x: _loop(m, x, scale=1.0 / m.d_k), "you divided by D_k; divide by its square root."),
+    Mistake("divided by D_k", lambda m, x: _loop(m, x, scale=1.0 / m.d_k),
+            "your scores are divided by D_k (as dividing by D_k, or scaling both q and k by 1/sqrt(D_k), does): "
+            "divide q_h k_h^T by sqrt(D_k) once."),
     Mistake("softmax over queries", lambda m, x: _loop(m, x, dim=-2),
             "your softmax normalises over the queries (dim=-2): each query's weights over the keys must sum to 1, so use dim=-1."),
     Mistake("softmax over the whole matrix", lambda m, x: _loop(m, x, dim=(-2, -1)),
@@ -313,6 +330,12 @@ LOOP_MISTAKES: tuple[Mistake, ...] = (
             "your keys come from w_q: k_h is x @ module.w_k.weight[rows].T + module.w_k.bias[rows], with w_k's rows."),
     Mistake("reversed heads", lambda m, x: _loop(m, x, merge="reverse"),
             "the heads are concatenated in reverse order: head h's output goes to features h·D_k .. (h+1)·D_k - 1."),
+    Mistake("causal mask", lambda m, x: _loop(m, x, causal=True),
+            "your heads use a causal mask (each query sees only itself and earlier positions): this block is "
+            "unmasked, as module(x) is called with no mask, so every query sees every key."),
+    Mistake("every H-th feature", lambda m, x: _loop(m, x, strided=True),
+            "head h takes every H-th feature (rows h, h + H, h + 2H, ...): the heads are contiguous slices, head h "
+            "owns rows h·D_k .. (h+1)·D_k - 1 of each weight and bias (chapter 6 shows what the split [B, S, H, D_k] means)."),
     Mistake("weight columns", lambda m, x: _loop(m, x, columns=True),
             "you sliced the columns of the weight matrices: nn.Linear stores weight as [out, in], so head h "
             "uses rows h·D_k .. (h+1)·D_k - 1 (module.w_q.weight[sl]) and computes x @ W[sl].T + b[sl]."),
@@ -320,6 +343,16 @@ LOOP_MISTAKES: tuple[Mistake, ...] = (
 
 
 _NO_FORWARD = "the exercise asks for the per-head loop: do not call the module itself"
+
+_NO_SPLIT_HEADS = (
+    "your loop calls split_heads: the exercise asks you to take head h's rows of each weight (and slice of each "
+    "bias) yourself, module.w_q.weight[h·D_k:(h+1)·D_k], inside the loop over the heads."
+)
+
+_NO_LOOP = (
+    "your code computes the scores or weights of all heads at once, as one [B, H, S, S] tensor: the exercise asks "
+    "for a loop over the heads, one head's [B, S, S] attention at a time from its own rows of the weights."
+)
 
 _NO_SDPA = (
     "you called F.scaled_dot_product_attention: the exercise asks you to write each head's attention yourself, "
@@ -332,12 +365,33 @@ class _NoForward(MultiHeadSelfAttention):
         raise RuntimeError(_NO_FORWARD)
 
 
+class _AllHeadsSpy(TorchDispatchMode):  # type: ignore[misc, valid-type]
+    """Record whether any operation produces a tensor of shape ``[B, H, S, S]``: all heads' scores at once."""
+
+    def __init__(self, shape: tuple[int, ...], used: set[str]) -> None:
+        super().__init__()
+        self.shape, self.used = shape, used
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, Tensor) and tuple(out.shape) == self.shape:
+            self.used.add("all heads at once")
+        return out
+
+
 @contextmanager
-def _loop_guard() -> Iterator[set[str]]:
+def _loop_guard(all_heads_shape: tuple[int, ...] = ()) -> Iterator[set[str]]:
     """While the reader's loop runs: refuse the module's own forward however it is reached (also
-    ``MultiHeadSelfAttention.forward(module, x)``), and record calls of F.scaled_dot_product_attention."""
+    ``MultiHeadSelfAttention.forward(module, x)``), and record calls of F.scaled_dot_product_attention,
+    of ``split_heads`` (however it was imported: its code object is watched) and any tensor of shape
+    ``all_heads_shape`` (``[B, H, S, S]``)."""
     used: set[str] = set()
     forward, sdpa = MultiHeadSelfAttention.forward, F.scaled_dot_product_attention
+    split_code, old_profile = split_heads.__code__, sys.getprofile()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is split_code:
+            used.add("split_heads")
 
     def no_forward(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(_NO_FORWARD)
@@ -348,9 +402,15 @@ def _loop_guard() -> Iterator[set[str]]:
 
     MultiHeadSelfAttention.forward = no_forward  # type: ignore[method-assign]
     F.scaled_dot_product_attention = spy_sdpa
+    sys.setprofile(profile)
     try:
-        yield used
+        if all_heads_shape:
+            with _AllHeadsSpy(all_heads_shape, used):
+                yield used
+        else:
+            yield used
     finally:
+        sys.setprofile(old_profile)
         MultiHeadSelfAttention.forward = forward  # type: ignore[method-assign]
         F.scaled_dot_product_attention = sdpa
 
@@ -363,12 +423,17 @@ def _loop_one(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor], case: int)
     module.load_state_dict(ref.state_dict())
     with torch.no_grad():
         expected = ref(x).hidden_states  # [B, S, D]
-    with _loop_guard() as used:
+    B, S = x.shape[:2]
+    with _loop_guard((B, H, S, S)) as used:
         got, fb = run_reader_code(fn, x.clone(), module)
     if fb is not None:
         return fb
-    if used:
+    if "scaled_dot_product_attention" in used:
         return wrong(_NO_SDPA)
+    if "split_heads" in used:
+        return wrong(_NO_SPLIT_HEADS)
+    if "all heads at once" in used:
+        return wrong(_NO_LOOP)
     if not isinstance(got, Tensor):
         return wrong(f"return a torch.Tensor of shape [B, S, D] = {tuple(expected.shape)}, got {describe(got)}.")
     if tuple(got.shape) != tuple(expected.shape):
@@ -424,7 +489,9 @@ def check_per_head_loop(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor]) 
     ``x: [B, S, D]``; ``module`` is a :class:`MultiHeadSelfAttention` (no mask), biases on. The
     checker tries the cases of :data:`LOOP_CASES` (``D = 12, H = 3`` in float32, then ``D = 15,
     H = 5`` in float64) and compares with ``module(x).hidden_states``. The module passed in cannot
-    be called directly (that would skip the exercise).
+    be called directly (that would skip the exercise), and a version that calls ``split_heads``,
+    ``F.scaled_dot_product_attention`` or computes all heads' ``[B, H, S, S]`` scores at once (no loop)
+    is refused with a hint that says so.
     """
     for case in range(len(LOOP_CASES)):
         problem = _loop_one(fn, case)
@@ -588,6 +655,44 @@ def one_vs_two_heads_diagram() -> Diagram:
     d.arrow(316, 274, 350, 274)
     d.box(352, 256, 58, 36, "they′", color="green", size=15)
     d.text(14, 356, "a row of weights and a value map per head", size=14, anchor="start", color=MUTED)
+    return d
+
+
+@diagram
+def one_value_map_diagram() -> Diagram:
+    """One head: one map M applied to the weighted sum of both contents; two heads: a map per content."""
+    d = Diagram(
+        "ch05_one_value_map", 420, 360, title="One value map against two",
+        alt=("Two panels for the query 'they', which should receive the U-part of the content of 'books' plus the "
+             "W-part of the content of 'dusty'. One head: the contents of 'books' and 'dusty' are mixed first, by one "
+             "row of weights, and the mix goes through one map M, the same for both tokens: M sees only the mix, so it "
+             "cannot keep U of one token and W of the other. Two heads: head 0 sends the content of 'books' through its "
+             "own map, which keeps U, head 1 sends the content of 'dusty' through its own map, which keeps W, and the "
+             "two results are added: a map per head gives exactly the target."))
+    tok = dict(color="sky", size=15)
+    d.text(14, 26, "one head", size=15, anchor="start", weight="bold")
+    d.box(14, 40, 86, 34, "books", **tok)
+    d.box(14, 98, 86, 34, "dusty", **tok)
+    d.box(146, 62, 84, 48, "mix", sub="one row", color="blue", size=15)
+    d.arrow(100, 57, 144, 78)
+    d.arrow(100, 115, 144, 96)
+    d.box(252, 62, 66, 48, "M", sub="one map", color="orange", size=15)
+    d.arrow(230, 86, 250, 86)
+    d.arrow(318, 86, 346, 86)
+    d.box(348, 68, 62, 36, "they′", color="green", size=15)
+    d.text(14, 156, "M sees only the mix: it cannot keep", size=14, anchor="start", color=MUTED)
+    d.text(14, 174, "U of one token and W of the other", size=14, anchor="start", color=MUTED)
+    d.line(14, 190, 406, 190, color=MUTED, width=1, dash=True)
+    d.text(14, 216, "two heads", size=15, anchor="start", weight="bold")
+    for h, (token, keep, y) in enumerate((("books", "keep U", 230), ("dusty", "keep W", 290))):
+        d.box(14, y, 86, 34, token, **tok)  # the token's content, through its head's own map
+        d.box(150, y - 6, 84, 46, keep, sub=f"head {h}", color="orange", size=15)
+        d.arrow(100, y + 17, 148, y + 17)
+        d.arrow(234, y + 17, 264, 270 + 18 * h)
+    d.box(266, 260, 40, 36, "+", color="grey", size=18)
+    d.arrow(306, 278, 346, 278)
+    d.box(348, 260, 62, 36, "they′", color="green", size=15)
+    d.text(14, 350, "a map per head: exactly the target", size=14, anchor="start", color=MUTED)
     return d
 
 

@@ -62,6 +62,7 @@ __all__ = [
     "split_blocks",
     "split_groups",
     "packed_split_is_right",
+    "OpLog",
 ]
 
 #: The shapes each split/merge check runs on, ``(B, S, H, D_k)``. Within a shape every size differs
@@ -246,10 +247,53 @@ def check_merge_heads(fn: Callable[[Tensor], Tensor], *, configs: tuple[tuple[in
     return correct("the heads are put back side by side, position by position.")
 
 
+_NO_EINOPS = (
+    "{name} calls einops.rearrange: the exercise asks for view, transpose and reshape, so that you see which axes move "
+    "(section 6.5 shows the einops one-liner). Write the same move with those three."
+)
+
+
+@contextmanager
+def _einops_spy() -> Iterator[set[str]]:
+    """Record a call of ``einops.rearrange`` (however it was imported) while the reader's code runs."""
+    used: set[str] = set()
+    try:
+        import einops
+        import einops.einops as einops_impl
+    except ImportError:  # pragma: no cover - einops is a dependency of the book
+        yield used
+        return
+    reduce, rearrange = einops_impl.reduce, einops.rearrange
+
+    def spy_reduce(*args: Any, **kwargs: Any) -> Any:
+        used.add("einops")
+        return reduce(*args, **kwargs)
+
+    def spy_rearrange(*args: Any, **kwargs: Any) -> Any:
+        used.add("einops")
+        return rearrange(*args, **kwargs)
+
+    einops_impl.reduce, einops.rearrange = spy_reduce, spy_rearrange  # type: ignore[assignment]
+    try:
+        yield used
+    finally:
+        einops_impl.reduce, einops.rearrange = reduce, rearrange  # type: ignore[assignment]
+
+
 @exercise(solution=(split_heads, merge_heads), kind="functions",
           not_generic={"no table": "the tagged data diagnose any split or merge by where each number came from"})
 def check_split_merge(split_fn: Callable[[Tensor, int], Tensor], merge_fn: Callable[[Tensor], Tensor]) -> Feedback:
-    """Exercise 1: check the reader's ``split_heads`` and ``merge_heads`` together."""
+    """Exercise 1: check the reader's ``split_heads`` and ``merge_heads`` together.
+
+    The exercise asks for ``view``, ``transpose`` and ``reshape``: a version that calls
+    ``einops.rearrange`` is refused, with a hint that says so.
+    """
+    for name, fn, args in (("split_heads", split_fn, (tagged_tokens(2, 3, 20), 4)),
+                           ("merge_heads", merge_fn, (split_heads(tagged_tokens(2, 3, 20), 4).contiguous(),))):
+        with _einops_spy() as used:
+            run_reader_code(fn, *args)
+        if used:
+            return wrong(_NO_EINOPS.format(name=name))
     for name, fb in (("split_heads", check_split_heads(split_fn)), ("merge_heads", check_merge_heads(merge_fn))):
         if fb.status == "todo":
             return todo(f"{name} is still the stub: replace `raise NotImplementedError` with your code.")
@@ -534,8 +578,13 @@ REPEAT_KV_MISTAKES: tuple[Mistake, ...] = (
             "kv[:, :, :, None].expand or repeat_interleave on dim 2 make them), and reshaping then mixes positions into "
             "the heads. Copy along a new axis right after the head axis: kv[:, :, None]."),
     Mistake("H copies of each", lambda kv, H, used: kv.repeat_interleave(H, dim=1)[:, :H],
-            "the first query heads all got key/value head 0: you made H copies of each key/value head instead of "
-            "G = H // H_kv."),
+            "every query head got key/value head 0 and the other key/value heads are missing: you made H copies of "
+            "key/value head 0 (as kv[:, :1].expand, or repeat_interleave(H) cut to H heads, do) instead of "
+            "G = H // H_kv copies of each key/value head."),
+    Mistake("copies on the last axis", lambda kv, H, used: kv[..., None].expand(*kv.shape, H // kv.shape[1]).reshape(
+                kv.shape[0], H, *kv.shape[2:]),
+            "your copies sit on a new last axis (kv[..., None].expand(...)), so reshaping to [B, H, S, D_k] mixes "
+            "positions and features into the heads. Copy along a new axis right after the head axis: kv[:, :, None]."),
 )
 
 _REPEAT_SIZES = (
@@ -913,3 +962,27 @@ def packing_diagram() -> Diagram:
         d.grid(x0, y + 10, [[_PACK_COLOURS[t[0]] for t in order]], cell=cell, labels=[labels], size=17)
     d.text(210, 204, "same shapes: the split must follow the packing", size=14, color=MUTED)
     return d
+
+
+# --- an operation log -------------------------------------------------------------------------
+
+try:  # a private module, but the one PyTorch's own FLOP counter is built on
+    from torch.utils._python_dispatch import TorchDispatchMode
+except ImportError:  # pragma: no cover - present in every torch this book supports
+    TorchDispatchMode = object  # type: ignore[misc, assignment]
+
+
+class OpLog(TorchDispatchMode):  # type: ignore[misc, valid-type]
+    """Record the name of every operation PyTorch dispatches inside ``with OpLog() as log:`` in ``log.ops``.
+
+    It sees the operators (``bmm``, ``clone``, ``_scaled_dot_product_flash_attention_for_cpu``, ...), not what a
+    fused kernel does inside one of them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))

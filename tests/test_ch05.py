@@ -374,3 +374,87 @@ def test_param_count_names_biases_of_one_head_width() -> None:
 def test_weights_bytes_names_unit_and_dtype_slips(fn, hint: str) -> None:  # type: ignore[no-untyped-def]
     fb = check_weights_bytes(fn)
     assert fb.status == "wrong" and hint in fb.message, fb.message
+
+
+# --- loops a reader writes: a causal mask, strided heads, split_heads, no loop ------------------
+
+def _causal_loop(x: Tensor, m: MultiHeadSelfAttention) -> Tensor:
+    d_k, S, outs = m.d_k, x.shape[1], []
+    mask = torch.tril(torch.ones(S, S, dtype=torch.bool))  # chapter 4's habit
+    for h in range(m.num_heads):
+        rows = slice(h * d_k, (h + 1) * d_k)
+        q, k, v = (x @ lin.weight[rows].T + lin.bias[rows] for lin in (m.w_q, m.w_k, m.w_v))
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(d_k)).masked_fill(~mask, float("-inf"))
+        outs.append(torch.softmax(scores, dim=-1) @ v)
+    return m.w_o(torch.cat(outs, dim=-1))
+
+
+def _strided_loop(x: Tensor, m: MultiHeadSelfAttention) -> Tensor:
+    H, d_k, outs = m.num_heads, m.d_k, []
+    for h in range(H):
+        q, k, v = (x @ lin.weight[h::H].T + lin.bias[h::H] for lin in (m.w_q, m.w_k, m.w_v))  # every H-th feature
+        outs.append(torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1) @ v)
+    return m.w_o(torch.cat(outs, dim=-1))
+
+
+def _split_heads_loop(x: Tensor, m: MultiHeadSelfAttention) -> Tensor:
+    from attnlib import split_heads
+
+    q, k, v = (split_heads(lin(x), m.num_heads) for lin in (m.w_q, m.w_k, m.w_v))  # [B, H, S, D_k]
+    outs = [torch.softmax(q[:, h] @ k[:, h].transpose(-2, -1) / math.sqrt(m.d_k), dim=-1) @ v[:, h]
+            for h in range(m.num_heads)]
+    return m.w_o(torch.cat(outs, dim=-1))
+
+
+def _no_loop(x: Tensor, m: MultiHeadSelfAttention) -> Tensor:
+    B, S, D = x.shape
+    q, k, v = (lin(x).view(B, S, m.num_heads, m.d_k).transpose(1, 2) for lin in (m.w_q, m.w_k, m.w_v))
+    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(m.d_k), dim=-1)  # [B, H, S, S]
+    return m.w_o((w @ v).transpose(1, 2).reshape(B, S, D))
+
+
+def test_per_head_loop_names_a_causal_mask_and_every_h_th_feature() -> None:
+    fb = check_per_head_loop(_causal_loop)
+    assert fb.status == "wrong" and "causal mask" in fb.message and "unmasked" in fb.message, fb.message
+    fb = check_per_head_loop(_strided_loop)
+    assert fb.status == "wrong" and "every H-th feature" in fb.message, fb.message
+
+
+def test_per_head_loop_refuses_split_heads_and_a_version_with_no_loop() -> None:
+    fb = check_per_head_loop(_split_heads_loop)
+    assert fb.status == "wrong" and "calls split_heads" in fb.message, fb.message
+    fb = check_per_head_loop(_no_loop)
+    assert fb.status == "wrong" and "all heads at once" in fb.message, fb.message
+    import sys
+
+    assert sys.getprofile() is None  # the watch on split_heads is lifted afterwards
+    assert check_per_head_loop(_reader_loop).passed
+
+
+def test_per_head_loop_names_q_and_k_each_scaled() -> None:
+    def both_scaled(x: Tensor, m: MultiHeadSelfAttention) -> Tensor:
+        d_k, outs = m.d_k, []
+        for h in range(m.num_heads):
+            rows = slice(h * d_k, (h + 1) * d_k)
+            q, k, v = (x @ lin.weight[rows].T + lin.bias[rows] for lin in (m.w_q, m.w_k, m.w_v))
+            q, k = q / math.sqrt(d_k), k / math.sqrt(d_k)
+            outs.append(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v)
+        return m.w_o(torch.cat(outs, dim=-1))
+
+    fb = check_per_head_loop(both_scaled)
+    assert fb.status == "wrong" and "scaling both q and k by 1/sqrt(D_k)" in fb.message, fb.message
+
+
+@pytest.mark.parametrize(("answer", "hint"), [(16 * 1024 * 1024, "a full D×D matrix"),
+                                              (2 * 1024**2 + 2 * 1024, "two projections")])
+def test_param_count_names_a_full_matrix_per_head_and_two_matrices(answer: int, hint: str) -> None:
+    fb = check_param_count(answer)
+    assert fb.status == "wrong" and hint in fb.message, fb.message
+
+
+def test_best_single_head_misses_min_over_sum_for_unequal_relations() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for r_u, r_w in ((6, 6), (8, 4), (10, 2)):
+        U, W = ch05.relation_subspaces(gen, r=r_u, r_w=r_w)
+        err, _ = ch05.best_single_head_error(U, W, n=4000, generator=gen)
+        assert abs(err - min(r_u, r_w) / (r_u + r_w)) < 0.01, (r_u, r_w, err)

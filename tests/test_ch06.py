@@ -193,6 +193,8 @@ def test_repeat_kv_gives_each_table_hint(mistake) -> None:  # type: ignore[no-un
         "tiled": lambda kv, H: torch.cat([kv] * (H // kv.shape[1]), 1),
         "group axis after the positions": _expand_at(3),
         "H copies of each": lambda kv, H: kv.repeat_interleave(H, dim=1)[:, :H],
+        "copies on the last axis": lambda kv, H: kv[..., None].expand(*kv.shape, H // kv.shape[1]).reshape(
+            kv.shape[0], H, *kv.shape[2:]),
     }[mistake.name]
     fb = check_repeat_kv(reader)
     assert fb.status == "wrong" and fb.message == mistake.hint, fb.message
@@ -623,3 +625,34 @@ def test_repeat_kv_with_one_kv_head_is_a_view() -> None:
     assert r.stride()[:2] == (0, 0) and r.data_ptr() == kv.data_ptr()
     kv = torch.randn(1, 2, 16, 8)  # with H_kv > 1 the reshape copies
     assert repeat_kv(kv, 4).untyped_storage().data_ptr() != kv.untyped_storage().data_ptr()
+
+
+def test_repeat_kv_every_head_reading_head_0_is_named() -> None:
+    fb = check_repeat_kv(lambda kv, H: kv[:, :1].expand(kv.shape[0], H, *kv.shape[2:]))
+    assert fb.status == "wrong" and "every query head got key/value head 0" in fb.message, fb.message
+
+
+@pytest.mark.parametrize("imported", ["module", "function"])
+def test_split_merge_refuses_einops_as_the_exercise_asks(imported: str) -> None:
+    rearrange = einops.rearrange if imported == "module" else __import__("einops").einops.rearrange
+
+    def split(x: torch.Tensor, H: int) -> torch.Tensor:
+        return rearrange(x, "b s (h d) -> b h s d", h=H)
+
+    def merge(x: torch.Tensor) -> torch.Tensor:
+        return rearrange(x, "b h s d -> b s (h d)")
+
+    fb = check_split_merge(split, merge_heads)
+    assert fb.status == "wrong" and "split_heads calls einops.rearrange" in fb.message, fb.message
+    fb = check_split_merge(split_heads, merge)
+    assert fb.status == "wrong" and "merge_heads calls einops.rearrange" in fb.message, fb.message
+    assert einops.rearrange.__name__ == "rearrange"  # the spy is gone afterwards
+
+
+def test_op_log_records_the_operators() -> None:
+    from attnbook.ch06 import OpLog
+
+    q = split_heads(torch.randn(2, 5, 8), 2)  # [B, H, S, D_k], a transposed view
+    with OpLog() as log:
+        q @ q.transpose(-2, -1)
+    assert "bmm" in log.ops and "clone" in log.ops
