@@ -391,6 +391,32 @@ LINK_MISTAKES: tuple[Mistake, ...] = (
 )
 
 
+def _with_type(x: Any) -> str:
+    """A value with its type, so that a float 3.0 is not read as the integer 3."""
+    if isinstance(x, (Tensor, np.generic, np.ndarray)):
+        return f"{x!r} ({x.dtype})"
+    return f"{x!r} ({type(x).__name__})"
+
+
+def _gives_on_another(fn: Callable[..., Any], case: int, answer: Callable[..., tuple[int, int]]) -> bool:
+    """Whether ``fn`` returns ``answer(*link_case(c))`` on every other case ``c`` where that answer is wrong.
+
+    A hint that names a look-alike mistake (or a hard-coded answer) is given only when the reader's function
+    repeats it on a case where it differs from the right answer; an answer that merely coincides on one case
+    gets the generic hint instead. True when no other case tells them apart.
+    """
+    for other in range(len(LINK_CASES)):
+        if other == case:
+            continue
+        c = link_case(other)
+        target = tuple(int(v) for v in answer(*c))
+        if target == reference_strongest_link(*c):
+            continue  # this case does not tell the mistake from the right answer
+        result, fb = run_reader_code(fn, c[0].clone(), list(c[1]), c[2], c[3])
+        return fb is None and _as_pair(result) == target
+    return True
+
+
 def _solution_link(weights: Tensor, toks: list[str], query: str, key: str) -> tuple[int, int]:
     i, j = toks.index(query), toks.index(key)
     layer, head = divmod(int(weights[:, :, i, j].argmax()), weights.shape[1])
@@ -417,22 +443,23 @@ def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Fe
                              f"(i // {H}, i % {H}).")
             if isinstance(result, (tuple, list)) and len(result) == 2 and all(as_number(r) is not None for r in result):
                 return wrong(f"layer and head are indices, so return two integers (layer, head), got "
-                             f"{as_number(result[0]):g} and {as_number(result[1]):g}: use int(...) on the argmax, "
+                             f"{_with_type(result[0])} and {_with_type(result[1])}: use int(...) on the argmax, "
                              "not a division that gives a float.")
             return wrong(f"return a pair of ints (layer, head), got {describe(result)}.")
         expected = reference_strongest_link(weights, toks, query, key)
         if got == expected:
             continue
-        if LINK_CASES[case][0] != LINK_CASES[0][0] and got == reference_strongest_link(*link_case(0)):
+        if LINK_CASES[case][0] != LINK_CASES[0][0] and got == reference_strongest_link(*link_case(0)) \
+                and _gives_on_another(fn, case, lambda *c: reference_strongest_link(*link_case(0))):
             return wrong(f"you returned {got} for {LINK_CASES[case][0]!r} too, the answer for the book's sentence: "
                          "find the head from the weights you are given, not from the chapter.")
         hint = diagnose(torch.tensor(got), LINK_MISTAKES, weights, toks, query, key)
         if hint is not None:
             return hint
-        if torch.equal(torch.tensor(got), _row_max_link(weights, toks, query, key)):
-            return wrong(ROW_MAX_LINK_HINT)
-        if torch.equal(torch.tensor(got), _first_top_link(weights, toks, query, key)):
-            return wrong(FIRST_TOP_LINK_HINT)
+        for look_alike, look_alike_hint in ((_row_max_link, ROW_MAX_LINK_HINT), (_first_top_link, FIRST_TOP_LINK_HINT)):
+            if torch.equal(torch.tensor(got), look_alike(weights, toks, query, key)) \
+                    and _gives_on_another(fn, case, lambda *c, f=look_alike: tuple(f(*c).tolist())):
+                return wrong(look_alike_hint)
         _, toks0, query0, key0 = link_case(0)
         i0, j0 = toks0.index(query0), toks0.index(key0)  # the positions in the book's sentence
         if (case != 0 and max(i0, j0) < len(toks) and (i0, j0) != (toks.index(query), toks.index(key))
@@ -464,19 +491,25 @@ PREVIOUS_MISTAKES: tuple[Mistake, ...] = (
             "you summed the S - 1 weights on the previous token; the score is their mean, so that it lies between 0 and 1 "
             "whatever the sentence's length."),
     Mistake("wrap-around with roll", lambda w: (w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) + w[..., 0, -1]) / w.shape[-1],
-            "you shifted with torch.roll, which wraps around: query 0 then counts its weight on the LAST token as its "
-            "'previous' one. Query 0 has no previous token: average weights[..., i, i-1] over i = 1 .. S-1 only, "
+            "your score wraps around: query 0 counts its weight on the LAST token as its 'previous' one (a shift "
+            "with torch.roll does this). Query 0 has no previous token: average weights[..., i, i-1] over i = 1 .. S-1 only, "
             "weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)."),
     Mistake("next token with roll", lambda w: (w.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1) + w[..., -1, 0]) / w.shape[-1],
-            "you rolled the wrong way: torch.roll(torch.eye(S), 1, dims=-1) puts 1 at [i, i+1], the NEXT token, and it "
-            "wraps around, so the last query counts [CLS] as its next token. The previous token is [i, i-1], just below "
-            "the diagonal, and query 0 has none: weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)."),
+            "your score is the mean weight on the NEXT token, and it wraps around: the last query counts [CLS] as its "
+            "next token (a torch.roll the wrong way does this). The previous token is [i, i-1], just "
+            "below the diagonal, and query 0 has none: weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)."),
     Mistake("without the [SEP] query", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., :-1].mean(-1),
             "you left out the last query, [SEP]: it is a token of the sentence like any other and has a previous "
             "token, so average over every query i = 1 .. S-1."),
     Mistake("without the [CLS] key", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., 1:].mean(-1),
             "you left out query 1, whose previous token is [CLS]: every query i = 1 .. S-1 has a previous token, "
             "[CLS] included."),
+    Mistake("without [CLS] and [SEP]", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., 1:-1].mean(-1),
+            "you left out both [CLS] and [SEP]: even if they act as a sink, they are tokens of the sentence here, "
+            "so keep every query i = 1 .. S-1, and the weight of query 1 on [CLS]."),
+    Mistake("every earlier token", lambda w: w.tril(-1).sum(-1)[..., 1:].mean(-1),
+            "you averaged the weight on all earlier tokens (everything left of the diagonal); the score counts only "
+            "the token just before, i - 1, one entry per row."),
 )
 
 #: The sentences the previous-token checker uses: the book's, and one of another length.
@@ -674,6 +707,10 @@ def check_copy_layer(fn: Callable[[nn.Module, int], Any], layers: Sequence[int] 
     The reader's copy must reproduce the model's attention weights and ``attention.output.dense``
     output to within 1e-5 on a padded batch of two sentences (real tokens compared).
     """
+    code = getattr(fn, "__code__", None)
+    if code is not None and "layer_to_attnlib" in code.co_names:
+        return wrong("the exercise is to write the copy without pretrained.layer_to_attnlib: build the module and "
+                     "copy the four linear layers' weights and biases yourself.")
     model, tokenizer = P.load_minilm()
     run = run_model(model, P.encode(tokenizer, [LINK_CASES[0][0], "Where are they?"]))
     real = run.attention_mask.bool()  # [B, S]
@@ -910,6 +947,21 @@ class Ablation(NamedTuple):
             return sims[..., pick_p].movedim(-2, 0).mean(-1) - sims[..., pick_u].movedim(-2, 0).mean(-1)
 
         return gap(self.baseline)[:, None, None] - gap(self.ablated)  # [n, L, H]
+
+    def bootstrap_swap_share(self, without: Tensor, n: int = 2000, seed: int = 0) -> Tensor:
+        """``[n, L, H]``: each head's :meth:`swap_drop` as a share of what attention adds, on ``n`` resamples.
+
+        The role-swap pairs are resampled with replacement; on each resample the share is the head's drop
+        of the swap distance divided by that resample's swap distance with every head minus the swap
+        distance of ``without`` (``[P]`` similarities of the model with no attention).
+        """
+        gen = torch.Generator().manual_seed(seed)
+        swap = torch.nonzero(self.swap).flatten()  # [P_swap]
+        pick = swap[torch.randint(len(swap), (n, len(swap)), generator=gen)]  # [n, P_swap]
+        base = 1.0 - self.baseline[pick].mean(-1)  # [n]
+        attention = base - (1.0 - without[pick].mean(-1))  # [n]: what attention adds on each resample
+        ablated = 1.0 - self.ablated[..., pick].mean(-1)  # [L, H, n]
+        return ((base - ablated) / attention).movedim(-1, 0)  # [n, L, H]
 
     def auc(self, sims: Tensor, against: str = "unrelated") -> Tensor:
         """Fraction of (paraphrase, other) pairs of pairs in which the paraphrase pair scores higher (``[...]`` for ``[..., P]``).
