@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from attnlib import pretrained as P
 from attnlib.multihead import MultiHeadSelfAttention
 
-from .diagrams import MUTED, PALETTE, Diagram, diagram
+from .diagrams import INK, MUTED, PALETTE, Diagram, diagram
 from .feedback import (
     Feedback,
     Mistake,
@@ -1257,4 +1257,102 @@ def heads_grid() -> Diagram:
     d.text(46, y, f"are \u2192 books: layer {layer}, head {head}", size=14, anchor="start")
     d.rect(20, y + 12, 18, 18, fill="sky", tint=True, stroke="sky", rx=0, width=2)
     d.text(46, y + 26, "top heads: P previous, N next, C [CLS]", size=14, anchor="start")
+    return d
+
+
+@diagram
+def value_pieces() -> Diagram:
+    """How a head's output at one query splits into one piece per key, and the two shares of a piece."""
+    d = Diagram(
+        "ch07_value_pieces", 440, 360, title="A head's output as a sum of one piece per key",
+        alt="Three arrows placed tip to tail, the pieces w times f(x) of keys 1, 2 and 3, add up to a fourth, "
+            "bold arrow from the start to the end: the head's output o. A dashed line drops from the tip of key "
+            "1's piece onto o, marking its shadow on o. Below, two definitions: the share of the sum of norms is "
+            "a piece's length over the sum of all pieces' lengths; the share along o is the length of its "
+            "shadow over the length of o.")
+    ox, oy = 50, 250  # the start
+    pieces = [("key 1", (240, -20), "orange"), ("key 2", (60, 36), "green"), ("key 3", (-40, -136), "sky")]
+    x, y = ox, oy
+    ends = []
+    for label, (dx, dy), colour in pieces:
+        d.arrow(x, y, x + dx, y + dy, color=PALETTE[colour])
+        ends.append((x + dx, y + dy))
+        x, y = x + dx, y + dy
+    sx, sy = x - ox, y - oy  # o, the sum
+    d.arrow(ox, oy, x, y, color=INK)
+    d.text(20, 150, "o = sum of pieces", size=15, weight="bold", anchor="start")
+    d.text(ox + 120, oy + 24, "piece of key 1", size=14, color=PALETTE["vermillion"])
+    d.text(ends[1][0] + 8, ends[1][1] + 4, "key 2", size=14, color=PALETTE["green"], anchor="start")
+    d.text(ends[2][0] + 30, ends[2][1] + 70, "key 3", size=14, color=PALETTE["blue"], anchor="start")
+    (px, py) = pieces[0][1]
+    t = (px * sx + py * sy) / (sx * sx + sy * sy)  # the shadow of key 1's piece on o
+    d.line(ends[0][0], ends[0][1], ox + t * sx, oy + t * sy, color=MUTED, dash=True)
+    d.text(220, 24, "piece j = w_ij f(x_j); o = the head's output", size=15, weight="bold")
+    d.text(20, 300, "share of the sum of norms = |piece| / sum of all |pieces|", size=14, anchor="start")
+    d.text(20, 326, "share along o = length of its shadow on o / |o|", size=14, anchor="start")
+    d.text(20, 350, "(the dashed line drops key 1's piece onto o)", size=14, anchor="start", color=MUTED)
+    return d
+
+
+@diagram
+def bert_layer() -> Diagram:
+    """Where attnlib's output (the dense output) sits in one BERT encoder layer."""
+    d = Diagram(
+        "ch07_bert_layer", 440, 520, title="One encoder layer of the model, and the part attnlib computes",
+        alt="A column of boxes, top to bottom: the layer's input x; attention.self (W_Q, W_K, W_V, softmax, one "
+            "set per head); attention.output.dense (W_O); dropout; a plus sign where x comes back along a side "
+            "arrow (the residual connection); LayerNorm; the feed-forward network with its own residual and "
+            "LayerNorm; the next layer. A dashed frame around attention.self and the dense layer is labelled "
+            "attnlib.MultiHeadSelfAttention: its output is the dense output.")
+    x, w, h = 60, 270, 40
+    rows = [("input x of layer l", None, "grey"), ("attention.self", "W_Q, W_K, W_V, softmax", "blue"),
+            ("attention.output.dense", "W_O", "blue"), ("dropout (off in eval)", None, "grey"),
+            ("+ x  (residual)", None, "yellow"), ("LayerNorm", None, "grey"),
+            ("feed-forward, + x, LayerNorm", None, "green"), ("input of layer l + 1", None, "grey")]
+    y0, step = 30, 62
+    for k, (label, sub, colour) in enumerate(rows):
+        y = y0 + k * step
+        d.box(x, y, w, h + (8 if sub else 0), label, sub=sub, color=colour, size=16 if sub else 14)
+        if k:
+            d.arrow(x + w / 2, y - step + h + (8 if rows[k - 1][1] else 0), x + w / 2, y)
+    # the residual connection: from x, down the left side, into the "+ x" box
+    top, plus = y0 + h / 2, y0 + 4 * step + h / 2
+    d.line(x, top, x - 40, top)
+    d.line(x - 40, top, x - 40, plus)
+    d.arrow(x - 40, plus, x, plus)
+    d.rect(x - 8, y0 + step - 8, w + 16, 2 * step + 8, dash=True, stroke=PALETTE["vermillion"], width=2)
+    for k, word in enumerate(("attnlib's", "module:", "its output", "is this", "dense", "output")):
+        d.text(x + w + 14, y0 + step + 14 + 20 * k, word, size=14, anchor="start", color=PALETTE["vermillion"])
+    return d
+
+
+@diagram
+def zero_ablation() -> Diagram:
+    """Switching one head off by zeroing its block of the output projection."""
+    d = Diagram(
+        "ch07_zero_ablation", 440, 340, title="Zero-ablation: one head's block of W_O set to 0",
+        alt="Left, the 12 heads' outputs side by side, head 0 to head 11, each 32 numbers wide, with head h "
+            "shaded grey. Right, the output projection W_O drawn as 12 horizontal blocks of 32 rows, one per "
+            "head; the block of head h is grey and filled with 0. Below: the layer's dense output is the sum "
+            "over heads of head_h times W_O's block h, so a zero block removes exactly that head's term; "
+            "mean-ablation puts the term's mean over all tokens in its place.")
+    cell = 20
+    removed = 4
+    d.text(220, 24, "dense = sum over heads of head_h W_O^h", size=15, weight="bold")
+    # the merged heads: [S, 12 x 32], one cell per head
+    fills = [["sky" if h != removed else "grey" for h in range(N_HEADS)]]
+    d.grid(20, 80, fills, cell=cell)
+    d.text(20, 70, "head outputs, merged", size=14, anchor="start")
+    d.text(20 + removed * cell + cell / 2, 80 + cell + 18, "h", size=14, weight="bold")
+    d.text(20 + N_HEADS * cell / 2, 80 + cell + 40, "12 heads x 32 = 384", size=14, color=MUTED)
+    # W_O: 12 blocks of 32 rows, one per head
+    gx = 330
+    wfills = [["blue"] * 4 if r != removed else ["grey"] * 4 for r in range(N_HEADS)]
+    labels = [[""] * 4 if r != removed else ["", "0", "0", ""] for r in range(N_HEADS)]
+    d.grid(gx, 60, wfills, cell=16, labels=labels, size=14)
+    d.text(gx + 32, 50, "W_O", size=15, weight="bold")
+    d.text(gx - 8, 60 + removed * 16 + 8 + 5, "block h", size=14, anchor="end")
+    d.text(20, 290, "zero-ablation: block h of W_O is 0, so head h's term", size=14, anchor="start")
+    d.text(20, 310, "vanishes and the other 11 terms are unchanged;", size=14, anchor="start")
+    d.text(20, 330, "mean-ablation puts the term's mean in its place.", size=14, anchor="start", color=MUTED)
     return d
