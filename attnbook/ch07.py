@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from attnlib import pretrained as P
 from attnlib.multihead import MultiHeadSelfAttention
 
-from .diagrams import MUTED, PALETTE, Diagram, diagram
+from .diagrams import INK, MUTED, PALETTE, Diagram, diagram
 from .feedback import (
     Feedback,
     Mistake,
@@ -391,6 +391,32 @@ LINK_MISTAKES: tuple[Mistake, ...] = (
 )
 
 
+def _with_type(x: Any) -> str:
+    """A value with its type, so that a float 3.0 is not read as the integer 3."""
+    if isinstance(x, (Tensor, np.generic, np.ndarray)):
+        return f"{x!r} ({x.dtype})"
+    return f"{x!r} ({type(x).__name__})"
+
+
+def _gives_on_another(fn: Callable[..., Any], case: int, answer: Callable[..., tuple[int, int]]) -> bool:
+    """Whether ``fn`` returns ``answer(*link_case(c))`` on every other case ``c`` where that answer is wrong.
+
+    A hint that names a look-alike mistake (or a hard-coded answer) is given only when the reader's function
+    repeats it on a case where it differs from the right answer; an answer that merely coincides on one case
+    gets the generic hint instead. True when no other case tells them apart.
+    """
+    for other in range(len(LINK_CASES)):
+        if other == case:
+            continue
+        c = link_case(other)
+        target = tuple(int(v) for v in answer(*c))
+        if target == reference_strongest_link(*c):
+            continue  # this case does not tell the mistake from the right answer
+        result, fb = run_reader_code(fn, c[0].clone(), list(c[1]), c[2], c[3])
+        return fb is None and _as_pair(result) == target
+    return True
+
+
 def _solution_link(weights: Tensor, toks: list[str], query: str, key: str) -> tuple[int, int]:
     i, j = toks.index(query), toks.index(key)
     layer, head = divmod(int(weights[:, :, i, j].argmax()), weights.shape[1])
@@ -417,22 +443,23 @@ def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Fe
                              f"(i // {H}, i % {H}).")
             if isinstance(result, (tuple, list)) and len(result) == 2 and all(as_number(r) is not None for r in result):
                 return wrong(f"layer and head are indices, so return two integers (layer, head), got "
-                             f"{as_number(result[0]):g} and {as_number(result[1]):g}: use int(...) on the argmax, "
+                             f"{_with_type(result[0])} and {_with_type(result[1])}: use int(...) on the argmax, "
                              "not a division that gives a float.")
             return wrong(f"return a pair of ints (layer, head), got {describe(result)}.")
         expected = reference_strongest_link(weights, toks, query, key)
         if got == expected:
             continue
-        if LINK_CASES[case][0] != LINK_CASES[0][0] and got == reference_strongest_link(*link_case(0)):
+        if LINK_CASES[case][0] != LINK_CASES[0][0] and got == reference_strongest_link(*link_case(0)) \
+                and _gives_on_another(fn, case, lambda *c: reference_strongest_link(*link_case(0))):
             return wrong(f"you returned {got} for {LINK_CASES[case][0]!r} too, the answer for the book's sentence: "
                          "find the head from the weights you are given, not from the chapter.")
         hint = diagnose(torch.tensor(got), LINK_MISTAKES, weights, toks, query, key)
         if hint is not None:
             return hint
-        if torch.equal(torch.tensor(got), _row_max_link(weights, toks, query, key)):
-            return wrong(ROW_MAX_LINK_HINT)
-        if torch.equal(torch.tensor(got), _first_top_link(weights, toks, query, key)):
-            return wrong(FIRST_TOP_LINK_HINT)
+        for look_alike, look_alike_hint in ((_row_max_link, ROW_MAX_LINK_HINT), (_first_top_link, FIRST_TOP_LINK_HINT)):
+            if torch.equal(torch.tensor(got), look_alike(weights, toks, query, key)) \
+                    and _gives_on_another(fn, case, lambda *c, f=look_alike: tuple(f(*c).tolist())):
+                return wrong(look_alike_hint)
         _, toks0, query0, key0 = link_case(0)
         i0, j0 = toks0.index(query0), toks0.index(key0)  # the positions in the book's sentence
         if (case != 0 and max(i0, j0) < len(toks) and (i0, j0) != (toks.index(query), toks.index(key))
@@ -464,19 +491,25 @@ PREVIOUS_MISTAKES: tuple[Mistake, ...] = (
             "you summed the S - 1 weights on the previous token; the score is their mean, so that it lies between 0 and 1 "
             "whatever the sentence's length."),
     Mistake("wrap-around with roll", lambda w: (w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) + w[..., 0, -1]) / w.shape[-1],
-            "you shifted with torch.roll, which wraps around: query 0 then counts its weight on the LAST token as its "
-            "'previous' one. Query 0 has no previous token: average weights[..., i, i-1] over i = 1 .. S-1 only, "
+            "your score wraps around: query 0 counts its weight on the LAST token as its 'previous' one (a shift "
+            "with torch.roll does this). Query 0 has no previous token: average weights[..., i, i-1] over i = 1 .. S-1 only, "
             "weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)."),
     Mistake("next token with roll", lambda w: (w.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1) + w[..., -1, 0]) / w.shape[-1],
-            "you rolled the wrong way: torch.roll(torch.eye(S), 1, dims=-1) puts 1 at [i, i+1], the NEXT token, and it "
-            "wraps around, so the last query counts [CLS] as its next token. The previous token is [i, i-1], just below "
-            "the diagonal, and query 0 has none: weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)."),
+            "your score is the mean weight on the NEXT token, and it wraps around: the last query counts [CLS] as its "
+            "next token (a torch.roll the wrong way does this). The previous token is [i, i-1], just "
+            "below the diagonal, and query 0 has none: weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)."),
     Mistake("without the [SEP] query", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., :-1].mean(-1),
             "you left out the last query, [SEP]: it is a token of the sentence like any other and has a previous "
             "token, so average over every query i = 1 .. S-1."),
     Mistake("without the [CLS] key", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., 1:].mean(-1),
             "you left out query 1, whose previous token is [CLS]: every query i = 1 .. S-1 has a previous token, "
             "[CLS] included."),
+    Mistake("without [CLS] and [SEP]", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., 1:-1].mean(-1),
+            "you left out both [CLS] and [SEP]: even if they act as a sink, they are tokens of the sentence here, "
+            "so keep every query i = 1 .. S-1, and the weight of query 1 on [CLS]."),
+    Mistake("every earlier token", lambda w: w.tril(-1).sum(-1)[..., 1:].mean(-1),
+            "you averaged the weight on all earlier tokens (everything left of the diagonal); the score counts only "
+            "the token just before, i - 1, one entry per row."),
 )
 
 #: The sentences the previous-token checker uses: the book's, and one of another length.
@@ -674,6 +707,10 @@ def check_copy_layer(fn: Callable[[nn.Module, int], Any], layers: Sequence[int] 
     The reader's copy must reproduce the model's attention weights and ``attention.output.dense``
     output to within 1e-5 on a padded batch of two sentences (real tokens compared).
     """
+    code = getattr(fn, "__code__", None)
+    if code is not None and "layer_to_attnlib" in code.co_names:
+        return wrong("the exercise is to write the copy without pretrained.layer_to_attnlib: build the module and "
+                     "copy the four linear layers' weights and biases yourself.")
     model, tokenizer = P.load_minilm()
     run = run_model(model, P.encode(tokenizer, [LINK_CASES[0][0], "Where are they?"]))
     real = run.attention_mask.bool()  # [B, S]
@@ -910,6 +947,21 @@ class Ablation(NamedTuple):
             return sims[..., pick_p].movedim(-2, 0).mean(-1) - sims[..., pick_u].movedim(-2, 0).mean(-1)
 
         return gap(self.baseline)[:, None, None] - gap(self.ablated)  # [n, L, H]
+
+    def bootstrap_swap_share(self, without: Tensor, n: int = 2000, seed: int = 0) -> Tensor:
+        """``[n, L, H]``: each head's :meth:`swap_drop` as a share of what attention adds, on ``n`` resamples.
+
+        The role-swap pairs are resampled with replacement; on each resample the share is the head's drop
+        of the swap distance divided by that resample's swap distance with every head minus the swap
+        distance of ``without`` (``[P]`` similarities of the model with no attention).
+        """
+        gen = torch.Generator().manual_seed(seed)
+        swap = torch.nonzero(self.swap).flatten()  # [P_swap]
+        pick = swap[torch.randint(len(swap), (n, len(swap)), generator=gen)]  # [n, P_swap]
+        base = 1.0 - self.baseline[pick].mean(-1)  # [n]
+        attention = base - (1.0 - without[pick].mean(-1))  # [n]: what attention adds on each resample
+        ablated = 1.0 - self.ablated[..., pick].mean(-1)  # [L, H, n]
+        return ((base - ablated) / attention).movedim(-1, 0)  # [n, L, H]
 
     def auc(self, sims: Tensor, against: str = "unrelated") -> Tensor:
         """Fraction of (paraphrase, other) pairs of pairs in which the paraphrase pair scores higher (``[...]`` for ``[..., P]``).
@@ -1205,4 +1257,102 @@ def heads_grid() -> Diagram:
     d.text(46, y, f"are \u2192 books: layer {layer}, head {head}", size=14, anchor="start")
     d.rect(20, y + 12, 18, 18, fill="sky", tint=True, stroke="sky", rx=0, width=2)
     d.text(46, y + 26, "top heads: P previous, N next, C [CLS]", size=14, anchor="start")
+    return d
+
+
+@diagram
+def value_pieces() -> Diagram:
+    """How a head's output at one query splits into one piece per key, and the two shares of a piece."""
+    d = Diagram(
+        "ch07_value_pieces", 440, 360, title="A head's output as a sum of one piece per key",
+        alt="Three arrows placed tip to tail, the pieces w times f(x) of keys 1, 2 and 3, add up to a fourth, "
+            "bold arrow from the start to the end: the head's output o. A dashed line drops from the tip of key "
+            "1's piece onto o, marking its shadow on o. Below, two definitions: the share of the sum of norms is "
+            "a piece's length over the sum of all pieces' lengths; the share along o is the length of its "
+            "shadow over the length of o.")
+    ox, oy = 50, 250  # the start
+    pieces = [("key 1", (240, -20), "orange"), ("key 2", (60, 36), "green"), ("key 3", (-40, -136), "sky")]
+    x, y = ox, oy
+    ends = []
+    for label, (dx, dy), colour in pieces:
+        d.arrow(x, y, x + dx, y + dy, color=PALETTE[colour])
+        ends.append((x + dx, y + dy))
+        x, y = x + dx, y + dy
+    sx, sy = x - ox, y - oy  # o, the sum
+    d.arrow(ox, oy, x, y, color=INK)
+    d.text(20, 150, "o = sum of pieces", size=15, weight="bold", anchor="start")
+    d.text(ox + 120, oy + 24, "piece of key 1", size=14, color=PALETTE["vermillion"])
+    d.text(ends[1][0] + 8, ends[1][1] + 4, "key 2", size=14, color=PALETTE["green"], anchor="start")
+    d.text(ends[2][0] + 30, ends[2][1] + 70, "key 3", size=14, color=PALETTE["blue"], anchor="start")
+    (px, py) = pieces[0][1]
+    t = (px * sx + py * sy) / (sx * sx + sy * sy)  # the shadow of key 1's piece on o
+    d.line(ends[0][0], ends[0][1], ox + t * sx, oy + t * sy, color=MUTED, dash=True)
+    d.text(220, 24, "piece j = w_ij f(x_j); o = the head's output", size=15, weight="bold")
+    d.text(20, 300, "share of the sum of norms = |piece| / sum of all |pieces|", size=14, anchor="start")
+    d.text(20, 326, "share along o = length of its shadow on o / |o|", size=14, anchor="start")
+    d.text(20, 350, "(the dashed line drops key 1's piece onto o)", size=14, anchor="start", color=MUTED)
+    return d
+
+
+@diagram
+def bert_layer() -> Diagram:
+    """Where attnlib's output (the dense output) sits in one BERT encoder layer."""
+    d = Diagram(
+        "ch07_bert_layer", 440, 520, title="One encoder layer of the model, and the part attnlib computes",
+        alt="A column of boxes, top to bottom: the layer's input x; attention.self (W_Q, W_K, W_V, softmax, one "
+            "set per head); attention.output.dense (W_O); dropout; a plus sign where x comes back along a side "
+            "arrow (the residual connection); LayerNorm; the feed-forward network with its own residual and "
+            "LayerNorm; the next layer. A dashed frame around attention.self and the dense layer is labelled "
+            "attnlib.MultiHeadSelfAttention: its output is the dense output.")
+    x, w, h = 60, 270, 40
+    rows = [("input x of layer l", None, "grey"), ("attention.self", "W_Q, W_K, W_V, softmax", "blue"),
+            ("attention.output.dense", "W_O", "blue"), ("dropout (off in eval)", None, "grey"),
+            ("+ x  (residual)", None, "yellow"), ("LayerNorm", None, "grey"),
+            ("feed-forward, + x, LayerNorm", None, "green"), ("input of layer l + 1", None, "grey")]
+    y0, step = 30, 62
+    for k, (label, sub, colour) in enumerate(rows):
+        y = y0 + k * step
+        d.box(x, y, w, h + (8 if sub else 0), label, sub=sub, color=colour, size=16 if sub else 14)
+        if k:
+            d.arrow(x + w / 2, y - step + h + (8 if rows[k - 1][1] else 0), x + w / 2, y)
+    # the residual connection: from x, down the left side, into the "+ x" box
+    top, plus = y0 + h / 2, y0 + 4 * step + h / 2
+    d.line(x, top, x - 40, top)
+    d.line(x - 40, top, x - 40, plus)
+    d.arrow(x - 40, plus, x, plus)
+    d.rect(x - 8, y0 + step - 8, w + 16, 2 * step + 8, dash=True, stroke=PALETTE["vermillion"], width=2)
+    for k, word in enumerate(("attnlib's", "module:", "its output", "is this", "dense", "output")):
+        d.text(x + w + 14, y0 + step + 14 + 20 * k, word, size=14, anchor="start", color=PALETTE["vermillion"])
+    return d
+
+
+@diagram
+def zero_ablation() -> Diagram:
+    """Switching one head off by zeroing its block of the output projection."""
+    d = Diagram(
+        "ch07_zero_ablation", 440, 340, title="Zero-ablation: one head's block of W_O set to 0",
+        alt="Left, the 12 heads' outputs side by side, head 0 to head 11, each 32 numbers wide, with head h "
+            "shaded grey. Right, the output projection W_O drawn as 12 horizontal blocks of 32 rows, one per "
+            "head; the block of head h is grey and filled with 0. Below: the layer's dense output is the sum "
+            "over heads of head_h times W_O's block h, so a zero block removes exactly that head's term; "
+            "mean-ablation puts the term's mean over all tokens in its place.")
+    cell = 20
+    removed = 4
+    d.text(220, 24, "dense = sum over heads of head_h W_O^h", size=15, weight="bold")
+    # the merged heads: [S, 12 x 32], one cell per head
+    fills = [["sky" if h != removed else "grey" for h in range(N_HEADS)]]
+    d.grid(20, 80, fills, cell=cell)
+    d.text(20, 70, "head outputs, merged", size=14, anchor="start")
+    d.text(20 + removed * cell + cell / 2, 80 + cell + 18, "h", size=14, weight="bold")
+    d.text(20 + N_HEADS * cell / 2, 80 + cell + 40, "12 heads x 32 = 384", size=14, color=MUTED)
+    # W_O: 12 blocks of 32 rows, one per head
+    gx = 330
+    wfills = [["blue"] * 4 if r != removed else ["grey"] * 4 for r in range(N_HEADS)]
+    labels = [[""] * 4 if r != removed else ["", "0", "0", ""] for r in range(N_HEADS)]
+    d.grid(gx, 60, wfills, cell=16, labels=labels, size=14)
+    d.text(gx + 32, 50, "W_O", size=15, weight="bold")
+    d.text(gx - 8, 60 + removed * 16 + 8 + 5, "block h", size=14, anchor="end")
+    d.text(20, 290, "zero-ablation: block h of W_O is 0, so head h's term", size=14, anchor="start")
+    d.text(20, 310, "vanishes and the other 11 terms are unchanged;", size=14, anchor="start")
+    d.text(20, 330, "mean-ablation puts the term's mean in its place.", size=14, anchor="start", color=MUTED)
     return d

@@ -674,3 +674,68 @@ def test_the_diagram_and_the_explorer_open_on_the_heads_the_data_find(sentence_r
     mjs = (Path(__file__).resolve().parents[1] / "book/_static/explorer/explorer.mjs").read_text()
     assert "const DEFAULT_LAYER = %d, DEFAULT_HEAD = %d;" % ch07.ARE_BOOKS_HEAD in mjs
     assert 'const DEFAULT_SENTENCE = "The books on the shelf are old.";' in mjs
+
+
+# ---------------------------------------------------------------- slips found by the fourth reading
+
+
+def test_previous_token_score_names_all_earlier_tokens_and_both_specials_left_out() -> None:
+    fb = ch07.check_previous_token_score(lambda w: w.tril(-1).sum(-1)[..., 1:].mean(-1))
+    assert fb.status == "wrong" and "all earlier tokens" in fb.message, fb
+    fb = ch07.check_previous_token_score(lambda w: w.diagonal(-1, -2, -1)[..., 1:-1].mean(-1))
+    assert fb.status == "wrong" and "both [CLS] and [SEP]" in fb.message, fb
+
+
+def test_previous_token_score_describes_a_rolled_weight_tensor_by_its_effect() -> None:
+    fb = ch07.check_previous_token_score(lambda w: torch.roll(w, 1, dims=-2).diagonal(0, -2, -1).mean(-1))
+    assert fb.status == "wrong" and "NEXT token" in fb.message and "wraps around" in fb.message, fb
+
+
+def test_strongest_link_does_not_call_an_answer_from_the_data_hard_coded() -> None:
+    def head_by_mean(w, t, q, k):  # the head index by its mean over layers, then that head's best layer
+        link = w[:, :, t.index(q), t.index(k)]  # [L, H]
+        head = int(link.mean(0).argmax())
+        return int(link[:, head].argmax()), head
+
+    fb = ch07.check_strongest_link(head_by_mean)
+    assert fb.status == "wrong" and "not from the chapter" not in fb.message, fb
+    book = ch07.reference_strongest_link(*ch07.link_case(0))
+    fb = ch07.check_strongest_link(lambda *a: book)
+    assert fb.status == "wrong" and "not from the chapter" in fb.message, fb
+
+
+def test_strongest_link_gives_a_look_alike_hint_only_when_it_repeats() -> None:
+    def both_directions(w, t, q, k):
+        i, j = t.index(q), t.index(k)
+        return divmod(int((w[:, :, i, j] + w[:, :, j, i]).argmax()), w.shape[1])
+
+    fb = ch07.check_strongest_link(both_directions)
+    assert fb.status == "wrong" and fb.message not in (ch07.FIRST_TOP_LINK_HINT, ch07.ROW_MAX_LINK_HINT), fb
+
+
+def test_strongest_link_shows_the_type_of_float_tensors() -> None:
+    def floats(w, t, q, k):
+        f = w[:, :, t.index(q), t.index(k)].flatten().argmax().float()
+        return (f / w.shape[1]).floor(), f % w.shape[1]
+
+    fb = ch07.check_strongest_link(floats)
+    assert fb.status == "wrong" and "torch.float32" in fb.message, fb
+
+
+def test_copy_layer_refuses_layer_to_attnlib() -> None:
+    from attnlib import pretrained
+
+    fb = check_copy_layer(lambda model, i: pretrained.layer_to_attnlib(model, i))
+    assert fb.status == "wrong" and "without pretrained.layer_to_attnlib" in fb.message, fb
+
+
+def test_bootstrap_swap_share_on_a_constructed_ablation() -> None:
+    swap = torch.tensor([False, True, True, True])
+    baseline = torch.tensor([0.9, 0.98, 0.98, 0.98])
+    ablated = baseline.expand(1, 2, 4).clone()
+    ablated[0, 0, 1:] = 0.99  # head 0 removes half of the swap distance attention adds
+    without = torch.tensor([0.9, 1.0, 1.0, 1.0])
+    ab = ch07.Ablation(baseline, baseline, ablated, torch.tensor([True, False, False, False]), swap)
+    share = ab.bootstrap_swap_share(without, n=50)
+    assert share.shape == (50, 1, 2)
+    assert torch.allclose(share[:, 0, 0], torch.tensor(0.5)) and torch.allclose(share[:, 0, 1], torch.tensor(0.0))
