@@ -227,6 +227,33 @@ def copied_positions(n_tokens: int) -> dict[str, int]:
 
 
 @torch.no_grad()
+def window_moves(window: int, steps: int, layer: bool = False) -> dict[str, int]:
+    """Positions a windowed ``KVCache`` moves to fresh buffers over ``steps`` one-token steps (exact).
+
+    A move is seen from outside: the cached keys' storage changes, so the positions held before the
+    step were copied. ``layer=True`` decodes through ``MultiHeadSelfAttention(32, 4, num_kv_heads=2)``.
+    Returns the moves, the positions moved in all and after the window first filled, and those steps.
+    """
+    torch.manual_seed(0)
+    attention = MultiHeadSelfAttention(32, 4, num_kv_heads=2, window=window) if layer else None
+    cache, counts = KVCache(), {"moves": 0, "moved": 0, "moved_full": 0, "steps_full": 0}
+    for _ in range(steps):
+        held = 0 if cache.keys is None else cache.keys.shape[2]
+        before = None if cache.keys is None else cache.keys.untyped_storage().data_ptr()
+        if attention is not None:
+            attention(torch.randn(1, 1, 32), causal=True, need_weights=False, cache=cache)
+        else:
+            cache.update(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8), window=window)
+        moved = held if before is not None and cache.keys.untyped_storage().data_ptr() != before else 0
+        counts["moves"] += moved > 0
+        counts["moved"] += moved
+        if held == window:  # the window was full before this step
+            counts["moved_full"] += moved
+            counts["steps_full"] += 1
+    return counts
+
+
+@torch.no_grad()
 def time_per_token(model: Any, positions: list[int], *, repeats: int = 7, threads: int = 1) -> dict[str, list[float]]:
     """Milliseconds to generate one token at each context length, with and without the cache.
 
@@ -1365,4 +1392,35 @@ def latent_cache_diagram() -> Diagram:
     d.text(372, 178, "rebuilt per head", size=14, color=MUTED)
     d.text(20, 222, f"cached per token and layer: {L} + {R} = {L + R} numbers,", size=14, anchor="start")
     d.text(20, 244, f"instead of 2 x {H} heads x {Dk} = {2 * H * Dk:,d} (MHA)", size=14, anchor="start")
+    return d
+
+
+#: the Flash-Decoding picture: one query against S_k cached keys, cut into chunks
+FLASH_DECODING_CHUNKS, FLASH_DECODING_KEYS = 4, 16
+
+
+@diagram
+def flash_decoding_diagram() -> Diagram:
+    """Flash-Decoding: one query, its keys cut into chunks computed in parallel, then a merge by logsumexp."""
+    n, S = FLASH_DECODING_CHUNKS, FLASH_DECODING_KEYS
+    per = S // n
+    colours = ("blue", "orange", "green", "purple")
+    d = Diagram("ch10_flash_decoding", 440, 330, title="Flash-Decoding splits the keys of one query",
+                alt=f"One new query above a row of {S} cached keys cut into {n} chunks of {per}, each in its own "
+                    f"colour. Each chunk is computed independently, in parallel, and gives a partial output O_i and "
+                    f"its logsumexp lse_i. Arrows from the {n} partial results lead to one merge box: "
+                    "lse = log of the sum of exp(lse_i), and O = the sum of exp(lse_i - lse) O_i.")
+    d.box(150, 14, 140, 40, "one query q", sub=None, color="sky", size=15)
+    cell, x0, y = 24, 28, 96
+    d.text(300, 30, f"S_k = {S} cached", size=14, anchor="start")
+    d.text(300, 48, "keys and values", size=14, anchor="start")
+    d.grid(x0, y, [[colours[j // per] for j in range(S)]], cell=cell)
+    for i in range(n):
+        cx = x0 + (i * per + per / 2) * cell
+        d.arrow(220, 56, cx, y - 2, color=MUTED)
+        d.box(cx - 46, 156, 92, 50, f"chunk {i}", sub=f"O_{i}, lse_{i}", color=colours[i], size=16)
+        d.arrow(cx, y + cell + 4, cx, 154)
+        d.arrow(cx, 208, 220, 250)
+    d.box(50, 252, 340, 64, "merge:  lse = log Σ exp(lse_i)", sub="O = Σ exp(lse_i - lse) · O_i", color="grey",
+          size=16)
     return d

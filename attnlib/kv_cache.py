@@ -2,8 +2,8 @@
 
 Growth: one buffer per tensor whose capacity doubles when full, so appending ``n`` positions one
 at a time copies ``O(n)`` numbers in total (``torch.cat`` on every step: ``O(n^2)``). A sliding
-window keeps the last ``window`` positions (a rolling buffer, moved to the front when full); a
-buffer grown past ``2 * window`` by a long prompt is replaced by one holding just the window.
+window keeps the last ``window`` positions in a buffer of at least ``2 * window`` once full, moved
+to the front when full: at most one copy per appended position, whatever ``window``.
 
 * **Autograd.** Under ``torch.no_grad()``/``torch.inference_mode()`` (decoding), or for tensors
   that need no gradient, the cache writes into its buffers in place. Keys and values that require
@@ -102,7 +102,7 @@ class KVCache:
         if owner is not None:
             self.held_by(owner)
             self._owner = self._owner or weakref.ref(owner)
-        n = new[0].shape[-2]
+        n, self._window = new[0].shape[-2], window
         kept = [b[:, :, self._start : self._end] for b in self._buffers]  # [B, H_kv, S_kept, D_k]
         if torch.is_grad_enabled() and any(t.requires_grad for t in (*new, *kept)):  # keep the graph for autograd
             views = tuple(torch.cat([c, t], dim=2) for c, t in zip(kept, new)) if kept else new
@@ -115,7 +115,6 @@ class KVCache:
             self._end += n
             views = tuple(b[:, :, self._start : self._end] for b in self._buffers)  # [B, H_kv, S_kept + S_new, D_k]
         self.length += n
-        self._window = window
         if window is not None:
             self._start = max(self._start, self._end - window)  # the rolling buffer drops the oldest
             if self._buffers[0].shape[-2] > 2 * window:  # a long prompt grew it: keep only the window
@@ -163,8 +162,8 @@ class KVCache:
 
     def _make_room(self, new: tuple[Tensor, ...], n: int) -> None:
         """Move the kept positions to the front of fresh buffers with room for ``n`` more (doubling)."""
-        kept = self._end - self._start
-        capacity = max(self._buffers[0].shape[-2] if self._writable else kept, 1)
+        kept, w = self._end - self._start, self._window or 0  # a full window: >= 2w, one move per w appends
+        capacity = max(self._buffers[0].shape[-2] if self._writable else kept, 1, 2 * w if kept + n > w else 1)
         while kept + n > capacity:
             capacity *= 2
         old = self._buffers or [t[:, :, :0] for t in new]

@@ -210,9 +210,9 @@ def paged_attention(q: Tensor, cache: PagedKVCache) -> Tensor:
 def paged_attention_in_place(q: Tensor, cache: PagedKVCache) -> Tensor:
     """:func:`paged_attention` for one query per head, ``q [H, 1, D_k]``, reading the blocks in place.
 
-    Runs of consecutive blocks are views of the pool (no gather): their scores are joined, one softmax
-    runs over them (in float32 for a 16-bit pool), each run's values are weighted by its share. Equal
-    to :func:`paged_attention` up to float rounding.
+    Runs of consecutive blocks are views of the pool (no gather), merged one run at a time with an
+    online softmax (a running maximum ``m``, denominator ``l`` and output; in float32 for a 16-bit
+    pool). Equal to :func:`paged_attention` up to float rounding.
 
     >>> seq = PagedKVCache(BlockPool(4, 16, num_kv_heads=2, head_dim=8, dtype=torch.float64))
     >>> seq.append(torch.randn(2, 20, 8, dtype=torch.float64), torch.randn(2, 20, 8, dtype=torch.float64))
@@ -226,16 +226,15 @@ def paged_attention_in_place(q: Tensor, cache: PagedKVCache) -> Tensor:
     H_kv, b, table = cache.pool.keys.shape[0], cache.pool.block_size, cache.block_table
     acc = torch.promote_types(q.dtype, torch.float32)  # 16-bit caches: scores and softmax in float32, as SDPA does
     qg = q.view(H_kv, H // H_kv, D_k).to(acc) / math.sqrt(D_k)  # [H_kv, G, D_k]: each key/value head's queries
-    runs, start = [], 0
-    while start < len(table):  # runs of consecutive blocks: (first block, last block + 1, positions held)
+    m, l, out, start = qg.new_full((*qg.shape[:2], 1), -math.inf), qg.new_zeros(*qg.shape[:2], 1), torch.zeros_like(qg), 0
+    while start < len(table):  # a run of consecutive blocks: table[start:end], holding n positions
         end = start + 1
         while end < len(table) and table[end] == table[end - 1] + 1:
             end += 1
-        runs.append((table[start], table[end - 1] + 1, min(cache.length - start * b, (end - start) * b)))
-        start = end
-    keys = [cache.pool.keys[:, first:last].flatten(1, 2)[:, :n].to(acc) for first, last, n in runs]  # [H_kv, n, D_k]
-    values = [cache.pool.values[:, first:last].flatten(1, 2)[:, :n].to(acc) for first, last, n in runs]  # views in float32
-    scores = torch.cat([qg @ k.transpose(1, 2) for k in keys], -1)  # [H_kv, G, S]
-    weights = torch.softmax(scores, -1).split([n for _, _, n in runs], -1)  # per run [H_kv, G, n]
-    out = sum(w @ v for w, v in zip(weights, values))  # [H_kv, G, D_k]
-    return out.reshape(H, 1, D_k).to(q.dtype)  # [H, 1, D_k]
+        n, (first, last) = min(cache.length - start * b, (end - start) * b), (table[start], table[end - 1] + 1)
+        k, v = (t[:, first:last].flatten(1, 2)[:, :n].to(acc) for t in (cache.pool.keys, cache.pool.values))  # [H_kv, n, D_k]
+        s = qg @ k.transpose(1, 2)  # [H_kv, G, n]: this run's scores
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))  # [H_kv, G, 1]: the running maximum
+        p, rescale = torch.exp(s - m_new), torch.exp(m - m_new)  # this run's weights; the earlier runs' rescaling
+        m, l, out, start = m_new, l * rescale + p.sum(-1, keepdim=True), out * rescale + p @ v, end
+    return (out / l).reshape(H, 1, D_k).to(q.dtype)  # [H, 1, D_k]

@@ -79,6 +79,8 @@ def test_prefix_cache_reuses_only_full_blocks_of_a_common_prefix() -> None:
     assert pc.admit(list(range(9)) + [99]) == 8  # two full blocks shared, the third differs
     assert pc.admit([5] + list(range(1, 10))) == 0  # a different first token changes every later hash
     assert pc.computed_tokens == 10 + 2 + 10 and len(pc.blocks) == 2 + 0 + 2  # full blocks only
+    full = ch11.PrefixCache(16)  # a whole prompt in the cache still computes its last token
+    assert full.admit(list(range(32))) == 0 and full.admit(list(range(32))) == 31 and full.computed_tokens == 33
 
 
 def test_continuous_batching_beats_static_batching() -> None:

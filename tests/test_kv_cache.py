@@ -3,6 +3,8 @@ chunks with a cache gives what one causal forward over the whole sequence gives.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -112,6 +114,44 @@ def test_growth_policy_doubles_and_rolls() -> None:
     for _ in range(5):
         long.update(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), window=4)
         assert long.nbytes == 2 * 2 * 4 * 4 * 4 and long.reserved_bytes <= 2 * long.nbytes
+
+
+def _window_moves(window: int, steps: int, layer: MultiHeadSelfAttention | None = None) -> tuple[int, int, int]:
+    """(positions moved in all, moved once the window was full, steps with a full window), seen from
+    outside: when the cached keys' storage changes, the positions held before the step were copied."""
+    cache, moved, moved_full, steps_full = KVCache(), 0, 0, 0
+    for _ in range(steps):
+        held = 0 if cache.keys is None else cache.keys.shape[2]
+        before = None if cache.keys is None else cache.keys.untyped_storage().data_ptr()
+        if layer is None:
+            cache.update(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8), window=window)
+        else:
+            layer(torch.randn(1, 1, 32), causal=True, need_weights=False, cache=cache)
+        step = held if before is not None and cache.keys.untyped_storage().data_ptr() != before else 0
+        moved += step
+        if held == window:
+            moved_full, steps_full = moved_full + step, steps_full + 1
+    return moved, moved_full, steps_full
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("window", [63, 64, 1000, 1023, 1024])
+def test_a_full_window_moves_at_most_once_per_window_steps(window: int) -> None:
+    # a buffer of only window + 1 positions (the next power of two for 1023) moved the whole window
+    # at almost every step: 848.6 positions per step for W = 1023, 34.8 for 1000, 62.3 for 63
+    steps = 6000
+    moved, moved_full, steps_full = _window_moves(window, steps)
+    assert steps_full >= 4 * window or steps_full >= steps - 2 * window
+    assert moved_full <= window * math.ceil(steps_full / window)  # one move of W per W steps: <= 1 per step
+    assert moved <= 1.03 * steps  # the doublings while the window fills included
+
+
+@torch.no_grad()
+def test_a_windowed_layer_moves_its_cache_rarely() -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention(32, 4, num_kv_heads=2, window=63)  # 61.3 positions per step before
+    moved, moved_full, steps_full = _window_moves(63, 300, layer)
+    assert moved_full <= 63 * math.ceil(steps_full / 63) and moved <= 2 * 300
 
 
 def test_bad_input_raises_clear_errors() -> None:

@@ -254,3 +254,20 @@ def test_in_place_attention_is_as_precise_as_the_gathered_one_in_16_bit(dtype: t
     err = {name: (fn(q.to(dtype), seq).double() - oracle).abs().max().item()
            for name, fn in (("in place", paged_attention_in_place), ("gathered", paged_attention))}
     assert err["in place"] <= 1.5 * err["gathered"] + 1e-4, err
+
+
+def test_in_place_attention_merges_run_by_run_with_an_online_softmax(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No softmax over the joined scores: each run of blocks rescales the running (m, l, output), so a
+    later run whose scores are 500 higher than the first's still gives the reference, in float32."""
+    gen = torch.Generator().manual_seed(3)
+    pool = BlockPool(12, 4, num_kv_heads=1, head_dim=8)
+    seq, other = PagedKVCache(pool), PagedKVCache(pool)
+    k, v = torch.randn(1, 20, 8, generator=gen), torch.randn(1, 20, 8, generator=gen)
+    q = torch.randn(2, 1, 8, generator=gen)                        # [H, 1, D_k], two query heads share the key head
+    k[:, 12:] += 60 * q[0, 0] / q[0, 0].norm()                     # the last runs' scores are far above the first's
+    for i in range(0, 20, 4):                                      # interleaved: five runs of one block each
+        seq.append(k[:, i : i + 4], v[:, i : i + 4])
+        other.append(k[:, :1], v[:, :1])
+    expected = plain_attention(q.double(), k.double(), v.double()).float()
+    monkeypatch.setattr(torch, "softmax", lambda *a, **kw: pytest.fail("one softmax over all the scores"))
+    assert torch.allclose(paged_attention_in_place(q, seq), expected, atol=1e-5)

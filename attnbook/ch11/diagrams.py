@@ -267,3 +267,38 @@ def prefix_sharing_diagram() -> Diagram:
     d.text(20, 290, "the block is stored and computed once (dashed:", size=14, anchor="start")
     d.text(20, 310, "a later request's table points at it)", size=14, anchor="start")
     return d
+
+
+#: the quantisation picture: a key matrix of QUANT_POSITIONS x QUANT_CHANNELS with one outlier channel
+QUANT_POSITIONS, QUANT_CHANNELS, QUANT_OUTLIER, QUANT_GROUP = 6, 4, 2, 4
+
+
+@diagram
+def quantisation_groups_diagram() -> Diagram:
+    """Which numbers of a cached key matrix share one scale: per token, per channel, and KIVI's keys."""
+    S, C, o, G = QUANT_POSITIONS, QUANT_CHANNELS, QUANT_OUTLIER, QUANT_GROUP
+    alt = (f"Three copies of a cached key matrix of {S} positions (rows) by {C} channels (columns); channel {o} "
+           f"holds large outliers (marked !). Per token: one scale covers a row, so the outlier sets the scale "
+           f"of every row. Per channel: one scale covers a column, so the outlier sets only its own column's "
+           f"scale. KIVI's keys: one scale per channel over a group of {G} positions, and the newest "
+           f"{S - G} positions kept in 16 bits.")
+    d = Diagram("ch11_quantisation_groups", 440, 300, title="What one quantisation scale covers", alt=alt)
+    cell, tops = 24, 64
+    panels = (("per token", [["orange" if r == 1 else "none" for _ in range(C)] for r in range(S)]),
+              ("per channel", [["orange" if c == 1 else "none" for c in range(C)] for _ in range(S)]),
+              ("KIVI keys", [["grey" if r >= G else ("orange" if c == 1 else "none") for c in range(C)]
+                             for r in range(S)]))
+    labels = [["!" if c == o else "" for c in range(C)] for _ in range(S)]
+    for k, (name, fills) in enumerate(panels):
+        x = 34 + k * 140
+        d.text(x + C * cell / 2, 30, name, size=15, weight="bold")
+        d.grid(x, tops, fills, cell=cell, labels=labels, size=14,
+               row_labels=[str(r) for r in range(S)] if k == 0 else None)
+    d.text(34 + C * cell / 2, 52, "channels", size=14, color=MUTED)
+    d.rect(20, 226, 14, 14, fill="orange", tint=True, stroke="orange", width=2)
+    d.text(40, 238, "numbers sharing one scale", size=14, anchor="start")
+    d.rect(250, 226, 14, 14, fill="grey", tint=True, stroke="grey", width=2)
+    d.text(270, 238, "kept in 16 bits", size=14, anchor="start")
+    d.text(20, 266, "! an outlier channel: it sets the scale of every", size=14, anchor="start")
+    d.text(20, 286, "group it falls in (a whole row, per token)", size=14, anchor="start")
+    return d

@@ -130,14 +130,18 @@ class PrefixCache:
         self.requested_tokens = 0
 
     def admit(self, tokens: Sequence[int]) -> int:
-        """Register a request's prompt; returns how many of its leading tokens were already cached."""
+        """Register a request's prompt; returns how many of its leading tokens need no computing.
+
+        A whole prompt found in the cache still computes its last token: that token's query gives the
+        first output token's logits (vLLM recomputes it too).
+        """
         hashes = block_hashes(tokens, self.block_size)
         hits = 0
         while hits < len(hashes) and hashes[hits] in self.blocks:  # chained hashes: a hit implies its prefix
             hits += 1
         for h in hashes:
             self.blocks[h] = self.blocks.get(h, 0) + 1
-        reused = hits * self.block_size
+        reused = min(hits * self.block_size, max(len(tokens) - 1, 0))  # the last token is always computed
         self.requested_tokens += len(tokens)
         self.computed_tokens += len(tokens) - reused
         return reused
