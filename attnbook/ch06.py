@@ -436,6 +436,23 @@ def _split_sequences_swapped(x: Tensor, num_heads: int) -> Tensor:
     return split_heads(x.flip(0), num_heads)  # right within a sequence, but the sequences of the batch reversed
 
 
+def _split_first_sequence_everywhere(x: Tensor, num_heads: int) -> Tensor:
+    B = x.shape[0]
+    return split_heads(x[:1], num_heads).expand(B, -1, -1, -1)  # every sequence gets sequence 0's heads
+
+
+def _split_last_position_wrong(x: Tensor, num_heads: int) -> Tensor:
+    y = split_heads(x, num_heads).clone()  # [B, H, S, D_k]
+    y[:, :, -1] += 1  # right everywhere but the last position
+    return y
+
+
+def _split_only_feature_0_right(x: Tensor, num_heads: int) -> Tensor:
+    y = split_heads(x, num_heads).clone()  # [B, H, S, D_k]
+    y[..., 1:] += 1  # each head's first feature right, the others off
+    return y
+
+
 #: name -> (split function, is it correct?, hint when the reader's test misjudges it)
 SPLIT_ZOO: dict[str, tuple[Callable[[Tensor, int], Tensor], bool, str]] = {
     "attnlib.split_heads": (split_heads, True, "your test rejected attnlib.split_heads, which is correct."),
@@ -470,6 +487,15 @@ SPLIT_ZOO: dict[str, tuple[Callable[[Tensor, int], Tensor], bool, str]] = {
     "features permuted within a head": (_split_features_permuted, False,
                                         "your test accepted a split that reverses the features inside each head: compare "
                                         "the values in order (torch.equal), not sums, sorted values or a single head."),
+    "every sequence is the first": (_split_first_sequence_everywhere, False,
+                                    "your test accepted a split that gives every sequence of the batch the heads of "
+                                    "sequence 0: check every sequence, not only the first (y[:, h], not y[0, h])."),
+    "last position wrong": (_split_last_position_wrong, False,
+                            "your test accepted a split that is wrong only at the last position: check every "
+                            "position, range(S) and not range(S - 1)."),
+    "only feature 0 right": (_split_only_feature_0_right, False,
+                             "your test accepted a split whose heads are right only in their first feature: compare "
+                             "every feature of a head (the whole slice x[:, :, h*D_k:(h+1)*D_k]), not one column."),
 }
 
 
@@ -486,7 +512,7 @@ def _solution_split_test(split_fn: Callable[[Tensor, int], Tensor]) -> bool:
 def check_split_test(test_fn: Callable[[Callable[[Tensor, int], Tensor]], bool]) -> Feedback:
     """Exercise 3: ``test_fn(split_fn)`` must return True for correct splits and False for buggy ones.
 
-    It is called on every implementation in :data:`SPLIT_ZOO` (three correct, eight buggy). A test
+    It is called on every implementation in :data:`SPLIT_ZOO` (three correct, eleven buggy). A test
     that raises on a buggy split counts as rejecting it; raising on a correct one is a mistake.
     """
     for name, (split_fn, is_right, hint) in SPLIT_ZOO.items():

@@ -262,6 +262,7 @@ LINK_CASES: tuple[tuple[str, str, str], ...] = (
     ("The books on the shelf are old.", "shelf", "books"),
     ("The books on the shelf are old.", "shelf", "the"),  # the key occurs twice: the first counts
     ("The books on the shelf are old.", "old", "."),  # the strongest head's row peaks elsewhere
+    ("The books on the shelf are old.", "the", "shelf"),  # the query occurs twice: the first counts
 )
 
 

@@ -155,7 +155,7 @@ def test_split_test_hints(test_fn: object, hint: str) -> None:
 
 def test_split_zoo_has_right_and_wrong_members() -> None:
     flags = [ok for _, ok, _ in SPLIT_ZOO.values()]
-    assert flags.count(True) == 3 and flags.count(False) == 8
+    assert flags.count(True) == 3 and flags.count(False) == 11  # as the exercise text says: three correct, eleven buggy
 
 
 # --- exercise 4: expanding key/value heads ---------------------------------------------------
@@ -656,3 +656,24 @@ def test_op_log_records_the_operators() -> None:
     with OpLog() as log:
         q @ q.transpose(-2, -1)
     assert "bmm" in log.ops and "clone" in log.ops
+
+
+def _partial_split_test(compare):
+    """A learner's test of a split that compares only part of the result, through ``compare(y, x, H, d)``."""
+    def test(split_fn):
+        B, S, H, d = 2, 3, 2, 4
+        x = torch.randn(B, S, H * d, generator=torch.Generator().manual_seed(1))  # [B, S, D]
+        y = split_fn(x, H)
+        return tuple(y.shape) == (B, H, S, d) and compare(y, x, H, d)
+    return test
+
+
+@pytest.mark.parametrize("compare, named", [
+    (lambda y, x, H, d: all(torch.equal(y[0, h], x[0, :, h * d:(h + 1) * d]) for h in range(H)), "check every sequence"),
+    (lambda y, x, H, d: all(torch.equal(y[:, h, s], x[:, s, h * d:(h + 1) * d]) for h in range(H) for s in range(x.shape[1] - 1)),
+     "range(S) and not range(S - 1)"),
+    (lambda y, x, H, d: all(torch.equal(y[:, h, :, 0], x[:, :, h * d]) for h in range(H)), "compare every feature of a head"),
+])
+def test_split_test_that_checks_only_part_of_the_result_is_refused(compare, named) -> None:
+    fb = check_split_test(_partial_split_test(compare))
+    assert fb.status == "wrong" and named in fb.message, fb

@@ -739,3 +739,16 @@ def test_bootstrap_swap_share_on_a_constructed_ablation() -> None:
     share = ab.bootstrap_swap_share(without, n=50)
     assert share.shape == (50, 1, 2)
     assert torch.allclose(share[:, 0, 0], torch.tensor(0.5)) and torch.allclose(share[:, 0, 1], torch.tensor(0.0))
+
+
+def test_link_from_the_last_occurrence_of_the_query_is_refused() -> None:
+    """One case repeats the query ('the' in 'The books on the shelf are old.'): the first occurrence counts."""
+    def last_query(weights, toks, query, key):
+        i = len(toks) - 1 - toks[::-1].index(query)  # the LAST occurrence of the query
+        j = toks.index(key)
+        scores = weights[:, :, i, j]  # [L, H]
+        layer, head = divmod(int(scores.argmax()), scores.shape[1])
+        return layer, head
+
+    fb = check_strongest_link(last_query)
+    assert fb.status == "wrong" and "you used its last occurrence" in fb.message, fb
