@@ -52,7 +52,8 @@ from torch import Tensor
 __all__ = [
     "Feedback", "Mistake", "MistakeTable", "Exercise", "EXERCISES", "NOT_EXERCISES", "exercise",
     "run_reader_code", "call_reader", "check_number_cases", "as_index", "in_place_message", "list_changed_message", "compare_tensors", "computed_narrower", "close", "diagnose", "low_precision", "HALF_TOL", "as_cpu_float64", "as_number", "check_number",
-    "as_tensor", "describe", "RETURNED_NONE", "ATOL", "RTOL",
+    "as_tensor", "describe", "RETURNED_NONE", "ATOL", "RTOL", "mismatched_sizes",
+    "not_a_tensor",
 ]
 
 #: The tolerance every checker uses to call a float answer equal to the reference.
@@ -197,6 +198,13 @@ def _translate(err: BaseException, axes: Sequence[str] | None) -> str:
     return text
 
 
+def mismatched_sizes(message: str) -> tuple[int, int] | None:
+    """The two sizes a broadcasting error names ("The size of tensor a (4) must match the size of tensor b (3)"),
+    or ``None``: a checker tells by them which of its axes met (the keys against the queries, say)."""
+    m = re.search(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)", message)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def _tensor_names(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, lists: bool) -> list[str]:
     """The reader's own names for the tensors passed in (``lists``: for the lists of tensors instead)."""
     names = []
@@ -211,6 +219,34 @@ def _listed(names: list[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+def _signature_misfits(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """True when the checker's arguments do not fit ``fn``'s own signature (the reader changed the stub's)."""
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError:
+        return True
+    except ValueError:  # no signature to read (a builtin)
+        return False
+    return False
+
+
+def _parameters(fn: Callable[..., Any]) -> str:
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return "other parameters"
+    return f"({', '.join(names)})" if names else "no parameters"
+
+
+def _signature_sentence(err: BaseException, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A sentence for a TypeError raised because the reader's function no longer takes the stub's arguments, or ``""``."""
+    if not isinstance(err, TypeError) or not _signature_misfits(fn, args, kwargs):
+        return ""
+    n = len(args) + len(kwargs)
+    return (f" The checker calls your function with {n} argument{'s' if n != 1 else ''}, as the exercise's stub "
+            f"declares them, and yours takes {_parameters(fn)}: keep the stub's parameters, in its order.")
+
+
 def _idiom(err: BaseException, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """A sentence that translates a raw error several exercises share (a Python idiom applied to tensors) into
     the exercise's own names, or ``""``: math.exp of a tensor, torch.max's (values, indices) pair used as a
@@ -222,6 +258,15 @@ def _idiom(err: BaseException, fn: Callable[..., Any], args: tuple[Any, ...], kw
         return (f" The math module's functions (math.exp, math.log, math.sqrt) and float() take ONE Python number, "
                 f"and {held}: use the torch functions of the same names (torch.exp, torch.log, torch.logaddexp, "
                 "torch.sqrt), which work on every entry at once.")
+    if re.search(r"math\.(ceil|floor)\(\) takes exactly one argument", text):
+        f = re.search(r"math\.(ceil|floor)", text).group(1)
+        return (f" math.{f} rounds ONE number, the quotient itself: it takes no divisor as a second argument.")
+    no_dim = re.search(r"(\w+)\(\) missing 1 required positional arguments?: \"dim\"", text)
+    if no_dim is not None:
+        f = no_dim.group(1)
+        return (f" torch.{f} has no default axis: it needs dim=..., the axis to reduce, because on a tensor of several "
+                "axes it cannot guess which one holds the numbers to combine. Name that axis (torch.stack puts the "
+                "axis it adds first).")
     kind = re.search(r"return_types\.(\w+)", text)
     if kind is not None:
         f = kind.group(1)
@@ -275,7 +320,7 @@ def call_reader(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[s
         return None, wrong(f"your code raised NotImplementedError ({_short(err) or 'no message'}) from a function it calls, "
                            "not from its own `raise NotImplementedError`: something it calls is still a stub or is not supported.")
     except Exception as err:  # the reader's code may raise anything; report it instead of crashing
-        extra = _idiom(err, fn, args, kwargs) if idioms else ""
+        extra = (_idiom(err, fn, args, kwargs) if idioms else "") or _signature_sentence(err, fn, args, kwargs)
         message = f"your code raised {type(err).__name__}: {_translate(err, axes)}"
         return None, wrong(message.rstrip(".") + "." + extra if extra else message)
     for (where, tensor), before in zip(inputs, snapshot):
@@ -517,6 +562,23 @@ def computed_narrower(got: Any, expected: Tensor, narrow: Tensor, *, name: str =
                  "though the inputs are torch.float64: a cast inside your function (.float(), .to(torch.float32)) "
                  "computed in a narrower dtype, and casting back does not restore the digits. Compute in the inputs' "
                  "dtype or wider; upcast only float16 or bfloat16.")
+
+
+def not_a_tensor(got: Any, expected: Tensor, *, name: str = "your result") -> Feedback | None:
+    """The hint for a result that is not a tensor (a NumPy array, a list), or ``None`` for a tensor. Its values are
+    compared first, so a NumPy array of the right numbers is told that only its type is wrong, not that it differs."""
+    if isinstance(got, Tensor):
+        return None
+    try:
+        values = torch.as_tensor(np.asarray(got, dtype=np.float64))
+        right = tuple(values.shape) == tuple(expected.shape) and close(values, as_cpu_float64(expected))
+    except Exception:  # not numbers at all
+        right = False
+    if right:
+        return wrong(f"{name} should be a torch.Tensor, got {describe(got)}: its values are right, but the exercise "
+                     "returns a tensor, as the rest of the model uses it. Compute with the torch functions "
+                     "throughout (or convert at the end with torch.from_numpy).")
+    return wrong(f"{name} should be a torch.Tensor, got {describe(got)}.")
 
 
 def compare_tensors(got: Any, expected: Tensor, *, name: str = "result", atol: float = ATOL, rtol: float = RTOL) -> Feedback | None:

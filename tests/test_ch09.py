@@ -724,3 +724,12 @@ def test_probe_merge_with_math_log_on_tensors_is_translated() -> None:
     fb = check_merge_partials(lambda out_a, lse_a, out_b, lse_b: (out_a, m.log(m.exp(lse_a) + m.exp(lse_b))))
     assert fb.status == "wrong" and "only one element tensors" in fb.message, fb
     assert "take ONE Python number" in fb.message and "`lse_a`" in fb.message and "torch.logaddexp" in fb.message, fb
+
+
+def test_probe2_merge_logsumexp_without_dim_is_translated() -> None:
+    def no_dim(oa, la, ob, lb):
+        lse = torch.logsumexp(torch.stack([la, lb]))
+        return torch.exp(la - lse)[..., None] * oa + torch.exp(lb - lse)[..., None] * ob, lse
+
+    fb = check_merge_partials(no_dim)
+    assert fb.status == "wrong" and "torch.logsumexp has no default axis: it needs dim=" in fb.message, fb
