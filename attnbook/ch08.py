@@ -378,6 +378,10 @@ def _online_shape(name: str, got: Tensor, exp: Tensor, s_blk: int) -> Feedback:
     if name != "acc_new" and shape == (want[0], s_blk):
         return wrong(f"{name} has one column per key of the tile, shape {shape}, expected {want}: reduce over the "
                      "tile's keys, the last axis, keeping it: s.amax(dim=-1, keepdim=True), p.sum(dim=-1, keepdim=True).")
+    if name != "acc_new" and len(want) == 2 and want[1] == 1 and shape == (want[0], want[0]):
+        return wrong(f"{name} has shape {shape}, a square, expected {want}: a row total taken without keepdim=True is "
+                     "a flat [S_q] vector, and added to the [S_q, 1] column it broadcasts into [S_q, S_q]. Keep the "
+                     "reduced axis (keepdim=True) so every row total stays a column.")
     if got.dim() < exp.dim() and got.numel() == exp.numel():
         return wrong(f"{name} has shape {shape}, expected {want}: keep the reduced axis with keepdim=True.")
     return wrong(f"{name} has shape {shape}, expected {want}.")
@@ -671,6 +675,13 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         return wrong(_P_AGAINST_TILE_MAX)
     if close(l2, ref1[1] * torch.exp(ref1[0] - tile_max) + torch.exp(s[:, split:] - m_ref).sum(-1, keepdim=True)):
         return wrong(_RESCALE_BY_TILE_MAX)
+    if close(l2, torch.exp(s[:, split:] - m_ref).sum(-1, keepdim=True)):
+        return wrong("after the second tile your l_new (and acc_new) hold this tile alone: the running sums of the "
+                     "earlier tiles were dropped. l and acc carry every tile seen so far; the new tile adds to them, "
+                     "once they are rescaled to the new maximum." if close(acc2, torch.exp(s[:, split:] - m_ref) @ v[split:])
+                     else "after the second tile your l_new holds this tile alone: the running sum l of the earlier "
+                     "tiles was dropped. l carries every tile seen so far; the new tile adds to it, once it is "
+                     "rescaled to the new maximum.")
     rounded = _rounded_inside(result2, ref2)
     if rounded is not None:
         return rounded

@@ -759,3 +759,32 @@ def test_exp_into_fresh_memory_costs_more_than_into_reused(capsys: pytest.Captur
     assert line.startswith("[8, 1024, 1024] float32 (32 MiB): copy ~"), line
     assert set(ms[1024]) == {"copy", "exp, reused", "exp, fresh"}
     assert all(t > 0 for t in ms[1024].values())
+
+
+# ---- probe 2 ----------------------------------------------------------------------------------
+
+def _probe2_row_total_without_keepdim(m, l, acc, s, v):
+    m_new = torch.maximum(m, s.amax(-1, keepdim=True)); p = torch.exp(s - m_new); r = torch.exp(m - m_new)
+    return m_new, l * r + p.sum(-1), acc * r + p @ v
+
+
+def _probe2_old_sums_dropped(m, l, acc, s, v):
+    m_new = torch.maximum(m, s.amax(-1, keepdim=True)); p = torch.exp(s - m_new)
+    return m_new, p.sum(-1, keepdim=True), p @ v
+
+
+def _probe2_old_l_dropped(m, l, acc, s, v):
+    m_new = torch.maximum(m, s.amax(-1, keepdim=True)); p = torch.exp(s - m_new)
+    return m_new, p.sum(-1, keepdim=True), acc * torch.exp(m - m_new) + p @ v
+
+
+@pytest.mark.parametrize("fn, words, absent", [
+    (_probe2_row_total_without_keepdim, "a row total taken without keepdim=True", None),
+    (_probe2_old_sums_dropped, "your l_new (and acc_new) hold this tile alone", "l_new = l * exp"),
+    (_probe2_old_l_dropped, "the running sum l of the earlier tiles was dropped", "l_new = l * exp"),
+    (lambda m, l, acc, s: (m, l, acc), "keep the stub's parameters", None),
+])
+def test_probe2_online_update_names_keepdim_dropped_sums_and_a_changed_signature(fn, words: str, absent) -> None:
+    fb = check_online_softmax_update(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+    assert absent is None or absent not in fb.message, fb
