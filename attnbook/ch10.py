@@ -46,6 +46,8 @@ from .feedback import (
     describe,
     diagnose,
     exercise,
+    mismatched_sizes,
+    not_a_tensor,
     run_reader_code,
     wrong,
 )
@@ -591,6 +593,22 @@ _MASK_WIDTH = (
 )
 
 
+_MASK_SQUARE = (
+    "the mask does not fit the scores ({error}): your mask is square, one row per key, as causal_mask(S_k) "
+    "builds for a full pass, but here only the S_new = {S_new} new tokens are queries, over S_k = {S_k} keys. "
+    "The scores are [B, H, S_new, S_k], so the mask must be [S_new, S_k], with the new queries as its LAST rows "
+    "(aligned bottom-right): causal_mask(S_new, S_k=S_k)."
+)
+
+
+_KEYS_TRANSPOSED = (
+    "the heads meet the positions ({error}): your keys were transposed on the wrong axes. .transpose(1, 2) "
+    "swaps the head axis and the position axis, [B, H, S_k, D_k] -> [B, S_k, H, D_k], so the S_k = {S_k} "
+    "positions land where the H = {H} heads should be. For q @ k^T, swap the LAST two axes, the positions and "
+    "the features, so the batch and head axes stay in place."
+)
+
+
 _HALF_FILL = (
     "{error}: in {dtype} the largest number is {top:,.0f}, so a fill value such as -1e9 (or "
     "torch.finfo(torch.float32).min) does not fit. Fill with float('-inf'), or torch.finfo(scores.dtype).min, "
@@ -612,18 +630,28 @@ def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | 
     if fb is not None and half and "without overflow" in fb.message:
         return wrong(_HALF_FILL.format(error=fb.message.removeprefix("your code raised ").rstrip("."), dtype=dtype,
                                        top=torch.finfo(dtype).max))
+    S_new, S_k = case[0].shape[2], case[1].shape[2] + case[3].shape[2]
     if fb is not None and "must match the size of tensor" in fb.message:
         error = fb.message.removeprefix("your code raised ")
+        sizes = set(mismatched_sizes(fb.message) or ())
+        if "dimension 1" in fb.message and H != H_kv and S_k in sizes and H_kv not in sizes:  # heads met positions
+            return wrong(_KEYS_TRANSPOSED.format(error=error, H=H, S_k=S_k))
         if "dimension 1" in fb.message and H != H_kv:  # the head axis
             return wrong(_NO_REPEAT.format(error=error, H=H, H_kv=H_kv))
+        if "dimension 2" in fb.message and sizes == {S_new, S_k}:  # a square [S_k, S_k] mask against S_new queries
+            return wrong(_MASK_SQUARE.format(error=error, S_new=S_new, S_k=S_k))
         if "dimension 3" in fb.message:  # the key axis of the scores: a mask of the wrong width
-            S_new, S_k = case[0].shape[2], case[1].shape[2] + case[3].shape[2]
             return wrong(_MASK_WIDTH.format(error=error, S_new=S_new, S_k=S_k))
     cat_dim = re.search(r"must match except in dimension (-?\d+)", fb.message) if fb is not None else None
     if cat_dim is not None and int(cat_dim.group(1)) % 4 != 2:  # torch.cat along another axis than S
         return wrong(f"torch.cat joined the cache and the new tokens along dimension {cat_dim.group(1)}: the new "
                      "positions go after the cached ones along the sequence axis, dim=2 of [B, H_kv, S, D_k] "
                      "(torch.cat([k_cache, k_new], dim=2)).")
+    if fb is not None and "object has no attribute 'append'" in fb.message:
+        return wrong("k_cache and v_cache are tensors, not Python lists, so they have no .append "
+                     f"({fb.message.removeprefix('your code raised ')}): a tensor cannot grow in place. Build a new, "
+                     "longer tensor that joins the cache and the new tokens along the sequence axis, dim=2 of "
+                     "[B, H_kv, S, D_k] (torch.cat), and return it as the updated cache.")
     if fb is not None:
         return fb
     if not isinstance(result, (tuple, list)) or len(result) != 3:
@@ -754,6 +782,10 @@ WINDOW_MISTAKES = (
     Mistake("half: K only, or numbers", _bytes(lambda S: min(S, _W), factor=1),
             "half the answer. Either you counted the keys only (the cache holds keys AND values), or you counted "
             "numbers instead of bytes (each bfloat16 number takes 2 bytes)."),
+    Mistake("one key/value head", lambda S: reference_window_cache_bytes(S) / _WINDOW_MODEL["kv_heads"],
+            "a quarter of the answer: your count holds 96 numbers per position, key or value, and layer, as if there "
+            "were one key/value head, or as if 96 were the width of all heads together. 96 is the width of EACH "
+            "head: count every key/value head the model caches."),
     Mistake("4 bytes per number", _bytes(lambda S: min(S, _W), factor=4),
             "twice the answer: a bfloat16 number takes 2 bytes, not 4 (4 is float32)."),
     Mistake("bits, not bytes", _bytes(lambda S: min(S, _W), factor=16),
@@ -940,6 +972,13 @@ INTENSITY_MISTAKES = (
             "B x layer_bytes(D, H, H_kv, 1, S) makes two slips at once: layer_bytes reads the weights for ONE call, so "
             "multiplying it by B reads them once per sequence, and its default activations=True counts the activations "
             "too. Read the weights once for the whole batch, add B caches, and pass activations=False."),
+    Mistake("layer_bytes as it is, weights once", lambda D, H, H_kv, S, batch: (
+        batch * layer_flops(D, H, H_kv, 1, S)
+        / (layer_bytes(D, H, H_kv, 1, S) + (batch - 1) * 2 * H_kv * (D // H) * S * 2)),
+            "your weights are read once and every sequence reads its cache, but the bytes come from "
+            "layer_bytes(D, H, H_kv, 1, S) as it is: its default activations=True also counts one token's "
+            "activations (input, query, attention output and output), which this exercise leaves out. Count only "
+            "the weights and the caches (activations=False)."),
     Mistake("cache heads D wide", _intensity(cache_width="D"),
             "your cache counts D numbers per key/value head: D is the model width, and a head is D_k = D / H wide, "
             "so a position caches 2 x H_kv x D_k numbers."),
@@ -1012,8 +1051,12 @@ MLA_MISTAKES = (
             "the latent is stored once: keys and values are both rebuilt (or absorbed) from the same latent."),
     Mistake("one byte per number", lambda l, L, r, d: (float((L + r) * l), (L + r) / (2 * d)),
             "in 16-bit each number is 2 bytes."),
-    Mistake("GQA heads without V", lambda l, L, r, d: (float((L + r) * l * 2), (L + r) / d),
-            "a GQA key/value head caches a key AND a value, 2 x head_dim numbers per token and layer."),
+    # the same number comes from two slips: a GQA head counted as head_dim numbers, or MLA's side counted in bytes
+    Mistake("GQA heads without V, or MLA's side in bytes", lambda l, L, r, d: (float((L + r) * l * 2), (L + r) / d),
+            "your equivalent heads are twice too many, which one of two slips gives: either the GQA head was counted "
+            "as head_dim numbers, but it caches a key AND a value per token and layer; or MLA's side was counted in "
+            "bytes (2 per number) while the GQA head's side is in numbers. Compare numbers with numbers, both per "
+            "token and layer."),
     Mistake("one layer", lambda l, L, r, d: (float((L + r) * 2), (L + r) / (2 * d)),
             "that is one layer's cache: every layer keeps its own latent and rotary key, so multiply by the layers."),
     Mistake("bits, not bytes", lambda l, L, r, d: (float((L + r) * l * 16), (L + r) / (2 * d)),
@@ -1204,6 +1247,17 @@ def _merge_lse_last_axis(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
     return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses))
 
 
+def _merge_lse_over_last_axis(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn``, which raised a size mismatch, is the merge with lse = logsumexp(stack(lses), -1): on a
+    split where chunks = B = H that mistake broadcasts instead of failing, and gives [B, H, chunks, D_v]."""
+    outs, lses = _merge_case(2, 2, 3, (4, 5), 0.0, 11)
+    got, fb = run_reader_code(fn, [o.clone() for o in outs], [l.clone() for l in lses])
+    if fb is not None or not isinstance(got, Tensor):
+        return False
+    lse = torch.logsumexp(torch.stack(lses), -1)  # [chunks, B, H]
+    return close(got, sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses)))
+
+
 def _merge_lse_dim(outs: list[Tensor], lses: list[Tensor], dim: int) -> Tensor:
     stacked = torch.stack(lses)
     return _merge_weights(outs, lses, lambda s: s - torch.logsumexp(stacked, dim, keepdim=True))
@@ -1232,12 +1286,19 @@ def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
         outs, lses = _merge_case(B, H, D, sizes, shift, seed, *dtype)
         half = outs[0].dtype in (torch.float16, torch.bfloat16)
         got, fb = call_reader(fn, ([o.clone() for o in outs], [l.clone() for l in lses]), axes=("B", "H", "1", "D_v"))
+        if fb is not None and "must match the size of tensor" in fb.message and _merge_lse_over_last_axis(fn):
+            return wrong("your logsumexp runs over the last axis of torch.stack(lses), [chunks, B, H, 1], which holds "
+                         "the single query: it does not add up the chunks, and it drops that axis, so lse no longer "
+                         "lines up with each lse_i [B, H, 1]. The total needs one logsumexp over the chunks, the axis "
+                         "the stack added. "
+                         f"({fb.message.removeprefix('your code raised ')})")
         if fb is not None and "must match the size of tensor" in fb.message:
             return wrong("a weight exp(lse_i - lse) has shape [B, H, 1] and a partial output [B, H, 1, D_v]: keep a "
                          "trailing axis on the weight, exp(lse_i - lse)[..., None], so it broadcasts over D_v. "
                          f"({fb.message.removeprefix('your code raised ')})")
         if fb is not None and "only one element tensors can be converted to Python scalars" in fb.message:
-            return wrong(_MATH_ON_TENSORS.format(error=fb.message.removeprefix("your code raised ")))
+            error = fb.message.removeprefix("your code raised ").split(" The math module's")[0].rstrip(".")
+            return wrong(_MATH_ON_TENSORS.format(error=error))  # without the shared sentence, which it rewords
         if fb is not None:
             return fb
         expected = reference_merge_partials(outs, lses)
@@ -1265,7 +1326,7 @@ def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
             return dtype_problem
         if close(got, expected):
             continue
-        return diagnose(got, MERGE_MISTAKES, outs, lses) or wrong(
+        return not_a_tensor(got, expected, name="your merged output") or diagnose(got, MERGE_MISTAKES, outs, lses) or wrong(
             f"the merged output differs from attention over all {sum(sizes)} keys (expected shape {tuple(expected.shape)}).")
     return correct("the merge is exact: the partial results of any split combine into attention over all keys "
                    "(in float16 and bfloat16 too, to their precision).")

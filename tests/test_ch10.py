@@ -585,3 +585,96 @@ def test_probe_append_computed_in_float32_on_float64_is_refused_by_the_dtype_rul
     fb = ch10.check_append_and_attend(float32_inside)
     assert fb.status == "wrong" and "carries only float32's precision" in fb.message, fb
     assert "casting back does not restore the digits" in fb.message, fb
+
+
+# ---- probe 2: learner-style slips that met a raw error, a misnamed hint or the full recipe ----------
+
+def _probe2_square_mask(q, kc, vc, kn, vn):
+    import torch.nn.functional as F
+
+    from attnlib import causal_mask
+    k = torch.cat([kc, kn], 2); v = torch.cat([vc, vn], 2)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(k.shape[2]), enable_gqa=True), k, v
+
+
+def _probe2_keys_transposed_1_2(q, kc, vc, kn, vn):
+    k = torch.cat([kc, kn], 2); v = torch.cat([vc, vn], 2); g = q.shape[1] // k.shape[1]
+    K, V = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    scores = q @ K.transpose(1, 2) / math.sqrt(q.shape[-1])
+    return torch.softmax(scores, -1) @ V, k, v
+
+
+def _probe2_no_repeat(q, kc, vc, kn, vn):
+    k = torch.cat([kc, kn], 2); v = torch.cat([vc, vn], 2)
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v, k, v
+
+
+@pytest.mark.parametrize("fn, words, absent", [
+    (_probe2_square_mask, "your mask is square, one row per key, as causal_mask(S_k) builds", "your code raised"),
+    (lambda q, kc, vc, kn, vn: (kc.append(kn),), "are tensors, not Python lists, so they have no .append", "your code raised"),
+    (_probe2_keys_transposed_1_2, "your keys were transposed on the wrong axes. .transpose(1, 2) swaps the head axis",
+     "repeat_kv"),
+    (_probe2_no_repeat, "repeat them to H only for the attention itself", "transposed on the wrong axes"),
+])
+def test_probe2_append_names_the_square_mask_the_list_append_and_the_transposed_keys(fn, words: str, absent: str) -> None:
+    fb = ch10.check_append_and_attend(fn)
+    assert fb.status == "wrong" and words in fb.message and absent not in fb.message, fb
+
+
+def _probe2_lse_over_last_axis(outs, lses):
+    lse = torch.logsumexp(torch.stack(lses), -1)  # over the single query, not the chunks
+    return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses))
+
+
+def _probe2_weight_without_trailing_axis(outs, lses):
+    lse = torch.logsumexp(torch.stack(lses), 0)
+    return sum(torch.exp(l - lse) * o for o, l in zip(outs, lses))
+
+
+def _probe2_merge(outs, lses):
+    lse = torch.logsumexp(torch.stack(lses), 0)
+    return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses))
+
+
+@pytest.mark.parametrize("fn, words, absent", [
+    (_probe2_lse_over_last_axis, "your logsumexp runs over the last axis of torch.stack(lses)", "[..., None]"),
+    (_probe2_weight_without_trailing_axis, "keep a trailing axis on the weight, exp(lse_i - lse)[..., None]",
+     "runs over the last axis"),
+    (lambda outs, lses: _probe2_merge(outs, lses).numpy(), "should be a torch.Tensor, got a numpy.ndarray", "differs"),
+    (lambda outs, lses: _probe2_merge(outs, lses).double().numpy(), "its values are right", "differs"),
+    (lambda outs, lses: sum(math.exp(l) * o for o, l in zip(outs, lses)), "they work on ONE Python number",
+     "The math module's functions"),
+])
+def test_probe2_merge_names_the_reduced_axis_and_a_numpy_result(fn, words: str, absent: str) -> None:
+    fb = ch10.check_merge_partials(fn)
+    assert fb.status == "wrong" and words in fb.message and absent not in fb.message, fb
+
+
+def test_probe2_merge_with_wrong_values_as_numpy_is_not_told_its_values_are_right() -> None:
+    fb = ch10.check_merge_partials(lambda outs, lses: (sum(outs) / len(outs)).numpy())
+    assert fb.status == "wrong" and "torch.Tensor" in fb.message and "values are right" not in fb.message, fb
+
+
+@pytest.mark.parametrize("fn", [
+    lambda L, lat, r, hd: ((lat + r) * L * 2, (lat + r) * 2 / (2 * hd)),  # MLA's side in bytes
+    lambda L, lat, r, hd: ((lat + r) * L * 2, (lat + r) / hd),  # the GQA head without its value
+])
+def test_probe2_mla_heads_twice_too_many_names_both_causes(fn) -> None:
+    fb = ch10.check_mla_cache(fn)
+    assert fb.status == "wrong" and "a key AND a value" in fb.message and "counted in bytes" in fb.message, fb
+
+
+@pytest.mark.parametrize("fn", [
+    lambda n: 2 * 24 * 96 * min(n, 2048) * 2,  # the 4 key/value heads left out
+    lambda n: 2 * 24 * 4 * 24 * min(n, 2048) * 2,  # 96 read as the width of all heads together
+])
+def test_probe2_window_cache_without_the_kv_heads_is_named(fn) -> None:
+    fb = ch10.check_window_cache_bytes(fn)
+    assert fb.status == "wrong" and "a quarter of the answer" in fb.message and "96 is the width of EACH" in fb.message, fb
+    assert "count 2 x layers x KV heads" not in fb.message, fb
+
+
+def test_probe2_decode_intensity_with_layer_bytes_default_names_activations() -> None:
+    fb = ch10.check_decode_intensity(lambda D, H, H_kv, S, b: b * ch10.layer_flops(D, H, H_kv, 1, S) / (
+        ch10.layer_bytes(D, H, H_kv, 1, S) + (b - 1) * 2 * H_kv * (D // H) * S * 2))
+    assert fb.status == "wrong" and "its default activations=True" in fb.message and "Bytes: the weights" not in fb.message, fb
