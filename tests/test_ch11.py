@@ -770,3 +770,47 @@ def test_probe_sink_slips_are_named(fn, words: str) -> None:
 def test_probe_plain_softmax_is_still_told_the_weights_sum_to_1() -> None:
     fb = ch11.check_sink_softmax(lambda scores, sink: torch.softmax(scores, -1))
     assert fb.message.startswith("the weights still sum to 1"), fb
+
+
+# ---- probe 2 ----------------------------------------------------------------------------------
+
+def _probe2_sink(sc, sink):
+    lse = torch.logaddexp(torch.logsumexp(sc, -1, keepdim=True), sink.view(-1, 1, 1))
+    return torch.exp(sc - lse)
+
+
+def _probe2_int8(x):
+    s = x.abs().amax(-1, keepdim=True) / 127
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return torch.round(x / s).clamp(-127, 127) * s
+
+
+@pytest.mark.parametrize("fn, words, absent", [
+    (lambda sc, sink: torch.exp(sc - torch.logaddexp(torch.logsumexp(sc, -1), sink.view(-1, 1))),
+     "torch.logsumexp(scores, -1) without keepdim=True", "the sink lines up"),
+    (lambda sc, sink: torch.exp(sc - torch.logaddexp(torch.logsumexp(sc, -1, keepdim=True), sink)),
+     "the sink lines up with the key axis S_k", "without keepdim"),
+    (lambda sc, sink: _probe2_sink(sc, sink).numpy(), "should be a torch.Tensor, got a numpy.ndarray", "differ"),
+    (lambda sc, sink: _probe2_sink(sc, sink).double().numpy(), "its values are right", "differ"),
+    (lambda sc, sink: (lambda m: torch.exp(sc - m) / (torch.exp(sc - m).sum(-1, keepdim=True)
+                                                      + torch.exp(sink.view(-1, 1, 1))))(sc.amax(-1, keepdim=True)),
+     "sink.view(-1, 1, 1))", "keepdim=True), sink)"),
+])
+def test_probe2_sink_names_keepdim_and_a_numpy_result(fn, words: str, absent: str) -> None:
+    fb = ch11.check_sink_softmax(fn)
+    assert fb.status == "wrong" and words in fb.message and absent not in fb.message, fb
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda x: _probe2_int8(x).numpy(), "its values are right"),
+    (lambda x: _probe2_int8(x).double().numpy(), "should be a torch.Tensor, got a numpy.ndarray"),
+    (lambda x, bits: _probe2_int8(x), "keep the stub's parameters"),
+])
+def test_probe2_int8_names_a_numpy_result_and_a_changed_signature(fn, words: str) -> None:
+    fb = ch11.check_int8_per_token(fn)
+    assert fb.status == "wrong" and words in fb.message and "differs" not in fb.message, fb
+
+
+def test_probe2_blocks_needed_translates_math_ceil_with_a_divisor() -> None:
+    fb = ch11.check_blocks_needed(lambda P, N, b, s: math.ceil(P + N, b))
+    assert fb.status == "wrong" and "math.ceil rounds ONE number" in fb.message, fb

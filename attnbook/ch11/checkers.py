@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..feedback import (HALF_TOL, Feedback, Mistake, MistakeTable, as_index, call_reader, check_number_cases, close, correct, describe,
-                        diagnose, exercise, low_precision, wrong)
+                        diagnose, exercise, low_precision, mismatched_sizes, not_a_tensor, wrong)
 from ._common import float_tensor, positive_int
 
 # ---- exercise 1: blocks a request needs -----------------------------------------------------------
@@ -311,7 +311,7 @@ def _int8_one(fn: Callable[[Tensor], Any], x: Tensor, got: Any = None) -> Feedba
                          "the input's dtype (multiply the codes by the scale without casting, or .to(x.dtype)).")
     if close(got, expected):
         return None
-    return diagnose(got, INT8_MISTAKES, x) or wrong(
+    return not_a_tensor(got, expected, name="your dequantised cache") or diagnose(got, INT8_MISTAKES, x) or wrong(
         f"the dequantised cache differs from codes x scale with one scale per position (shape {tuple(expected.shape)}).")
 
 
@@ -414,7 +414,7 @@ SINK_MISTAKES = (
     Mistake("sink left out of the max", lambda s, k: _unshifted_sink(s, k),
             "you subtracted the row's max m from the scores but not from the sink: in the shifted denominator its "
             "term is exp(sink - m), not exp(sink). Take the max over the scores and the sink together, or use "
-            "torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink)."),
+            "torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink.view(-1, 1, 1))."),
     Mistake("sink added without exp", _sink_without_exp,
             _SINK_WITHOUT_EXP),
     Mistake("sink added without exp to shifted scores", lambda s, k: _sink_without_exp(s - s.amax(-1, keepdim=True), k),
@@ -462,6 +462,13 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
         scores, sink = _sink_case(*case)
         half = scores.dtype in (torch.float16, torch.bfloat16)
         got, fb = call_reader(fn, (scores.clone(), sink.clone()), axes=("B", "H", "S_q", "S_k"))
+        if (fb is not None and "must match the size" in fb.message and "dimension 3" in fb.message
+                and set(mismatched_sizes(fb.message) or ()) == {scores.shape[2], scores.shape[3]}):
+            return wrong("your row totals lost their key axis: torch.logsumexp(scores, -1) without keepdim=True gives "
+                         "one number per query, [B, H, S_q], which then lines up against the keys, S_k, when you "
+                         "subtract it from the [B, H, S_q, S_k] scores. Keep the reduced axis (keepdim=True) so each "
+                         "row's total stays a column, [B, H, S_q, 1], and shape the sink to broadcast against that. "
+                         f"({fb.message.removeprefix('your code raised ')})")
         if fb is not None and "must match the size" in fb.message and "dimension 3" in fb.message:
             return wrong("the sink lines up with the key axis S_k, not the head axis H: one sink logit per head must "
                          "broadcast as [H, 1, 1] against [1, H, S_q, 1], so reshape it with sink.view(-1, 1, 1). "
@@ -502,7 +509,7 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
             continue
         if close(got, torch.softmax(scores, -1)) and _sink_by_max(fn):
             return wrong(_SINK_BY_MAX)
-        return diagnose(got, SINK_MISTAKES, scores, sink) or wrong(
+        return not_a_tensor(got, expected, name="your weights") or diagnose(got, SINK_MISTAKES, scores, sink) or wrong(
             f"the weights differ from exp(s_j) / (exp(sink_h) + sum_j exp(s_j)) (expected shape {tuple(expected.shape)}).")
     return correct("each row sums to 1 - sigmoid(sink - logsumexp(scores)): the rest goes to the sink (in float16 and "
                    "bfloat16 too, to their precision).")
