@@ -378,3 +378,19 @@ def test_reach_names_every_wrong_count_and_accepts_the_measured_answer() -> None
     assert all(part in fb.message for part in ("first number", "second number", "third number")), fb
     assert check_reach(None).status == "todo"
     assert check_reach([3, 7, 1]).passed
+
+
+def test_soft_lookup_computed_in_float32_on_float64_is_refused_by_the_dtype_rule() -> None:
+    def float32_inside(queries, keys, values):
+        return (torch.softmax(queries.float() @ keys.float().T, -1) @ values.float()).to(queries.dtype)
+
+    fb = check_soft_lookup(float32_inside)
+    assert fb.status == "wrong" and "carries only float32's precision" in fb.message, fb
+    assert "casting back does not restore the digits" in fb.message, fb
+
+
+def test_soft_lookup_upcast_to_float64_inside_is_still_right() -> None:
+    def float64_inside(queries, keys, values):
+        return (torch.softmax(queries.double() @ keys.double().T, -1) @ values.double()).to(queries.dtype)
+
+    assert check_soft_lookup(float64_inside).passed

@@ -396,3 +396,28 @@ def test_output_from_unscaled_weights_is_named() -> None:
 
     fb = check_self_attention(reader)
     assert fb.status == "wrong" and "without the division by sqrt(D_k)" in fb.message, fb
+
+
+def _attention_in(dtype, x_q, x_kv, w_q, w_k, w_v):
+    back = x_q.dtype
+    x_q, x_kv, w_q, w_k, w_v = (t.to(dtype) for t in (x_q, x_kv, w_q, w_k, w_v))
+    q, k, v = x_q @ w_q, x_kv @ w_k, x_kv @ w_v
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return (weights @ v).to(back), weights.to(back)
+
+
+@pytest.mark.parametrize("check, fn", [
+    (check_self_attention, lambda x, w_q, w_k, w_v: _attention_in(torch.float32, x, x, w_q, w_k, w_v)),
+    (check_cross_attention, lambda x_q, x_kv, w_q, w_k, w_v: _attention_in(torch.float32, x_q, x_kv, w_q, w_k, w_v)),
+])
+def test_attention_computed_in_float32_on_float64_is_refused_by_the_dtype_rule(check, fn) -> None:
+    fb = check(fn)
+    assert fb.status == "wrong" and "carries only float32's precision" in fb.message, fb
+
+
+@pytest.mark.parametrize("check, fn", [
+    (check_self_attention, lambda x, w_q, w_k, w_v: _attention_in(torch.float64, x, x, w_q, w_k, w_v)),
+    (check_cross_attention, lambda x_q, x_kv, w_q, w_k, w_v: _attention_in(torch.float64, x_q, x_kv, w_q, w_k, w_v)),
+])
+def test_attention_upcast_to_float64_inside_is_still_right(check, fn) -> None:
+    assert check(fn).passed, check(fn)
