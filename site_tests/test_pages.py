@@ -406,7 +406,8 @@ WIDE_SCREEN_CODE = """() => {
   const scrolls = p => p.scrollWidth > p.clientWidth + 1;
   const toc = document.querySelector('.bd-sidebar-secondary nav.page-toc');
   const tocLeft = toc && toc.getClientRects().length ? toc.getBoundingClientRect().left : Infinity;
-  const under = [...document.querySelectorAll('div.cell_input, .cell_output > .output')].filter(shown)
+  // boxes under the table of contents that the reader sees (not those in a closed <details>)
+  const under = [...document.querySelectorAll('div.cell_input, .cell_output > .output')].filter(b => b.checkVisibility())
     .filter(b => b.getBoundingClientRect().right > tocLeft + 1);
   // a code box that scrolls although it could have grown further (to the column's width + 16rem)
   const room = 16 * parseFloat(getComputedStyle(document.documentElement).fontSize);
@@ -443,10 +444,11 @@ def test_wide_code_on_a_wide_screen(visit: tuple[TocPage, Visit]) -> None:
         assert not m["held"], f"{v.url}: code boxes scroll sideways without breaking out of the column: {m['held'][:5]}"
         toc = page.locator(".bd-sidebar-secondary")
         if m["under_toc"] and toc.is_visible():
-            # scroll a box that reaches under the table of contents to the top: the contents fold
+            # scroll a box that reaches under the table of contents to the top: the contents fold (a box the
+            # reader can see: one in a closed <details>, a folded cell, has a size but is not drawn)
             page.evaluate("""() => { const toc = document.querySelector('.bd-sidebar-secondary nav.page-toc');
               const box = [...document.querySelectorAll('div.cell_input, .cell_output > .output')]
-                .find(b => b.getClientRects().length && b.getBoundingClientRect().right > toc.getBoundingClientRect().left + 1);
+                .find(b => b.checkVisibility() && b.getBoundingClientRect().right > toc.getBoundingClientRect().left + 1);
               window.scrollTo(0, box.getBoundingClientRect().top + window.scrollY - 120); }""")
             page.mouse.move(10, 450)  # not hovering the table of contents, which opens it
             page.wait_for_function("() => document.querySelector('.bd-sidebar-secondary').classList.contains('hide')", timeout=10_000)

@@ -93,8 +93,10 @@ var watchWideBoxes = (function () {
       return;
     }
     var left = list.getBoundingClientRect().left;
+    // Only boxes the reader can see: one inside a closed <details> (a folded cell) has a size but is
+    // not drawn, and never passes under the contents (opening it measures again, see "toggle" below).
     var wide = [].filter.call(document.querySelectorAll(BOXES), function (box) {
-      return box.getBoundingClientRect().right > left + 1;
+      return box.getBoundingClientRect().right > left + 1 && (!box.checkVisibility || box.checkVisibility());
     });
     var under = new Set();
     var band = Math.min(toc.scrollHeight, window.innerHeight);
