@@ -555,7 +555,8 @@ def test_int8_checker_names_zero_positions_and_16_bit_slips(submission, words) -
 
 @pytest.mark.parametrize("submission", [
     lambda x: _int8(x, "where"), lambda x: _int8(x, "tiny"),
-    lambda x: _int8(x.float(), "where").to(x.dtype),  # computed in float32, returned in x's dtype
+    # a 16-bit cache computed in float32 and returned in its own dtype (the dtype rule allows the upcast)
+    lambda x: _int8(x.float() if x.dtype in (torch.float16, torch.bfloat16) else x, "where").to(x.dtype),
     lambda x: _int8(x.double(), "where"),  # a 16-bit cache returned in float64 is fine
     lambda x: torch.round(x / torch.where(x.abs().amax(-1, keepdim=True) > 0, x.abs().amax(-1, keepdim=True) / 127, 1.0))
     .clamp(-127, 127).to(torch.int8).to(x.dtype) * torch.where(x.abs().amax(-1, keepdim=True) > 0, x.abs().amax(-1, keepdim=True) / 127, 1.0),
@@ -657,12 +658,14 @@ def test_probe_1011_cow_sink_and_int8_slips_are_named() -> None:
 
     fb = ch11.check_sink_softmax(float32_weights)
     assert not fb.passed and "scores are torch.float64 and you return torch.float32" in fb.message, fb
-    # right answers written otherwise still pass: computed in float32 and cast back, a sink column and a slice,
-    # and float32 weights of 16-bit scores (wider than the scores)
-    assert ch11.check_sink_softmax(lambda s, k: float32_weights(s, k).to(s.dtype)).passed
+    # computed in float32 and cast back to float64 is refused by the dtype rule (feedback.computed_narrower)
+    fb = ch11.check_sink_softmax(lambda s, k: float32_weights(s, k).to(s.dtype))
+    assert not fb.passed and "carries only float32's precision" in fb.message, fb
+    # right answers written otherwise still pass: a sink column and a slice, and float32 weights of 16-bit
+    # scores (wider than the scores)
     column = lambda s, k: torch.softmax(torch.cat([s, k.view(1, -1, 1, 1).expand(*s.shape[:-1], 1)], -1), -1)[..., :-1]
     assert ch11.check_sink_softmax(column).passed
-    assert ch11.check_sink_softmax(lambda s, k: float32_weights(s, k).to(s.dtype) if s.dtype == torch.float64
+    assert ch11.check_sink_softmax(lambda s, k: ch11.checkers._solution_sink(s, k) if s.dtype == torch.float64
                                    else float32_weights(s, k)).passed
 
     def asymmetric(x):
@@ -814,3 +817,49 @@ def test_probe2_int8_names_a_numpy_result_and_a_changed_signature(fn, words: str
 def test_probe2_blocks_needed_translates_math_ceil_with_a_divisor() -> None:
     fb = ch11.check_blocks_needed(lambda P, N, b, s: math.ceil(P + N, b))
     assert fb.status == "wrong" and "math.ceil rounds ONE number" in fb.message, fb
+
+
+# ---- the rare slips, and the dtype rule ---------------------------------------------------------
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda p, n, b, s: -(-(p + n) // b) - s, "shared_prefix counts TOKENS of the prompt, not blocks"),
+    (lambda p, n, b, s: -(-(p + n) // b) + 1 - s // b, "keeps no spare empty block"),
+    (lambda p, n, b, s: math.ceil((p + n) / b) - s // b + 1, "keeps no spare empty block"),
+])
+def test_blocks_needed_names_a_prefix_in_blocks_and_a_spare_block(fn, words: str) -> None:
+    fb = ch11.check_blocks_needed(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+def _int8_over(x, dims):
+    scale = x.abs().amax(dims, keepdim=True) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.round(x / scale).clamp(-127, 127) * scale
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda x: _int8_over(x, (1, 3)), "one scale covers a position in EVERY head"),
+    (lambda x: _int8_over(x, 1), "your max runs over the head axis H_kv"),
+])
+def test_int8_names_scales_taken_across_the_heads(fn, words: str) -> None:
+    fb = ch11.check_int8_per_token(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+def test_sink_added_to_every_numerator_is_named() -> None:
+    def added(scores, sink):
+        lse = torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink.view(-1, 1, 1))
+        return torch.exp(scores - lse) + torch.exp(sink.view(-1, 1, 1) - lse)
+
+    fb = ch11.check_sink_softmax(added)
+    assert fb.status == "wrong" and "to each key's numerator too" in fb.message, fb
+
+
+def test_int8_and_sink_computed_in_float32_on_float64_are_refused_by_the_dtype_rule() -> None:
+    fb = ch11.check_int8_per_token(lambda x: _probe2_int8(x.float()).to(x.dtype))
+    assert fb.status == "wrong" and "carries only float32's precision" in fb.message, fb
+    fb = ch11.check_sink_softmax(lambda sc, sink: _probe2_sink(sc.float(), sink.float()).to(sc.dtype))
+    assert fb.status == "wrong" and "carries only float32's precision" in fb.message, fb
+    # upcasting stays right: float64 inside for a 16-bit input, cast back to its dtype
+    assert ch11.check_int8_per_token(lambda x: _probe2_int8(x.double()).to(x.dtype)).passed
+    assert ch11.check_sink_softmax(lambda sc, sink: _probe2_sink(sc.double(), sink.double()).to(sc.dtype)).passed

@@ -10,8 +10,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ..feedback import (HALF_TOL, Feedback, Mistake, MistakeTable, as_index, call_reader, check_number_cases, close, correct, describe,
-                        diagnose, exercise, low_precision, mismatched_sizes, not_a_tensor, wrong)
+from ..feedback import (HALF_TOL, Feedback, Mistake, MistakeTable, as_index, call_reader, check_number_cases, close,
+                        computed_narrower, correct, describe, diagnose, exercise, low_precision, mismatched_sizes, not_a_tensor, wrong)
 from ._common import float_tensor, positive_int
 
 # ---- exercise 1: blocks a request needs -----------------------------------------------------------
@@ -75,6 +75,13 @@ BLOCKS_MISTAKES = (
             "you took the prefix's tokens off the prompt and rounded the rest of the prompt and the new tokens up "
             "separately: blocks are laid out from position 0, prefix included, so count the blocks all "
             "prompt_len + new_tokens positions fill, rounded up once, then take off the prefix's FULL blocks."),
+    Mistake("prefix taken as a block count", lambda p, n, b, s: -(-(p + n) // b) - s,
+            "shared_prefix counts TOKENS of the prompt, not blocks: the blocks it fills completely, and so already "
+            "exist, are shared_prefix // block_size."),
+    Mistake("one spare block", lambda p, n, b, s: -(-(p + n) // b) + 1 - s // b,
+            "you added one block to the rounded-up count: -(-(prompt_len + new_tokens) // block_size) already "
+            "includes the partly filled last block, and a paged cache keeps no spare empty block (it takes a new "
+            "block only when a write finds the last one full)."),
     Mistake("generated tokens only", lambda p, n, b, s: -(-n // b),
             "the prompt's positions need blocks too, and the cached prefix is part of the prompt: count "
             "prompt_len + new_tokens positions, then subtract the prefix's full blocks."),
@@ -172,6 +179,14 @@ INT8_MISTAKES = (
     Mistake("dequantised with the mean scale", lambda x: torch.round(x / _int8_scale(x)).clamp(-127, 127) * _int8_scale(x).mean(),
             "you quantised with one scale per position, but dequantised with their mean: multiply each position's "
             "codes by that position's own scale."),
+    Mistake("per position across heads", lambda x: torch.round(x / _axes_scale(x, (-3, -1))).clamp(-127, 127) * _axes_scale(x, (-3, -1)),
+            "one scale covers a position in EVERY head (your max runs over the head axis H_kv too): each head's keys "
+            "have their own range, so take the max over D_k alone, x.abs().amax(dim=-1, keepdim=True), one scale per "
+            "position and head."),
+    Mistake("max over the heads", lambda x: torch.round(x / _axes_scale(x, (-3,))).clamp(-127, 127) * _axes_scale(x, (-3,)),
+            "your max runs over the head axis H_kv (dim=1 of [B, H_kv, S, D_k]), so each channel of a position gets a "
+            "scale from the same channel of the other heads: the scale's group is a position's D_k numbers, "
+            "x.abs().amax(dim=-1, keepdim=True)."),
     Mistake("per head", lambda x: torch.round(x / (x.abs().amax((-2, -1), keepdim=True) / 127)) * (x.abs().amax((-2, -1), keepdim=True) / 127),
             "that is one scale per head, over all its positions and channels: per token, take the max |x| over "
             "D_k alone, amax(dim=-1, keepdim=True)."),
@@ -181,6 +196,12 @@ INT8_MISTAKES = (
 def _int8_scale(x: Tensor) -> Tensor:
     """The right scale of every position, [..., S, 1] (1 where a position is all zeros)."""
     scale = x.abs().amax(-1, keepdim=True) / 127
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+def _axes_scale(x: Tensor, dims: tuple[int, ...]) -> Tensor:
+    """A scale over the axes ``dims`` instead of D_k alone (1 where those numbers are all zeros)."""
+    scale = x.abs().amax(dims, keepdim=True) / 127
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
@@ -309,6 +330,11 @@ def _int8_one(fn: Callable[[Tensor], Any], x: Tensor, got: Any = None) -> Feedba
         if close(got.to(x.dtype), expected):
             return wrong(f"the input is {x.dtype} and you return {got.dtype}: return the dequantised cache in "
                          "the input's dtype (multiply the codes by the scale without casting, or .to(x.dtype)).")
+    if x.dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused even where it fits ATOL
+        narrower = computed_narrower(got, expected, reference_int8_per_token(x.float()).double(),
+                                     name="your dequantised cache")
+        if narrower is not None:
+            return narrower
     if close(got, expected):
         return None
     return not_a_tensor(got, expected, name="your dequantised cache") or diagnose(got, INT8_MISTAKES, x) or wrong(
@@ -339,6 +365,11 @@ def _sink_case(H: int, S_q: int, S_k: int, shift: float, seed: int,
     scores = torch.randn(1, H, S_q, S_k, generator=gen, dtype=torch.float64) * 2 + shift
     sink = torch.randn(H, generator=gen, dtype=torch.float64) + shift
     return scores.to(dtype), sink.to(dtype)
+
+
+def _sink_lse(s: Tensor, k: Tensor) -> Tensor:
+    """The log of each row's denominator, exp(sink[h]) + sum_j exp(s_j): [..., H, S_q, 1]."""
+    return torch.logaddexp(torch.logsumexp(s, -1, keepdim=True), k.view(-1, 1, 1))
 
 
 def _sink_without_exp(s: Tensor, k: Tensor) -> Tensor:
@@ -404,8 +435,13 @@ SINK_MISTAKES = (
             "the weights still sum to 1: the sink adds exp(sink[h]) to every row's denominator, so they sum to less."),
     Mistake("sink as a shared scalar", lambda s, k: torch.exp(s - torch.logaddexp(torch.logsumexp(s, -1, keepdim=True), k.mean())),
             "each head has its own sink logit: reshape sink to [H, 1, 1] so it lines up with the head axis."),
-    Mistake("sink in the numerator", lambda s, k: torch.exp(s + k.view(-1, 1, 1) - torch.logaddexp(torch.logsumexp(s, -1, keepdim=True), k.view(-1, 1, 1))),
-            "the sink only enlarges the denominator; the numerator of key j is exp(s_j)."),
+    Mistake("sink multiplied into the numerator", lambda s, k: torch.exp(s + k.view(-1, 1, 1) - _sink_lse(s, k)),
+            "your numerator is exp(s_j + sink[h]), exp(s_j) multiplied by exp(sink[h]): the sink only enlarges the "
+            "denominator; the numerator of key j is exp(s_j)."),
+    Mistake("sink term added to every numerator", lambda s, k: torch.exp(s - _sink_lse(s, k)) + torch.exp(k.view(-1, 1, 1) - _sink_lse(s, k)),
+            "you added the sink's term exp(sink[h]) to each key's numerator too: it belongs to the denominator only. "
+            "The numerator of key j is exp(s_j) alone; exp(sink[h]) over the denominator is the sink's own weight, "
+            "which the exercise leaves out."),
     Mistake("sink column kept", lambda s, k: torch.softmax(torch.cat([s, k.view(1, -1, 1, 1).expand(*s.shape[:-1], 1)], -1), -1),
             "drop the sink's own column: return weights over the real keys only, [..., S_q, S_k]."),
     Mistake("sink added to the logsumexp", lambda s, k: torch.exp(s - (torch.logsumexp(s, -1, keepdim=True) + k.view(-1, 1, 1))),
@@ -505,6 +541,11 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
             return wrong(f"the scores are {expected.dtype} and you return {got.dtype}: return the weights in the scores' "
                          "dtype or wider (leave out .float() or .to(...) casts, or cast the result back with "
                          ".to(scores.dtype)).")
+        if scores.dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused even where it fits ATOL
+            narrow = reference_sink_softmax(scores.float(), sink.float()).double()
+            narrower = computed_narrower(got, expected, narrow)
+            if narrower is not None:
+                return narrower
         if close(got, expected):
             continue
         if close(got, torch.softmax(scores, -1)) and _sink_by_max(fn):
