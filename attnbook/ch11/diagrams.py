@@ -302,3 +302,67 @@ def quantisation_groups_diagram() -> Diagram:
     d.text(20, 266, "! an outlier channel: it sets the scale of every", size=14, anchor="start")
     d.text(20, 286, "group it falls in (a whole row, per token)", size=14, anchor="start")
     return d
+
+
+#: the chunked-prefill picture: three running requests decode while D's prompt is prefilled, whole or in chunks
+CHUNK_RUNNING, CHUNK_NEW, CHUNK_PROMPT, CHUNK_SIZE = ("A", "B", "C"), "D", 1024, 256
+
+
+def chunked_prefill_steps(chunk: int | None) -> list[tuple[int, int]]:
+    """The steps from D's arrival to the first step in which it decodes, as ``(decodes, prompt tokens)``.
+
+    Every step decodes one token of each running request; ``chunk`` caps the prompt tokens a step takes
+    (``None``: the whole prompt in one step). The step that ends the prefill gives D's first token.
+    """
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"chunk must be a positive number of tokens or None, got {chunk!r}")
+    steps, left = [], CHUNK_PROMPT
+    while left:
+        n = left if chunk is None else min(chunk, left)
+        steps.append((len(CHUNK_RUNNING), n))
+        left -= n
+    return steps + [(len(CHUNK_RUNNING) + 1, 0)]
+
+
+@diagram
+def chunked_prefill_diagram() -> Diagram:
+    from .simulation import StepCost
+
+    cost = StepCost()  # section 11.3's cost model: 20 ms per step plus 0.05 ms per token
+    plans = {"whole prompt": chunked_prefill_steps(None), f"chunks of {CHUNK_SIZE}": chunked_prefill_steps(CHUNK_SIZE)}
+    ms = {name: [cost(d + p) for d, p in steps] for name, steps in plans.items()}
+    (whole, chunked) = plans
+    stall, stall_c = max(ms[whole]), max(ms[chunked])
+    first, first_c = sum(ms[whole][:-1]), sum(ms[chunked][:-1])
+    runners = ", ".join(CHUNK_RUNNING[:-1]) + f" and {CHUNK_RUNNING[-1]}"
+    alt = (f"Three running requests, {runners}, decode one token per step when request {CHUNK_NEW} arrives with a "
+           f"prompt of {CHUNK_PROMPT:,d} tokens. Each column is one step, a stack of the work it does: a cell per "
+           f"decoded token, a cell per {CHUNK_SIZE} prompt tokens. Without chunking one step carries the whole prompt "
+           f"with the three decodes and takes {stall:.0f} ms ({cost.fixed_ms:g} ms plus {cost.per_token_ms:g} ms per "
+           f"token), so {runners} wait {stall:.0f} ms for their next token. With chunks of {CHUNK_SIZE} the prompt is "
+           f"spread over {len(plans[chunked]) - 1} steps of {stall_c:.0f} ms: the running requests never wait more "
+           f"than {stall_c:.0f} ms, but {CHUNK_NEW}'s first token comes after {first_c:.0f} ms instead of {first:.0f}.")
+    d = Diagram("ch11_chunked_prefill", 440, 350, title="Chunked prefill: a long prompt spread over several steps",
+                alt=alt)
+    cell, gap, base = 24, 10, 236
+    for k, (name, steps) in enumerate(plans.items()):
+        x0 = 60 if k == 0 else 200
+        width = len(steps) * (cell + gap) - gap
+        d.text(x0 + width / 2, 34, name, size=15, weight="bold")
+        for i, (dec, prompt) in enumerate(steps):
+            x = x0 + i * (cell + gap)
+            labels = [*CHUNK_RUNNING, CHUNK_NEW][:dec] + ["P"] * (prompt // CHUNK_SIZE)
+            for r, lab in enumerate(labels):
+                y = base - (r + 1) * cell
+                d.rect(x, y, cell, cell, fill="orange" if lab == "P" else "blue", tint=True, stroke=INK, rx=0, width=1)
+                d.text(x + cell / 2, y + cell / 2 + 5, lab, size=14)
+            d.text(x + cell / 2, base + 20, f"{ms[name][i]:.0f}", size=14, color=MUTED)
+    d.text(20, base + 20, "ms", size=14, color=MUTED, anchor="start")
+    d.rect(20, base + 36, 14, 14, fill="blue", tint=True, stroke="blue", width=2)
+    d.text(40, base + 48, "one decoded token", size=14, anchor="start")
+    d.rect(200, base + 36, 14, 14, fill="orange", tint=True, stroke="orange", width=2)
+    d.text(220, base + 48, f"P: {CHUNK_SIZE} prompt tokens of {CHUNK_NEW}", size=14, anchor="start")
+    d.text(20, base + 76, f"longest wait for a running request: {stall:.0f} ms, or {stall_c:.0f}", size=14, anchor="start")
+    d.text(20, base + 96, f"{CHUNK_NEW}'s first token: after {first:.0f} ms, or {first_c:.0f} with chunks", size=14,
+           anchor="start")
+    return d

@@ -23,7 +23,9 @@ def speculative_generate(target: Any, draft: Any, prompt: Tensor, max_new_tokens
     ``prompt [S0]`` holds at least 2 token ids, and ``S0 + max_new_tokens`` fits both models' ``max_len``.
     Returns ``(ids [S0 + max_new_tokens], stats)`` with the target's forward passes, the tokens proposed and
     accepted, and the draft's forward calls (its prefill, one per proposed token, and the catch-up calls
-    that feed it the target's corrections).
+    that feed it the target's corrections). Every forward call counts as one, whatever its number of
+    positions: the target's passes are its prefill (all but the last prompt token, which gives no token)
+    plus one verification pass per round; plain greedy decoding of ``n`` tokens counts ``n`` passes.
     """
     from ..toy_lm import TinyLM
 
