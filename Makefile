@@ -130,7 +130,7 @@ lab: setup
 	$(JUPYTER_LAB) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_DIR)
 
 bench: setup
-	$(BIN)/python benchmarks/bench_attention.py && $(BIN)/python benchmarks/bench_decode.py && $(BIN)/python benchmarks/bench_serving.py
+	$(BIN)/python benchmarks/bench_attention.py && $(BIN)/python benchmarks/bench_decode.py && $(BIN)/python benchmarks/bench_serving.py && $(BIN)/python benchmarks/bench_fresh_memory.py
 
 bench-explorer: book
 	$(BIN)/python benchmarks/bench_explorer.py
