@@ -18,7 +18,7 @@ help:
 	@echo "make lab        open your own copy of the chapters in JupyterLab: $(LAB_DIR)/, made from book/ on"
 	@echo "                the first run (later runs add new chapters and keep your edits; delete a file"
 	@echo "                there to get the book's current version). Autosave writes only there, never to book/"
-	@echo "make bench      attention benchmark (timings and memory on this machine)"
+	@echo "make bench      attention, decoding, serving and fresh-memory benchmarks (timings, memory, page faults)"
 	@echo "make bench-explorer  the attention explorer's load and run times in headless Chromium"
 
 $(STAMP): requirements.txt pyproject.toml
@@ -130,7 +130,7 @@ lab: setup
 	$(JUPYTER_LAB) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_DIR)
 
 bench: setup
-	$(BIN)/python benchmarks/bench_attention.py && $(BIN)/python benchmarks/bench_decode.py && $(BIN)/python benchmarks/bench_serving.py
+	$(BIN)/python benchmarks/bench_attention.py && $(BIN)/python benchmarks/bench_decode.py && $(BIN)/python benchmarks/bench_serving.py && $(BIN)/python benchmarks/bench_fresh_memory.py
 
 bench-explorer: book
 	$(BIN)/python benchmarks/bench_explorer.py

@@ -12,16 +12,20 @@
 * :func:`check_serial_cap`: the share of the matmul peak a kernel reaches when it runs its matmuls
   and its exponentials in turn.
 * :func:`check_merge_partials`: Flash-Decoding's merge of two partial results through their logsumexps.
+* :func:`execution_hierarchy_diagram`: a kernel's grid of thread blocks, warps and threads on the SMs;
+  :func:`window_tile_kinds` and :func:`window_block_mask_diagram`: the tiles a sliding window computes or skips.
 * :func:`check_sliding_window`: a sliding window added to a fused kernel (the mask inside a tile and
   the first key block a query block visits), run in Triton where it is installed, else in the same
   tiled loop in PyTorch (:func:`windowed_tiled_attention`).
 
 The checkers diagnose the usual mistakes: one matmul counted instead of two (or d, d^2 FLOPs per
 score), the exponentials' share or a ratio of times (capped at 1 or not) returned instead of the
-matmuls' share; partial results averaged, weighted by their key counts or by upside-down weights,
-``exp(lse)`` overflowing; Python's ``and`` in ``visible`` (a lambda runs in the PyTorch loop, since
-Triton cannot compile one); and a right answer returned in float16 or bfloat16, or cast down from
-the inputs' dtype (:func:`attnbook.ch08.narrowed_dtype`).
+matmuls' share, a rate (per second) used where a time belongs; partial results averaged, weighted by
+their key counts, by upside-down weights or by log-weights without ``exp``, ``exp(lse)`` overflowing;
+an inverted ``visible`` mask (True where the key is hidden) and Python's ``and`` in it (a lambda runs
+in the PyTorch loop, since Triton cannot compile one); and a right answer returned in float16 or
+bfloat16, cast down from the inputs' dtype (:func:`attnbook.ch08.narrowed_dtype`), or computed in
+float32 inside and cast back to float64 (:func:`attnbook.feedback.computed_narrower`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from .feedback import (
     MistakeTable,
     check_number,
     close,
+    computed_narrower,
     correct,
     describe,
     diagnose,
@@ -75,6 +80,10 @@ __all__ = [
     "causal_traffic_lines",
     "cudnn_first",
     "sdpa_priority_line",
+    "FLEX_S",
+    "FLEX_WINDOW",
+    "FLEX_BLOCK",
+    "window_tile_kinds",
 ]
 
 
@@ -174,6 +183,54 @@ def memory_hierarchy_diagram() -> Diagram:
     d.arrow(190, 330, 190, 294)
     d.text(200, 318, f"{hbm_tb:.2f} TB/s", size=14, anchor="start", color=MUTED)
     d.box(20, 334, 340, 80, f"HBM: {g['hbm_gb']} GB", sub="Q, K, V and the output live here", color="orange")
+    return d
+
+
+#: What the execution-hierarchy diagram draws: threads per warp, and at most threads per thread block.
+WARP_THREADS, MAX_BLOCK_THREADS = 32, 1024
+
+
+@diagram
+def execution_hierarchy_diagram() -> Diagram:
+    """How a kernel runs: a grid of thread blocks, each block on one SM, its threads in warps of 32, and the
+    SM's shared memory on the chip against HBM off it (the A100's datasheet numbers)."""
+    g = GPUS[DIAGRAM_GPU]
+    name = DIAGRAM_GPU.split()[0]
+    warps = MAX_BLOCK_THREADS // WARP_THREADS
+    d = Diagram(
+        "ch09_execution_hierarchy", 380, 560, title=f"How a kernel runs on an {name}",
+        alt=(f"How a kernel runs on an {name}. At the top, a kernel is launched as a grid of thread blocks, B0 to "
+             f"B13 here. Each block is sent to one SM; the {g['sms']} SMs run blocks at the same time and take new "
+             f"ones as others finish. Inside an SM, a thread block of up to {MAX_BLOCK_THREADS:,} threads runs as "
+             f"warps of {WARP_THREADS} threads (warp 0: threads 0 to {WARP_THREADS - 1}, warp 1: threads "
+             f"{WARP_THREADS} to {2 * WARP_THREADS - 1}, up to {warps} warps), each warp executing one instruction "
+             f"for its {WARP_THREADS} threads at a time. Each SM has up to {g['smem_kib']} KB of shared memory on the "
+             f"chip, which the threads of a block share, beside {g['regs_kib']} KB of registers, the tensor cores "
+             f"and the units for exp. Below the SMs, off the chip, {g['hbm_gb']} GB of HBM at "
+             f"{g['hbm_bytes_per_s'] / 1e12:.2f} TB/s holds Q, K, V and the output, for all SMs."))
+    d.text(190, 28, f"How a kernel runs on an {name}", size=16, weight="bold")
+    d.text(20, 58, "a kernel: a grid of thread blocks", size=14, anchor="start", weight="bold")
+    d.grid(34, 70, [["sky"] * 7] * 2, cell=38, gap=8, size=12,
+           labels=[[f"B{r * 7 + c}" for c in range(7)] for r in range(2)])
+    d.arrow(100, 160, 100, 196)
+    d.text(112, 184, "each block runs on one SM", size=12, anchor="start", color=MUTED)
+    d.rect(20, 202, 340, 240, fill="green", tint=True, stroke="green", width=2)
+    d.text(34, 224, f"one SM (an {name} has {g['sms']})", size=14, anchor="start", weight="bold")
+    d.rect(34, 234, 312, 106, fill="blue", tint=True, stroke="blue", width=1.5)
+    d.text(46, 254, f"a thread block: up to {MAX_BLOCK_THREADS:,} threads", size=13, anchor="start")
+    for k in range(2):
+        d.rect(46, 264 + 26 * k, 288, 22, fill="#FFFFFF", stroke="blue", width=1)
+        d.text(56, 280 + 26 * k, f"warp {k}: threads {k * WARP_THREADS}\u2013{(k + 1) * WARP_THREADS - 1}",
+               size=12, anchor="start")
+    d.text(46, 330, f"\u2026 up to {warps} warps, {WARP_THREADS} threads each", size=12, anchor="start", color=MUTED)
+    d.box(34, 350, 312, 34, f"shared memory: up to {g['smem_kib']} KB", color="purple", size=14)
+    d.text(34, 404, "on the chip; shared by a block's threads", size=12, anchor="start")
+    d.text(34, 424, f"registers ({g['regs_kib']} KB), tensor cores, exp units", size=12, anchor="start")
+    d.arrow(190, 446, 190, 478)
+    d.arrow(190, 478, 190, 446)
+    d.text(200, 468, f"{g['hbm_bytes_per_s'] / 1e12:.2f} TB/s", size=12, anchor="start", color=MUTED)
+    d.box(20, 482, 340, 62, f"HBM: {g['hbm_gb']} GB, off the chip", sub="Q, K, V and the output, for all SMs",
+          color="orange")
     return d
 
 
@@ -434,6 +491,15 @@ _MERGE_MISTAKES = (
                 torch.exp(la)[..., None] * oa + torch.exp(lb)[..., None] * ob),
             "exp(lse_a) and exp(lse_b) are the parts' denominators, not their shares: divide each by the total "
             "exp(lse_a) + exp(lse_b), i.e. weight by exp(lse_part - lse_total), where lse_total = torch.logaddexp(lse_a, lse_b)."),
+    Mistake("weights without exp", lambda oa, la, ob, lb, na, nb: (
+                (la - torch.logaddexp(la, lb))[..., None] * oa + (lb - torch.logaddexp(la, lb))[..., None] * ob),
+            "your weights are lse_part - lse_total without exp: those are the logs of the parts' shares, negative "
+            "numbers that do not sum to 1. A part's share of the softmax denominator is exp(lse_part) / "
+            "exp(lse_total) = exp(lse_part - lse_total): take exp of the difference before weighting out_a and out_b."),
+    Mistake("the lse values as weights", lambda oa, la, ob, lb, na, nb: la[..., None] * oa + lb[..., None] * ob,
+            "you used lse_a and lse_b themselves as the weights, without exp: an lse is the log of a part's "
+            "denominator, like a score before softmax. The weight of a part is its share of the total "
+            "denominator, exp(lse_part - lse_total), where lse_total = torch.logaddexp(lse_a, lse_b)."),
     Mistake("weights by key counts", _merge_by_counts,
             "you weighted the parts by how many keys each has: what matters is how much of the softmax denominator "
             "each part holds, exp(lse_part - lse_total), which depends on the scores, not on the counts."),
@@ -536,6 +602,12 @@ def _merge_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         half = narrowed_dtype(name, t, exp)
         if half is not None:
             return half
+    if lse.dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused though it fits 1e-4
+        narrow = [t.double() for t in _solution_merge(*(p.float() for p in parts))]
+        for name, t, exp, low in (("out", got_out, out, narrow[0]), ("lse", got_lse, lse, narrow[1])):
+            narrower = computed_narrower(t, exp, low, name=f"your {name}")
+            if narrower is not None:
+                return narrower
     lse_hint = None if close(got_lse, lse, atol=1e-4, rtol=1e-4) else diagnose(got_lse, _LSE_MISTAKES, *parts, split, S_k - split)
     if not close(got_out, out, atol=1e-4, rtol=1e-4):
         hint = diagnose(got_out, _MERGE_MISTAKES, *parts, split, S_k - split) or lse_hint
@@ -637,9 +709,12 @@ CAP_MISTAKES = (
     Mistake("4 d^2 FLOPs per score", _cap(power=2),
             "you counted 4 d^2 FLOPs per score: each score costs a dot product of length d in Q K^T and one in "
             "P V, 4 d FLOPs in all, linear in d."),
-    Mistake("share of the exponentials", _cap(share_of="exp"),
-            "that is the share of the time spent on exponentials; the cap is the other share, the time the tensor "
-            "cores are busy: t_matmul / (t_matmul + t_exp)."),
+    Mistake("share of the exponentials, or rates for times", _cap(share_of="exp"),
+            "that is the share of the time spent on exponentials. You get it when you return t_exp / (t_matmul + "
+            "t_exp), and also when you put rates where the times belong: matmul_flops / (4 d) and exps_per_s are "
+            "scores per second, and the share of the faster rate is the share of the shorter time, the other one. "
+            "A time per score is the work divided by the rate, t_matmul = 4 d / matmul_flops and t_exp = "
+            "1 / exps_per_s, and the cap is the tensor cores' share: t_matmul / (t_matmul + t_exp)."),
     Mistake("ratio of the times", _cap(share_of="ratio"),
             "you divided the matmul time by the exponential time; the kernel spends both in turn, so divide by "
             "their sum: t_matmul / (t_matmul + t_exp)."),
@@ -664,6 +739,15 @@ CAP_MISTAKES = (
     Mistake("the ratio of the rates floored", lambda d, F, E: 1 / (1 + int(F) // int(4 * d * E)),
             "integer division (//, or int(...)) floored the ratio of the two times, matmul_flops / (4 d exps_per_s), "
             "to a whole number (0 or 1 here, where the two times are close): divide with / and keep the floats."),
+    Mistake("a rate for the matmul time", lambda d, F, E: (F / (4 * d)) / (F / (4 * d) + 1 / E),
+            "your fraction is 1 on every GPU, as if the exponentials took no time: your t_matmul is not a time. "
+            "matmul_flops / (4 d) is a rate, scores per second (and 4 d * matmul_flops is neither). The time per "
+            "score is the work divided by the rate: t_matmul = 4 d / matmul_flops seconds, next to "
+            "t_exp = 1 / exps_per_s."),
+    Mistake("a rate for the exponential time", lambda d, F, E: (4 * d / F) / (4 * d / F + E),
+            "your fraction is almost 0 on every GPU: your t_exp is exps_per_s, a rate (exponentials per second), "
+            "not a time. One exponential takes 1 / exps_per_s seconds: t_exp = 1 / exps_per_s, next to "
+            "t_matmul = 4 d / matmul_flops."),
     Mistake("a percentage", lambda d, F, E: 100 * reference_serial_cap(d, F, E),
             "return a fraction of 1 (0.5 for half the peak), not a percentage."),
 )
@@ -939,6 +1023,11 @@ VISIBLE_MISTAKES = (
             "a query also sees itself (cols == rows): use cols <= rows."),
     Mistake("& before <=", lambda r, c, w: c <= (r & (r - c < w)),
             _PRECEDENCE),
+    Mistake("inverted", lambda r, c, w: (c > r) | (r - c >= w),
+            "your tile is the opposite of the mask: True where the query may NOT see the key. The kernel keeps a "
+            "score where `visible` is True, tl.where(visible, s, -inf), so return True for the keys a query sees "
+            "(the other way round from masked_fill, whose True means hide): not after the query, and fewer than "
+            "window positions back."),
     Mistake("symmetric window", lambda r, c, w: (r - c).abs() < w,
             "your window reaches both ways: it lets a query see keys after it, up to window - 1 ahead. The window "
             "sits behind the query only, so combine the look-back limit with the causal part (cols <= rows)."),
@@ -1321,4 +1410,68 @@ def ping_pong_diagram() -> Diagram:
     d.rect(x0, 276, 12 * u, 24, fill="green", tint=True, stroke="green", width=1.5, rx=2)
     d.text(190, 322, "MM: matmuls, on the tensor cores (TC)", size=12, color=MUTED)
     d.text(190, 340, "exp: exponentials, on the special-function units", size=12, color=MUTED)
+    return d
+
+
+# ---- diagram: a sliding-window block mask (section 9.6) ---------------------------------------------
+
+#: The block mask of section 9.6: S queries and keys, a window of FLEX_WINDOW keys, square blocks.
+FLEX_S, FLEX_WINDOW, FLEX_BLOCK = 1024, 256, 128
+
+
+def window_tile_kinds(S: int, window: int, block: int) -> list[list[str]]:
+    """Each tile's kind under a causal sliding window (query blocks down, key blocks across): ``"full"``
+    (every score kept, no mask inside), ``"partial"`` (computed, masked inside) or ``"skipped"`` (never loaded),
+    as FlexAttention's ``create_block_mask`` sorts them.
+
+    >>> window_tile_kinds(4, 2, 2)
+    [['partial', 'skipped'], ['partial', 'partial']]
+    """
+    if S % block:
+        raise ValueError(f"S = {S} is not a multiple of block = {block}; expected whole tiles")
+    pos = torch.arange(S)
+    seen = reference_visible(pos[:, None], pos[None, :], window)  # [S, S] True where the query sees the key
+    n = S // block
+    tiles = seen.view(n, block, n, block)  # [query block, row, key block, column]
+    kept, all_kept = tiles.any(dim=(1, 3)), tiles.all(dim=(1, 3))  # [n, n] each
+    return [["full" if all_kept[i, j] else "partial" if kept[i, j] else "skipped" for j in range(n)]
+            for i in range(n)]
+
+
+@diagram
+def window_block_mask_diagram() -> Diagram:
+    """Which tiles a sliding-window kernel computes in full, computes with a mask inside, or skips."""
+    S, W, B = FLEX_S, FLEX_WINDOW, FLEX_BLOCK
+    kinds = window_tile_kinds(S, W, B)
+    n = len(kinds)
+    count = {k: sum(row.count(k) for row in kinds) for k in ("full", "partial", "skipped")}
+    style = {"full": ("green", "F"), "partial": ("orange", "M"), "skipped": ("none", "")}
+    d = Diagram(
+        "ch09_window_block_mask", 380, 516, title="A sliding-window block mask",
+        alt=(f"An {n} by {n} grid of tiles for S = {S} with {B}-blocks: query blocks Q1 to Q{n} down, key blocks "
+             f"K1 to K{n} across, under a sliding window where each query sees itself and the {W - 1} keys before "
+             f"it. In every row the diagonal tile is computed with a mask inside (M, orange), since it holds the "
+             f"future of some of its queries. From the second row on, the tile just left of the diagonal is "
+             f"computed in full (F, green), and from the third row on the tile left of that is masked inside too, "
+             f"since some of its keys have left the window for some of its queries. Every other tile is skipped and "
+             f"never loaded: {count['full'] + count['partial']} of the {n * n} tiles are computed, {count['full']} "
+             f"in full and {count['partial']} with a mask inside."))
+    d.text(190, 26, "A sliding-window block mask", size=16, weight="bold")
+    d.text(190, 46, f"S = {S}, window {W} keys, {B}-blocks", size=13, color=MUTED)
+    cell, x0, y0 = 32, 84, 96
+    d.text(x0 + n * cell / 2, 70, "key blocks", size=13)
+    d.grid(x0, y0, [[style[k][0] for k in row] for row in kinds], cell=cell, size=13,
+           labels=[[style[k][1] for k in row] for row in kinds],
+           row_labels=[f"Q{i + 1}" for i in range(n)], col_labels=[f"K{j + 1}" for j in range(n)])
+    d.text(20, y0 + n * cell + 24, "rows: query blocks", size=13, anchor="start", color=MUTED)
+    legend = (("full", f"F: computed in full, no mask ({count['full']})"),
+              ("partial", f"M: computed, masked inside ({count['partial']})"),
+              ("skipped", f"blank: skipped, never loaded ({count['skipped']})"))
+    for k, (kind, text) in enumerate(legend):
+        y = y0 + n * cell + 44 + 28 * k
+        colour = style[kind][0]
+        d.rect(20, y, 20, 20, fill=colour, tint=colour != "none", stroke="#1A1A1A", rx=0, width=1)
+        d.text(50, y + 15, text, size=13, anchor="start")
+    d.text(190, y0 + n * cell + 148, f"{count['full'] + count['partial']} of {n * n} tiles computed", size=14,
+           weight="bold")
     return d

@@ -733,3 +733,82 @@ def test_probe2_merge_logsumexp_without_dim_is_translated() -> None:
 
     fb = check_merge_partials(no_dim)
     assert fb.status == "wrong" and "torch.logsumexp has no default axis: it needs dim=" in fb.message, fb
+
+
+# --- named slips: an inverted mask, rates for times, weights without exp, float32 inside ----------------
+
+def test_sliding_window_inverted_mask_is_named() -> None:
+    """True where the key is hidden (masked_fill's convention) got the generic 'your tile differs'."""
+    def hidden(rows, cols, window):
+        return ~((cols <= rows) & (rows - cols < window))
+
+    def hidden_spelled_out(rows, cols, window):
+        return (cols > rows) | (rows - cols >= window)
+
+    for visible in (hidden, hidden_spelled_out):
+        fb = check_sliding_window(visible, reference_first_key)
+        assert fb.status == "wrong" and fb.message.startswith("your tile is the opposite of the mask"), fb
+        assert "NOT see" in fb.message and "masked_fill" in fb.message, fb
+
+
+def test_serial_cap_rates_used_where_times_belong_are_named() -> None:
+    from attnbook.ch09 import check_serial_cap
+
+    def both_rates(d, matmul_flops, exps_per_s):
+        r_matmul = matmul_flops / (4 * d)  # scores per second, not seconds per score
+        r_exp = exps_per_s
+        return r_matmul / (r_matmul + r_exp)
+
+    fb = check_serial_cap(both_rates)
+    assert fb.status == "wrong" and "rates where the times belong" in fb.message, fb
+    fb = check_serial_cap(lambda d, F, E: (F / (4 * d)) / (F / (4 * d) + 1 / E))
+    assert fb.status == "wrong" and "your t_matmul is not a time" in fb.message, fb
+    fb = check_serial_cap(lambda d, F, E: (4 * d * F) / (4 * d * F + 1 / E))  # a time times a rate: neither
+    assert fb.status == "wrong" and "your t_matmul is not a time" in fb.message, fb
+    fb = check_serial_cap(lambda d, F, E: (4 * d / F) / (4 * d / F + E))
+    assert fb.status == "wrong" and "your t_exp is exps_per_s, a rate" in fb.message, fb
+
+
+def test_merge_weights_without_exp_are_named() -> None:
+    def log_weights(oa, la, ob, lb):
+        lse = torch.logaddexp(la, lb)
+        return (la - lse)[..., None] * oa + (lb - lse)[..., None] * ob, lse
+
+    fb = check_merge_partials(log_weights)
+    assert fb.status == "wrong" and fb.message.startswith("your weights are lse_part - lse_total without exp"), fb
+    fb = check_merge_partials(lambda oa, la, ob, lb: (la[..., None] * oa + lb[..., None] * ob, torch.logaddexp(la, lb)))
+    assert fb.status == "wrong" and "themselves as the weights, without exp" in fb.message, fb
+
+
+def test_merge_computed_in_float32_and_cast_back_is_refused_on_the_float64_case() -> None:
+    """The dtype rule: float32 inside a float64 merge fits the checker's 1e-4 but loses the digits; refuse and name it."""
+    def float32_inside(oa, la, ob, lb):
+        out, lse = reference_merge_partials(oa.float(), la.float(), ob.float(), lb.float())
+        return out.to(oa.dtype), lse.to(la.dtype)
+
+    fb = check_merge_partials(float32_inside)
+    assert fb.status == "wrong" and "float32's precision" in fb.message and "casting back does not restore" in fb.message, fb
+    assert fb.message.startswith("your out"), fb
+    # float16 inputs are not among the cases; float64 computed wider than float32 inputs still passes
+    assert check_merge_partials(lambda *p: tuple(t.to(p[0].dtype) for t in reference_merge_partials(*(x.double() for x in p)))).passed
+
+
+def test_window_tile_kinds_match_flex_attentions_block_mask_and_the_diagram() -> None:
+    from attnbook.ch09 import FLEX_BLOCK, FLEX_S, FLEX_WINDOW, window_block_mask_diagram, window_tile_kinds
+
+    assert (FLEX_S, FLEX_WINDOW, FLEX_BLOCK) == (1024, 256, 128)  # the sizes of section 9.6's cell
+    kinds = window_tile_kinds(FLEX_S, FLEX_WINDOW, FLEX_BLOCK)
+    partial = [row.count("partial") for row in kinds]
+    full = [row.count("full") for row in kinds]
+    assert partial == [1, 1, 2, 2, 2, 2, 2, 2] and full == [0, 1, 1, 1, 1, 1, 1, 1]  # the cell's printed block mask
+    assert "21 of the 64 tiles are computed, 7 in full and 14 with a mask inside" in window_block_mask_diagram().alt
+    with pytest.raises(ValueError, match="not a multiple of block"):
+        window_tile_kinds(1000, 256, 128)
+
+
+def test_execution_hierarchy_diagram_draws_the_a100() -> None:
+    from attnbook.ch09 import execution_hierarchy_diagram
+
+    d = execution_hierarchy_diagram()
+    assert "108 SMs" in d.alt and "warps of 32 threads" in d.alt and "164 KB of shared memory" in d.alt, d.alt
+    d.svg()  # legible on a phone

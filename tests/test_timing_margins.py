@@ -4,7 +4,9 @@ A notebook asserts a timing claim only with a margin wide enough for a loaded ma
 (CONTRIBUTING.md, "Numbers and outputs"). Each test below re-measures one such claim the way its
 chapter does, with two processes spinning on the cores meanwhile, and asserts what the chapter
 asserts. Everything else a chapter measures in time is printed with ``~`` and asserted as exact
-counts (positions copied, bytes, FLOPs) instead.
+counts (positions copied, bytes, FLOPs) instead: chapter 8's exponentials into a new tensor against
+an existing one, for instance, assert the new memory each pass is handed, and the timing is the
+target of ``benchmarks/bench_fresh_memory.py`` (``make bench``).
 """
 
 from __future__ import annotations
@@ -87,11 +89,6 @@ def test_ch08_the_materialising_core_is_slower_than_sdpa_at_2048(two_busy_proces
             "SDPA core": lambda: F.scaled_dot_product_attention(q, k, v),
         }, repeats=3, warmup=1)
     assert ms["attnlib core"] > 2 * ms["SDPA core"], ms
-
-
-def test_ch08_exp_into_a_new_128_mib_tensor_costs_more_than_into_an_existing_one(two_busy_processes: None) -> None:
-    ms = ch08.time_exp_fresh_and_reused(8, [2048])[2048]
-    assert ms["exp, fresh"] > 1.1 * ms["exp, reused"], ms
 
 
 def test_ch08_sdpa_beats_every_materialised_variant(two_busy_processes: None) -> None:
