@@ -181,9 +181,10 @@ def check_combined_mask(fn: Callable[[Tensor], Any]) -> Feedback:
     return correct("each query sees itself and earlier real tokens, never the future or padding.")
 
 
-#: The lower-right exercise's cases ``(S_q, S_k)``: a cache of 3 with 2 new tokens, one new token, no cache
-#: (S_q == S_k, where both alignments agree), and a longer cache.
-LOWER_RIGHT_CASES: tuple[tuple[int, int], ...] = ((2, 5), (1, 4), (4, 4), (3, 7))
+#: The lower-right exercise's cases ``(S_q, S_k)``: a longer cache first (3 new tokens after 4 cached ones,
+#: where every listed mistake gives its own mask), a cache of 3 with 2 new tokens, one new token, and no cache
+#: (S_q == S_k, where both alignments agree).
+LOWER_RIGHT_CASES: tuple[tuple[int, int], ...] = ((3, 7), (2, 5), (1, 4), (4, 4))
 
 
 def _lower_right(S_q: int, S_k: int) -> Tensor:
@@ -198,8 +199,20 @@ def _wrong_way(S_q: int, S_k: int) -> Tensor:
     return torch.ones(S_q, S_k, dtype=torch.bool).tril(S_q - S_k)
 
 
+def _future_key(S_q: int, S_k: int) -> Tensor:
+    """One key of the future for each query but the last. With S_q <= 2 that shows every key, the same
+    answer as an all-True mask, so it is told apart (and named) on the cases with more queries only."""
+    got = torch.ones(S_q, S_k, dtype=torch.bool).tril(S_k - S_q + 1)
+    if bool(got.all()):
+        raise ValueError("the same answer as a mask that hides nothing")
+    return got
+
+
 #: Known wrong masks ``compute(S_q, S_k) -> bool [S_q, S_k]``, tried in order.
 LOWER_RIGHT_MISTAKES: tuple[Mistake, ...] = (
+    Mistake("nothing masked", lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool),
+            "your mask is True everywhere, so it hides nothing: every new token but the last sees keys of its "
+            "future. Query i sits at position S_k - S_q + i; the keys after that position must be False."),
     Mistake("aligned top-left", lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(),
             "your triangle starts in the top-left corner, as is_causal=True does: the first new token sees only "
             "key 0, and the last does not see itself. With a cache the queries are the *newest* S_q positions: "
@@ -207,7 +220,7 @@ LOWER_RIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("shifted the wrong way", lambda S_q, S_k: _wrong_way(S_q, S_k),
             "you moved the diagonal the wrong way: the queries come *after* the S_k - S_q cached keys, so each "
             "sees more keys than in the top-left triangle, not fewer."),
-    Mistake("one key of the future", lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(S_k - S_q + 1),
+    Mistake("one key of the future", lambda S_q, S_k: _future_key(S_q, S_k),
             "off by one: each query but the last sees one key of its future. Query i sits at position "
             "S_k - S_q + i and may see keys up to that position, itself included."),
     Mistake("own key hidden", lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(S_k - S_q - 1),
@@ -434,7 +447,7 @@ def check_masking_order(fn: Callable[[Tensor, Tensor, Tensor], Any]) -> Feedback
 
 #: The fully masked row of the prediction exercise: 4 scores, every key hidden. ln 3 makes its
 #: softmax easy by hand: e^(ln 3) = 3 against 1, 1, 1, so [1/2, 1/6, 1/6, 1/6].
-FULLY_MASKED_SCORES = torch.tensor([math.log(3.0), 0.0, 0.0, 0.0])
+FULLY_MASKED_SCORES = torch.tensor([math.log(3.0), 0.0, 0.0, 0.0], dtype=torch.float32)
 
 #: The three ways of hiding every key that the prediction exercise asks about.
 FULLY_MASKED_CASES: dict[str, str] = {
@@ -457,8 +470,10 @@ def _case_value(case: str) -> Tensor:
 FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
     "add -1e4": (
         Mistake("uniform", lambda: torch.full((4,), 0.25),
-                "-1e4 is added, not written: the four scores become ln 3 - 1e4, 0 - 1e4, ..., and their differences "
-                "survive. Softmax only sees differences, so the row is softmax(scores), as if nothing were masked."),
+                "that is the answer in float16: there, numbers near 1e4 are 8 apart (in bfloat16, 64), so ln 3 - 1e4 "
+                "rounds to -1e4 and the four scores become equal. The scores here are float32, where numbers near 1e4 are "
+                "about 0.001 apart: -1e4 is added, not written, and the differences survive. Softmax only sees "
+                "differences."),
         Mistake("zeros", lambda: torch.zeros(4),
                 "softmax always returns a row that sums to 1; zeros come only from attnlib or PyTorch's fused "
                 "attention with a bool or -inf mask. Here -1e4 is added to every score, which changes no difference."),
@@ -939,6 +954,47 @@ def fully_masked_row_by_dtype(dtypes: tuple[torch.dtype, ...] = (torch.float32, 
             "SDPA additive": _row_kind(sdpa, mean, unmasked),
         }
     return out
+
+
+def sdpa_fully_masked_paths(dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.bfloat16,
+                                                               torch.float16),
+                            device: torch.device | str = "cpu") -> list[dict[str, Any]]:
+    """What ``F.scaled_dot_product_attention`` returns for a query whose keys are all hidden, on every path a
+    reader can take on one device: each kernel it may pick there (``SDPBackend.MATH`` and the fused
+    ``FLASH_ATTENTION`` kernel), a bool or an additive ``-inf`` mask, with and without gradients, in each dtype.
+
+    Returns one dict per path: ``dtype``, ``backend``, ``mask``, ``grad`` and ``row`` ("zeros", "NaN" or
+    "other", the output row that may see nothing), ``grad_finite`` (``None`` without gradients), or
+    ``row = "not run"`` where the kernel refuses the inputs.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    may_see = torch.tensor([[True, False, False], [False, False, False], [True, True, True]], device=device)
+    rows: list[dict[str, Any]] = []
+    for dtype in dtypes:
+        for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
+            for form in ("bool", "additive -inf"):
+                for grad in (False, True):
+                    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+                    q, k, v = (torch.randn(1, 1, 3, 4, generator=g).to(device, dtype).requires_grad_(grad)
+                               for g in gens)  # [B, H, S, D_k] each
+                    mask = may_see if form == "bool" else torch.zeros(3, 3, dtype=dtype, device=device).masked_fill(
+                        ~may_see, float("-inf"))
+                    record: dict[str, Any] = {"dtype": str(dtype).replace("torch.", ""), "backend": backend.name,
+                                              "mask": form, "grad": grad, "grad_finite": None}
+                    try:
+                        with sdpa_kernel([backend]):
+                            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                    except RuntimeError:  # this kernel does not take these inputs on this device
+                        rows.append({**record, "row": "not run"})
+                        continue
+                    row = out[0, 0, 1].detach()
+                    record["row"] = "zeros" if bool((row == 0).all()) else "NaN" if bool(row.isnan().any()) else "other"
+                    if grad:
+                        out.float().sum().backward()
+                        record["grad_finite"] = all(bool(t.grad.isfinite().all()) for t in (q, k, v))
+                    rows.append(record)
+    return rows
 
 
 # ---- diagrams ------------------------------------------------------------------------------------

@@ -523,6 +523,34 @@ def test_lower_right_mask_fallbacks() -> None:
     fb = check_lower_right_mask(lambda S_q, S_k: torch.ones(S_q, S_k).tril(S_k - S_q))
     assert fb.status == "wrong" and "dtype torch.float32" in fb.message, fb
     fb = check_lower_right_mask(lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).triu(S_k - S_q))
-    assert fb.status == "wrong" and "query 0 (position 3) may not see key 0" in fb.message, fb
+    assert fb.status == "wrong" and "query 0 (position 4) may not see key 0" in fb.message, fb
     fb = check_lower_right_mask(lambda S_q, S_k: torch.ones(2, 5, dtype=torch.bool).tril(3))
     assert fb.status == "wrong" and "expected [S_q, S_k]" in fb.message, fb
+
+
+def test_lower_right_mask_names_an_all_true_mask_as_hiding_nothing() -> None:
+    from attnbook.ch04 import check_lower_right_mask
+
+    fb = check_lower_right_mask(lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool))
+    assert fb.status == "wrong" and "hides nothing" in fb.message and "off by one" not in fb.message, fb
+    # the one-key-of-the-future slip is still named as such, on the case where the two differ
+    fb = check_lower_right_mask(lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(S_k - S_q + 1))
+    assert fb.status == "wrong" and fb.message.startswith("off by one: each query but the last sees one key"), fb
+
+
+def test_fully_masked_exercise_is_float32_and_names_the_float16_answer() -> None:
+    s = ch04.FULLY_MASKED_SCORES
+    assert s.dtype == torch.float32
+    # in float16 (and bfloat16) adding -1e4 erases the differences: the row is uniform
+    for dtype in (torch.float16, torch.bfloat16):
+        torch.testing.assert_close(torch.softmax(s.to(dtype) + (-1e4), dim=-1).float(), torch.full((4,), 0.25))
+    fb = check_fully_masked_prediction({**RIGHT, "add -1e4": [0.25] * 4})
+    assert fb.status == "wrong" and "float16" in fb.message and "float32" in fb.message, fb
+
+
+def test_sdpa_gives_zero_rows_on_every_cpu_path() -> None:
+    rows = ch04.sdpa_fully_masked_paths()
+    assert len(rows) == 4 * 2 * 2 * 2
+    assert {r["backend"] for r in rows} == {"MATH", "FLASH_ATTENTION"}
+    assert all(r["row"] == "zeros" for r in rows), [r for r in rows if r["row"] != "zeros"]
+    assert all(r["grad_finite"] is (True if r["grad"] else None) for r in rows)
