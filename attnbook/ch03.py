@@ -394,15 +394,19 @@ def check_entropy(fn: Callable[[Tensor], Tensor]) -> Feedback:
 #: within 150 steps).
 TRAIN_LR = {"Adam": 0.01, "SGD": 0.5}
 
+#: The control of the comparison: the unscaled head trained with Adam at these rates too.
+ADAM_CONTROL_LRS = (0.003, 0.03, 0.1)
+
 
 def train_marker_scaling(optimiser: str, scaled: bool, *, seed: int = 0, d_k: int = 1024, steps: int = 150,
-                         every: int = 50, batch: int = 32, S: int = 8, d_content: int = 6) -> list[float]:
+                         every: int = 50, batch: int = 32, S: int = 8, d_content: int = 6,
+                         lr: float | None = None) -> list[float]:
     """Train one head on chapter 2's "find the marked token" task, with or without the 1/sqrt(D_k) scale.
 
     The head is ``softmax(x W^Q (x W^K)^T * scale) x W^V`` with weights drawn N(0, 1/D_in), so query and
     key entries have roughly unit variance and unscaled scores spread like sqrt(D_k). It trains in
     float64 on one thread (small tensors; the printed losses then hold across CPUs), seeded from
-    ``seed``, with ``optimiser`` "Adam" or "SGD" at :data:`TRAIN_LR`. Returns the loss on one fixed
+    ``seed``, with ``optimiser`` "Adam" or "SGD" at :data:`TRAIN_LR` (or at ``lr``). Returns the loss on one fixed
     batch of 512 held-out sequences after every ``every`` steps.
 
     >>> len(train_marker_scaling("SGD", True, d_k=16, steps=4, every=2))
@@ -412,7 +416,7 @@ def train_marker_scaling(optimiser: str, scaled: bool, *, seed: int = 0, d_k: in
 
     params, loss_of = _marker_head(scaled, seed, d_k, d_content)
     opt_cls = {"Adam": torch.optim.Adam, "SGD": torch.optim.SGD}[optimiser]
-    opt = opt_cls(params, lr=TRAIN_LR[optimiser])
+    opt = opt_cls(params, lr=TRAIN_LR[optimiser] if lr is None else lr)
     data = torch.Generator().manual_seed(seed + 100)
     x_eval, target_eval, _ = marker_batch(512, S, d_content, torch.Generator().manual_seed(10_000 + seed))
 

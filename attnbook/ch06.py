@@ -20,6 +20,7 @@ Shapes: ``B`` batch, ``S`` positions, ``H`` heads, ``D_k`` per-head width, ``D =
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
@@ -551,16 +552,27 @@ def check_split_test(test_fn: Callable[[Callable[[Tensor, int], Tensor]], bool])
 # --- exercise 4: expand key/value heads for grouped-query attention -----------------------------
 
 
+class _Used(set):
+    """The names of the calls a reader's code made, and ``shapes``: ``(name, input shape, output shape)`` of each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
+
+
 @contextmanager
 def _calls(*names: str) -> Iterator[set[str]]:
     """Record which of ``torch.<name>`` / ``Tensor.<name>`` the code in the block calls (the originals still run)."""
-    used: set[str] = set()
+    used = _Used()
     saved = [(owner, name, getattr(owner, name)) for name in names for owner in (torch, torch.Tensor) if hasattr(owner, name)]
 
     def spy(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             used.add(name)
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            if args and isinstance(args[0], Tensor) and isinstance(out, Tensor):  # shapes in and out, for the hints
+                used.shapes.append((name, tuple(args[0].shape), tuple(out.shape)))
+            return out
         return wrapper
 
     try:
@@ -590,10 +602,24 @@ REPEAT_KV_MISTAKES: tuple[Mistake, ...] = (
             "query head 1 got key/value head 1, expected 0: you tiled the heads with .repeat (0, 1, 0, 1, ...); "
             "grouped-query attention gives consecutive query heads the same key/value head (0, 0, 0, 1, 1, 1): "
             "expand on a new axis right after the head axis, kv[:, :, None]."),
-    Mistake("group axis before the heads", lambda kv, H, used: _only_if("repeat" not in used and "expand" in used, _tiled(kv, H)),
+    Mistake("group axis before the heads", lambda kv, H, used: _only_if(
+                "repeat" not in used and "expand before the heads" in used, _tiled(kv, H)),
             "you expanded on a new axis *before* the head axis (kv[:, None]): merging (G, H_kv) gives the heads 0, 1, 0, 1, ... "
             "Put the group axis right after the head axis, kv[:, :, None].expand(B, H_kv, G, S, D_k), so that the G copies "
             "of a head are neighbours."),
+    Mistake("merged in the wrong order", lambda kv, H, used: _only_if(
+                "repeat" not in used and "expand after the heads" in used and "expand before the heads" not in used,
+                _tiled(kv, H)),  # the numbers of tiling; a different cause, told apart by the calls made
+            "query head 1 got key/value head 1, expected 0: you expanded the right axis, kv[:, :, None], but by the time "
+            "you merged it with the head axis the group axis came first (a transpose, permute or movedim moved it), and "
+            "merging (G, H_kv) gives the heads 0, 1, 0, 1, ... Reshape (B, H_kv, G, S, D_k) to (B, H, S, D_k) as it is, "
+            "without moving an axis."),
+    Mistake("expanded elsewhere, tiled", lambda kv, H, used: _only_if(
+                "repeat" not in used and "expand" in used and not used & {"expand before the heads", "expand after the heads"},
+                _tiled(kv, H)),
+            "query head 1 got key/value head 1, expected 0: your heads come out tiled (0, 1, 0, 1, ...): where you merged "
+            "the copies into the head axis, the group axis came before the key/value head axis. Put the group axis "
+            "right after the head axis, kv[:, :, None], expand it, and reshape without moving an axis."),
     Mistake("tiled", lambda kv, H, used: _only_if(not used & {"repeat", "expand"}, _tiled(kv, H)),
             "query head 1 got key/value head 1, expected 0: your heads are tiled (0, 1, 0, 1, ...), as torch.cat([kv] * G, 1) "
             "or an index such as arange(H) % H_kv gives. Grouped-query attention gives consecutive query heads the same "
@@ -603,6 +629,12 @@ REPEAT_KV_MISTAKES: tuple[Mistake, ...] = (
             "query head 0 gets position 0 several times: your copies sit along the positions axis (as "
             "kv[:, :, :, None].expand or repeat_interleave on dim 2 make them), and reshaping then mixes positions into "
             "the heads. Copy along a new axis right after the head axis: kv[:, :, None]."),
+    Mistake("transposed, then reshaped back", lambda kv, H, used: kv.transpose(1, 2).repeat_interleave(
+                H // kv.shape[1], dim=2).reshape(kv.shape[0], H, *kv.shape[2:]),
+            "your heads mix positions: you made the copies in the [B, S, H, D_k] layout (after a transpose(1, 2)) and "
+            "then reshaped to [B, H, S, D_k]. A reshape keeps the order of the numbers in memory, so it cannot swap "
+            "two axes: go back with transpose(1, 2), or stay in [B, H_kv, S, D_k] and copy along a new axis right after "
+            "the head axis, kv[:, :, None]."),
     Mistake("H copies of each", lambda kv, H, used: kv.repeat_interleave(H, dim=1)[:, :H],
             "every query head got key/value head 0 and the other key/value heads are missing: you made H copies of "
             "key/value head 0 (as kv[:, :1].expand, or repeat_interleave(H) cut to H heads, do) instead of "
@@ -642,8 +674,14 @@ def _repeat_kv_one(fn: Callable[[Tensor, int], Tensor], case: tuple[int, int, in
     kv = _repeat_kv_input(case)
     with _calls("repeat_interleave", "repeat", "expand", "index_select") as used:
         result, fb = _call(fn, kv.clone(), H, view_hint=_EXPAND_VIEW, hard_coded="\0{error}")
-    if fb is not None and fb.message.startswith("\0"):  # sizes that do not fit: worded by whether it expanded
-        return wrong((_EXPAND_SIZE_1 if "expand" in used else _REPEAT_SIZES).format(error=fb.message[1:]))
+    expands = [(shape_in, shape_out) for name, shape_in, shape_out in used.shapes if name == "expand"]
+    if (B, 1, H_kv, S, d_k) in (shape_in for shape_in, _ in expands):
+        used.add("expand before the heads")
+    if (B, H_kv, 1, S, d_k) in (shape_in for shape_in, _ in expands):
+        used.add("expand after the heads")
+    if fb is not None and fb.message.startswith("\0"):  # sizes that do not fit: worded by what the expand did
+        stayed_1 = bool(expands) and all(math.prod(o) == math.prod(i) for i, o in expands)
+        return wrong((_EXPAND_SIZE_1 if stayed_1 else _REPEAT_SIZES).format(error=fb.message[1:]))
     if fb is not None:
         if "expanded size" in fb.message and "must match" in fb.message:
             return wrong(f"{fb.message} expand can only stretch an axis of size 1 (or add new ones in front): insert a "
@@ -681,7 +719,9 @@ def _solution_repeat_kv(kv: Tensor, num_heads: int) -> Tensor:
 
 
 def _repeat_kv_cases() -> list[tuple[Tensor, int, set[str]]]:
-    return [(_repeat_kv_input(c), c[4], used) for c in REPEAT_KV_CASES for used in (set(), {"repeat"}, {"expand"})]
+    return [(_repeat_kv_input(c), c[4], used) for c in REPEAT_KV_CASES
+            for used in (set(), {"repeat"}, {"expand"}, {"expand", "expand before the heads"},
+                         {"expand", "expand after the heads"})]
 
 
 @exercise(solution=_solution_repeat_kv,

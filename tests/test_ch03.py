@@ -142,6 +142,15 @@ def test_training_comparison_is_seeded_and_leaves_threads_alone() -> None:
     assert train_marker_scaling("SGD", True, seed=1, d_k=16, steps=20, every=10) != a
 
 
+def test_training_comparison_takes_a_learning_rate() -> None:
+    """The learning-rate control: ``lr`` overrides TRAIN_LR, and leaving it out is TRAIN_LR."""
+    from attnbook.ch03 import TRAIN_LR, train_marker_scaling
+
+    default = train_marker_scaling("Adam", False, seed=1, d_k=16, steps=20, every=10)
+    assert train_marker_scaling("Adam", False, seed=1, d_k=16, steps=20, every=10, lr=TRAIN_LR["Adam"]) == default
+    assert train_marker_scaling("Adam", False, seed=1, d_k=16, steps=20, every=10, lr=0.1) != default
+
+
 def test_softmax_row_diagram_uses_the_real_softmax() -> None:
     from attnbook.ch03 import DIAGRAM_SCORES, _softmax_list, softmax_row_diagram
 

@@ -185,11 +185,52 @@ def _expand_at(axis: int):  # type: ignore[no-untyped-def]
     return fn
 
 
+def _merged_in_the_wrong_order(kv: Tensor, H: int) -> Tensor:
+    B, H_kv, S, d_k = kv.shape
+    x = kv[:, :, None].expand(B, H_kv, H // H_kv, S, d_k)  # [B, H_kv, G, S, D_k]: the right axis
+    return x.transpose(1, 2).reshape(B, H, S, d_k)  # merges (G, H_kv): tiled
+
+
+def _expanded_last_then_tiled(kv: Tensor, H: int) -> Tensor:
+    B, H_kv, S, d_k = kv.shape
+    x = kv[..., None].expand(B, H_kv, S, d_k, H // H_kv)  # [B, H_kv, S, D_k, G]
+    return x.permute(0, 4, 1, 2, 3).reshape(B, H, S, d_k)  # merges (G, H_kv): tiled
+
+
+def _transposed_then_reshaped_back(kv: Tensor, H: int) -> Tensor:
+    B, H_kv, S, d_k = kv.shape
+    x = kv.transpose(1, 2)[:, :, :, None].expand(B, S, H_kv, H // H_kv, d_k)  # [B, S, H_kv, G, D_k]
+    return x.reshape(B, S, H, d_k).reshape(B, H, S, d_k)  # reshape where a transpose belongs
+
+
+def test_repeat_kv_hints_name_the_step_that_went_wrong() -> None:
+    """A right expand merged in the wrong order, an expand elsewhere, a reshape instead of a transpose and a
+    hard-coded group size each get a hint about what that code did, not about a mistake it did not make."""
+    for fn in (_merged_in_the_wrong_order, _expanded_last_then_tiled):
+        fb = check_repeat_kv(fn)
+        assert fb.status == "wrong" and "kv[:, None]" not in fb.message and "tiled with .repeat" not in fb.message, fb
+        assert "torch.cat" not in fb.message, fb
+    assert "you expanded the right axis" in check_repeat_kv(_merged_in_the_wrong_order).message
+    assert "you expanded the right axis" not in check_repeat_kv(_expanded_last_then_tiled).message
+    fb = check_repeat_kv(_transposed_then_reshaped_back)
+    assert fb.status == "wrong" and "transpose(1, 2)" in fb.message and "not copies" not in fb.message, fb
+
+    def hard_coded_group(kv: Tensor, H: int) -> Tensor:
+        B, H_kv, S, d_k = kv.shape
+        return kv[:, :, None].expand(B, H_kv, 3, S, d_k).reshape(B, H, S, d_k)  # G = 3 fits the first case only
+
+    fb = check_repeat_kv(hard_coded_group)
+    assert fb.status == "wrong" and "size 1" not in fb.message and "not numbers written in" in fb.message, fb
+
+
 @pytest.mark.parametrize("mistake", REPEAT_KV_MISTAKES, ids=lambda m: m.name)
 def test_repeat_kv_gives_each_table_hint(mistake) -> None:  # type: ignore[no-untyped-def]
     reader = {  # an answer a reader would write for each mistake
         "tiled with .repeat": lambda kv, H: kv.repeat(1, H // kv.shape[1], 1, 1),
         "group axis before the heads": _expand_at(1),
+        "merged in the wrong order": _merged_in_the_wrong_order,
+        "expanded elsewhere, tiled": _expanded_last_then_tiled,
+        "transposed, then reshaped back": _transposed_then_reshaped_back,
         "tiled": lambda kv, H: torch.cat([kv] * (H // kv.shape[1]), 1),
         "group axis after the positions": _expand_at(3),
         "H copies of each": lambda kv, H: kv.repeat_interleave(H, dim=1)[:, :H],
