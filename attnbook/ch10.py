@@ -162,29 +162,36 @@ def mla_attention_flops(H: int, L: int, d_k: int, S_new: int, S_k: int) -> dict[
 # ---- chunked decoding against one causal pass ----------------------------------------------------
 
 def chunked_decoding_error(d_model: int, num_heads: int, num_kv_heads: int, *, seed: int,
-                           chunks: tuple[int, ...] = (4, 1, 1, 1, 3), dtype: torch.dtype = torch.float32) -> float:
+                           chunks: tuple[int, ...] = (4, 1, 1, 1, 3), dtype: torch.dtype = torch.float32,
+                           pad: int = 3, window: int | None = None) -> float:
     """Largest difference, outputs and weights, between decoding ``chunks`` with a cache and one causal pass.
 
-    A seeded layer (batch of 2, the first sequence left-padded by 3) runs once over all positions and
-    once chunk by chunk with a :class:`attnlib.KVCache`; the generator is local, so the global seed
-    is left as it was.
+    A seeded layer (batch of 2, the first sequence left-padded by ``pad``, a sliding ``window`` if given)
+    runs once over all positions and once chunk by chunk with a :class:`attnlib.KVCache`; the generator is
+    local, so the global seed is left as it was. With a window, a chunk's weights cover only the positions
+    the cache still holds, so they are compared with the last columns of the full pass's rows (the columns
+    left out are zero there).
     """
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        layer = MultiHeadSelfAttention(d_model, num_heads, num_kv_heads=num_kv_heads).to(dtype)
+        layer = MultiHeadSelfAttention(d_model, num_heads, num_kv_heads=num_kv_heads, window=window).to(dtype)
     S = sum(chunks)
     x = torch.randn(2, S, d_model, generator=gen, dtype=dtype)  # [B, S, D]
     mask = torch.ones(2, S, dtype=torch.long)
-    mask[0, :3] = 0
+    mask[0, :pad] = 0
     error, pos, cache = 0.0, 0, KVCache()
     with torch.no_grad():
         full = layer(x, mask, causal=True)
         for n in chunks:
             out = layer(x[:, pos : pos + n], mask[:, : pos + n], causal=True, cache=cache)
+            w = out.attention_weights  # [B, H, n, S_k]: S_k = pos + n, or fewer once a window drops positions
+            rows = full.attention_weights[:, :, pos : pos + n, : pos + n]  # [B, H, n, pos + n]
+            dropped = rows[..., : pos + n - w.shape[-1]]  # columns of positions the cache no longer holds
             error = max(error,
                         (out.hidden_states - full.hidden_states[:, pos : pos + n]).abs().max().item(),
-                        (out.attention_weights - full.attention_weights[:, :, pos : pos + n, : pos + n]).abs().max().item())
+                        (w - rows[..., pos + n - w.shape[-1]:]).abs().max().item(),
+                        dropped.abs().max().item() if dropped.numel() else 0.0)
             pos += n
     return error
 

@@ -732,3 +732,9 @@ def test_merge_computed_in_float32_on_float64_is_refused_by_the_dtype_rule() -> 
         return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(wide, wl))
 
     assert ch10.check_merge_partials(upcast).passed
+
+
+@pytest.mark.parametrize("size, pad, window", [((32, 4, 4), 0, None), ((32, 4, 1), 3, 3), ((48, 6, 3), 3, 3)])
+def test_chunked_decoding_equals_one_causal_pass_with_padding_and_a_window(size, pad, window) -> None:
+    assert ch10.chunked_decoding_error(*size, seed=1, pad=pad, window=window) < 1e-6
+    assert ch10.chunked_decoding_error(*size, seed=1, pad=pad, window=window, dtype=torch.float64) < 1e-12
