@@ -162,29 +162,36 @@ def mla_attention_flops(H: int, L: int, d_k: int, S_new: int, S_k: int) -> dict[
 # ---- chunked decoding against one causal pass ----------------------------------------------------
 
 def chunked_decoding_error(d_model: int, num_heads: int, num_kv_heads: int, *, seed: int,
-                           chunks: tuple[int, ...] = (4, 1, 1, 1, 3), dtype: torch.dtype = torch.float32) -> float:
+                           chunks: tuple[int, ...] = (4, 1, 1, 1, 3), dtype: torch.dtype = torch.float32,
+                           pad: int = 3, window: int | None = None) -> float:
     """Largest difference, outputs and weights, between decoding ``chunks`` with a cache and one causal pass.
 
-    A seeded layer (batch of 2, the first sequence left-padded by 3) runs once over all positions and
-    once chunk by chunk with a :class:`attnlib.KVCache`; the generator is local, so the global seed
-    is left as it was.
+    A seeded layer (batch of 2, the first sequence left-padded by ``pad``, a sliding ``window`` if given)
+    runs once over all positions and once chunk by chunk with a :class:`attnlib.KVCache`; the generator is
+    local, so the global seed is left as it was. With a window, a chunk's weights cover only the positions
+    the cache still holds, so they are compared with the last columns of the full pass's rows (the columns
+    left out are zero there).
     """
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        layer = MultiHeadSelfAttention(d_model, num_heads, num_kv_heads=num_kv_heads).to(dtype)
+        layer = MultiHeadSelfAttention(d_model, num_heads, num_kv_heads=num_kv_heads, window=window).to(dtype)
     S = sum(chunks)
     x = torch.randn(2, S, d_model, generator=gen, dtype=dtype)  # [B, S, D]
     mask = torch.ones(2, S, dtype=torch.long)
-    mask[0, :3] = 0
+    mask[0, :pad] = 0
     error, pos, cache = 0.0, 0, KVCache()
     with torch.no_grad():
         full = layer(x, mask, causal=True)
         for n in chunks:
             out = layer(x[:, pos : pos + n], mask[:, : pos + n], causal=True, cache=cache)
+            w = out.attention_weights  # [B, H, n, S_k]: S_k = pos + n, or fewer once a window drops positions
+            rows = full.attention_weights[:, :, pos : pos + n, : pos + n]  # [B, H, n, pos + n]
+            dropped = rows[..., : pos + n - w.shape[-1]]  # columns of positions the cache no longer holds
             error = max(error,
                         (out.hidden_states - full.hidden_states[:, pos : pos + n]).abs().max().item(),
-                        (out.attention_weights - full.attention_weights[:, :, pos : pos + n, : pos + n]).abs().max().item())
+                        (w - rows[..., pos + n - w.shape[-1]:]).abs().max().item(),
+                        dropped.abs().max().item() if dropped.numel() else 0.0)
             pos += n
     return error
 
@@ -512,6 +519,11 @@ APPEND_MISTAKES = (
             ".reshape (or .view) to [B, H, S_new, D_k] keeps the numbers in memory order, so after a .transpose it "
             "mixes heads and positions; it never swaps axes. The attention's output is already [B, H, S_new, D_k]: "
             "no transpose and no reshape are needed."),
+    Mistake("last query only", lambda *c: reference_append_and_attend(*c)[0][:, :, -1:],
+            "your output has one row per head, the last new query's: that is the output of an ordinary one-token "
+            "decode step, but here all S_new new tokens are queries (q is [B, H, S_new, D_k]; S_new can be more than "
+            "1, as for a prompt or a chunk). Let every new query attend, q as it is and not q[:, :, -1:], with the "
+            "bottom-right causal mask, and return [B, H, S_new, D_k]."),
     Mistake("0/1 mask added to the scores", lambda *c: _attend(c[0], *_cat(*c), attn_mask=_bottom_right(c).to(c[0].dtype)),
             "your mask was turned into numbers (.to(q.dtype), .float()): a float attn_mask is ADDED to the scores, so "
             "a 1 where a query may attend and a 0 elsewhere masks nothing. Pass the boolean mask as it is (True = "
@@ -1076,8 +1088,12 @@ MLA_MISTAKES = (
     Mistake("rotary key counted twice", lambda l, L, r, d: (float((L + 2 * r) * l * 2), (L + 2 * r) / (2 * d)),
             "you counted the rotary key twice: it is one vector of rope numbers per token and layer, shared by all "
             "heads (a key has no rotary value), so the cache holds latent + rope numbers."),
-    Mistake("four bytes per number", lambda l, L, r, d: (float((L + r) * l * 4), (L + r) / (2 * d)),
-            "you counted 4 bytes per number, as for float32: the cache is 16-bit, so each number takes 2 bytes."),
+    # 4 bytes per number and a latent and rotary key stored twice (for keys and for values) give the same bytes
+    Mistake("four bytes per number, or everything cached twice", lambda l, L, r, d: (float((L + r) * l * 4), (L + r) / (2 * d)),
+            "your bytes are twice the answer, which one of two slips gives: either you counted 4 bytes per number, "
+            "as for float32, but the cache is 16-bit (2 bytes); or you cached the latent and the rotary key twice, "
+            "once for the keys and once for the values, but MLA stores them once and rebuilds (or absorbs) both "
+            "from them."),
     Mistake("heads from the bytes over all layers", lambda l, L, r, d: (float((L + r) * l * 2), (L + r) * l / d),
             "your equivalent heads come from the bytes over all layers: a GQA head's 2 x head_dim numbers are per "
             "token AND per layer, so compare the numbers one token caches in ONE layer with a head's, leaving out the "
@@ -1093,7 +1109,20 @@ MLA_MISTAKES = (
             "head caches a key AND a value per token and layer, not head_dim numbers."),
     Mistake("heads upside down", lambda l, L, r, d: (float((L + r) * l * 2), 2 * d / (L + r)),
             "your ratio of heads is upside down: divide MLA's numbers per token and layer by a GQA head's 2 x head_dim."),
+    Mistake("KiB, not bytes", lambda l, L, r, d: ((L + r) * l * 2 / 2**10, (L + r) / (2 * d)),
+            "your first number is in KiB (you divided by 1024): the exercise asks for bytes, so leave the bytes "
+            "unconverted; convert only where you print them."),
+    Mistake("MiB, not bytes", lambda l, L, r, d: ((L + r) * l * 2 / 2**20, (L + r) / (2 * d)),
+            "your first number is in MiB (you divided by 2**20): the exercise asks for bytes, so leave the bytes "
+            "unconverted; convert only where you print them."),
+    Mistake("GQA head in bytes, MLA in numbers", lambda l, L, r, d: (float((L + r) * l * 2), (L + r) / (4 * d)),
+            "your equivalent heads are half the answer: you divided MLA's numbers per token and layer by "
+            "4 x head_dim, a GQA head's BYTES (a key and a value of 2 bytes each), so one side is in numbers and "
+            "the other in bytes. Compare numbers with numbers (2 x head_dim per GQA head), or bytes with bytes."),
 )
+
+#: Mistakes not tried one number at a time: their first number is the right second one, or the other way round.
+_MLA_WHOLE_ONLY = ("the two numbers swapped",)
 
 
 def _solution_mla(layers: int, latent: int, rope: int, head_dim: int) -> tuple[float, float]:
@@ -1132,6 +1161,23 @@ def check_mla_cache(fn: Callable[..., Any]) -> Feedback:
     for m in MLA_MISTAKES:
         if all(same(g, m.compute(*c)) for g, c in zip(got, MLA_CASES)):
             return wrong(m.hint)
+    # no known pair: name the slip in the bytes alone (whatever the heads), or in the heads alone when the bytes
+    # are right (a slip of the bytes, such as the latent counted twice, often comes with right heads, or the reverse)
+    def number(i: int, f: Callable[..., tuple[float, float]]) -> list[float]:
+        return [float(f(*c)[i]) for c in MLA_CASES]
+
+    close_all = lambda a, b: same(tuple(a), tuple(b))
+    right = [close_all([g[i] for g in got], number(i, reference_mla_cache)) for i in (0, 1)]
+    stages = [(0, "your bytes per token are off", "your equivalent heads"), (1, "your equivalent heads are off", None)]
+    for i, what, other in stages:
+        if right[i] or (i == 1 and not right[0]):
+            continue
+        for m in MLA_MISTAKES:
+            if m.name in _MLA_WHOLE_ONLY or close_all(number(i, m.compute), number(i, reference_mla_cache)):
+                continue  # a mistake whose number i is right says nothing about a wrong one
+            if close_all([g[i] for g in got], number(i, m.compute)):
+                tail = f" ({other} {'are right' if right[1] else 'are off too'})" if other else " (your bytes are right)"
+                return wrong(f"{what}: {m.hint.rstrip('.')}{tail}.")
     return wrong("per token and layer MLA caches latent + rope numbers; a GQA key/value head caches 2 x head_dim. "
                  "Multiply by the layers and by 2 bytes for the first number, divide for the second.")
 
@@ -1324,6 +1370,11 @@ def check_merge_partials(fn: Callable[..., Any]) -> Feedback:
         dtype_problem = _dtype_hint(got, expected)
         if dtype_problem is not None:
             return dtype_problem
+        if outs[0].dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused even within ATOL
+            narrow = reference_merge_partials([o.float() for o in outs], [l.float() for l in lses]).double()
+            narrower = computed_narrower(got, expected, narrow, name="your merged output")
+            if narrower is not None:
+                return narrower
         if close(got, expected):
             continue
         return not_a_tensor(got, expected, name="your merged output") or diagnose(got, MERGE_MISTAKES, outs, lses) or wrong(

@@ -678,3 +678,63 @@ def test_probe2_decode_intensity_with_layer_bytes_default_names_activations() ->
     fb = ch10.check_decode_intensity(lambda D, H, H_kv, S, b: b * ch10.layer_flops(D, H, H_kv, 1, S) / (
         ch10.layer_bytes(D, H, H_kv, 1, S) + (b - 1) * 2 * H_kv * (D // H) * S * 2))
     assert fb.status == "wrong" and "its default activations=True" in fb.message and "Bytes: the weights" not in fb.message, fb
+
+
+# ---- round fix-c10: the latent counted twice, units, the last query alone, the dtype rule in the merge ----------
+
+
+@pytest.mark.parametrize("fn, words", [
+    # the latent counted twice in the bytes only, the heads right or wrong
+    (lambda L, lat, r, hd: ((2 * lat + r) * L * 2, (lat + r) / (2 * hd)), "your bytes per token are off: you cached the latent twice"),
+    (lambda L, lat, r, hd: ((2 * lat + r) * L * 2, (2 * lat + r) / hd), "your bytes per token are off: you cached the latent twice"),
+    # ... in the heads only
+    (lambda L, lat, r, hd: ((lat + r) * L * 2, (2 * lat + r) / (2 * hd)), "your equivalent heads are off: you cached the latent twice"),
+    # latent and rotary key both doubled, heads right: the same bytes as 4 bytes per number, both causes named
+    (lambda L, lat, r, hd: (2 * (lat + r) * L * 2, (lat + r) / (2 * hd)), "cached the latent and the rotary key twice"),
+    (lambda L, lat, r, hd: ((lat + r) * L * 2 / 1024, (lat + r) / (2 * hd)), "in KiB"),
+    (lambda L, lat, r, hd: ((lat + r) * L * 2 / 2**20, (lat + r) / (2 * hd)), "in MiB"),
+    (lambda L, lat, r, hd: ((lat + r) * L * 2, (lat + r) / (4 * hd)), "4 x head_dim, a GQA head's BYTES"),
+])
+def test_mla_latent_twice_units_and_4_head_dim_are_named(fn, words: str) -> None:
+    fb = ch10.check_mla_cache(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+    assert "Multiply by the layers and by 2 bytes" not in fb.message, fb
+
+
+def test_append_names_the_last_query_alone() -> None:
+    import torch.nn.functional as F
+
+    from attnlib import repeat_kv
+
+    def last_query(q, kc, vc, kn, vn):
+        k = torch.cat([kc, kn], 2); v = torch.cat([vc, vn], 2); H = q.shape[1]
+        return F.scaled_dot_product_attention(q[:, :, -1:], repeat_kv(k, H), repeat_kv(v, H)), k, v
+
+    fb = ch10.check_append_and_attend(last_query)
+    assert fb.status == "wrong" and "all S_new new tokens are queries" in fb.message, fb
+
+
+def test_merge_computed_in_float32_on_float64_is_refused_by_the_dtype_rule() -> None:
+    def float32_inside(outs, lses):
+        dtype = outs[0].dtype
+        outs, lses = [o.float() for o in outs], [l.float() for l in lses]
+        lse = torch.logsumexp(torch.stack(lses), 0)
+        return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses)).to(dtype)
+
+    fb = ch10.check_merge_partials(float32_inside)
+    assert fb.status == "wrong" and "carries only float32's precision" in fb.message, fb
+    assert "casting back does not restore the digits" in fb.message, fb
+    # upcasting 16-bit partials to float32 (or wider) stays right
+    def upcast(outs, lses):
+        wide = [o.float() if o.dtype in (torch.float16, torch.bfloat16) else o for o in outs]
+        wl = [l.float() if l.dtype in (torch.float16, torch.bfloat16) else l for l in lses]
+        lse = torch.logsumexp(torch.stack(wl), 0)
+        return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(wide, wl))
+
+    assert ch10.check_merge_partials(upcast).passed
+
+
+@pytest.mark.parametrize("size, pad, window", [((32, 4, 4), 0, None), ((32, 4, 1), 3, 3), ((48, 6, 3), 3, 3)])
+def test_chunked_decoding_equals_one_causal_pass_with_padding_and_a_window(size, pad, window) -> None:
+    assert ch10.chunked_decoding_error(*size, seed=1, pad=pad, window=window) < 1e-6
+    assert ch10.chunked_decoding_error(*size, seed=1, pad=pad, window=window, dtype=torch.float64) < 1e-12

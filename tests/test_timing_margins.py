@@ -116,3 +116,10 @@ def test_ch10_the_cache_makes_a_decode_step_faster(two_busy_processes: None) -> 
     model = toy_lm.TinyLM(len(toy_lm.CharVocab(toy_lm.load_text())), d_model=64, num_heads=4, max_len=1100)
     ms = ch10.time_per_token(model, [1024], repeats=7)
     assert ms["no cache"][-1] / ms["cache"][-1] > 3, ms
+
+
+def test_ch10_the_doubling_buffer_appends_faster_than_torch_cat(two_busy_processes: None) -> None:
+    from attnbook import ch10
+
+    ms = ch10.append_times(1024, H_kv=8, D_k=64, repeats=3)
+    assert ms["torch.cat"] / ms["KVCache"] > 1.3, ms
