@@ -124,6 +124,10 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
             "you divided the scores by their sum without exponentiating them first. Those 'weights' sum to 1 "
             "but can be negative or huge (a score sum near 0 blows them up). softmax takes exp first: "
             "exp(s) / exp(s).sum()."),
+    Mistake("exp without the sum", lambda q, k, v: torch.exp(_s(q, k)) @ v,
+            "you took exp of the scores but did not divide by their sum, so each query's 'weights' are positive but "
+            "do not add up to 1 (the mix is scaled up or down). softmax is exp(s) divided by the row's total: "
+            "exp(s) / exp(s).sum(dim=-1, keepdim=True), which is what torch.softmax(s, dim=-1) computes."),
     Mistake("equal average", lambda q, k, v: v.mean(dim=0).expand(q.shape[0], -1),
             "you averaged all rows equally. The weights must depend on how well each key matches the query: "
             "softmax(queries @ keys.T)."),
@@ -191,6 +195,11 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
     Mistake("one query's mix for all", lambda q, k, v: (_w(q[:1], k) @ v).expand(q.shape[0], -1),
             "every row of your result is the same: the mix of the first query, repeated. Each query has its own "
             "scores and weights, so each row of the result is its own mix of the values."),
+    Mistake("mixed values.T", lambda q, k, v: _w(q, k) @ v.T,
+            "you multiplied the weights by values.T. values is already [N, D_v], one row per key in the same order "
+            "as the columns of the weights, so weights [M, N] @ values [N, D_v] = [M, D_v] needs no transpose "
+            "(weights @ values.T only runs when N == D_v, and then mixes the wrong numbers; your code raised an "
+            "error when N != D_v)."),
     Mistake("queries @ keys", lambda q, k, v: torch.softmax(q @ k, dim=-1) @ v,
             "queries @ keys only runs when N == D: keys is [N, D] with one row per entry, so compare the "
             "queries with keys.T, [M, D] @ [D, N] = [M, N] (your code raised an error when N != D)."),
@@ -465,8 +474,12 @@ def check_attention_shapes(fn: Callable[[int, int, int, int, int], dict[str, Any
                              "every size of a shape is a whole number, written as a Python int (5, not 5.0 or '5').")
             if got == expected[step]:
                 continue
+            earlier = SHAPE_KEYS[:SHAPE_KEYS.index(step)]  # all right in the reader's answer
             for m in SHAPE_MISTAKES:  # else the first mistake that gives this step this shape
-                if m.compute(*config)[step] == got != expected[step]:
+                mistaken = m.compute(*config)
+                if "{step}" not in m.hint and any(mistaken[s] != expected[s] for s in earlier):
+                    continue  # its hint names an earlier step the reader got right ('v', for a wrong context)
+                if mistaken[step] == got != expected[step]:
                     return wrong(m.hint.format(step=step, **hints))
             return wrong(f"'{step}' is {got}, which is not its shape for B={B}, S={S}, D={D}, D_k={D_k}, D_v={D_v}: "
                          "write the step's axes by name first (such as [B, S, D_k]), then put in the sizes.")
@@ -532,9 +545,12 @@ REACH_MISTAKES: tuple[Mistake, ...] = (
             "the first number, the dilated kernel-3 layers, is one short: 2 layers (dilations 1 and 2) reach only "
             "1 + 2 = 3 positions to each side, short of the distance from 'The' to '.'. L layers reach 2^L - 1 "
             "positions, so floor(log2 7) rounds the wrong way."),
-    Mistake("the books-to-are distance", _one_off(1, 4),
-            "the second number, the plain kernel-3 layers, counts the 'books' → 'are' link of section 1.6 (4 "
-            "positions apart). This question links 'The' (position 0) with '.' (position 7)."),
+    Mistake("two positions per layer", _one_off(1, 4),
+            "the second number, the plain kernel-3 layers, counts two positions per layer towards 'The'. A stack of "
+            "L kernel-3 layers does see a window 2L + 1 positions wide, but that window is centred on '.': it "
+            "grows by one position to the left and one to the right, and only the left side moves towards 'The' "
+            "(position 0). Count the layers until the left side alone covers the distance from position 7 to "
+            "position 0. (Two positions per layer is what the kernel-5 stack of section 1.6 manages.)"),
     Mistake("no attention layer", _one_off(2, 0),
             "the third number, the self-attention layers, cannot be 0: with no layer at all, the output at '.' is "
             "only its own input. Count the layers needed before it depends on the input at 'The'."),
