@@ -46,6 +46,7 @@ __all__ = [
     "layers_until_linked", "check_reach", "sinusoidal_code", "position_code_figure", "reach_answer", "REACH_MISTAKES", "encoder_layer_figure", "residual_gradient_norms",
     "MINILM_ARE", "are_row_from_model", "HEAD_B", "HEAD_D", "draw_head_path", "one_head_diagram",
     "TOY_QUERY", "TOY_KEYS", "soft_lookup_diagram", "lost_precision", "rounded_like_half", "not_finite", "reach_rows", "reach_diagram",
+    "rope", "MHA_B", "MHA_D", "MHA_H", "layout_diagram",
 ]
 
 
@@ -905,4 +906,68 @@ def reach_diagram() -> Diagram:
         y += cell * len(rows) + 26
     d.text(12, y, f"columns: positions 0-{S - 1}; {src} = \"{BOOKS_SENTENCE[src]}\", {dst} = \"{BOOKS_SENTENCE[dst]}\"", size=13,
            anchor="start", color=MUTED)
+    return d
+
+
+# ---------------------------------------------------------------- section 1.9: RoPE
+
+
+def rope(vec: Tensor, p: int) -> Tensor:
+    """Rotate a ``[D]`` query or key for position ``p`` (RoPE, "rotate half" pairs).
+
+    Feature pair ``(vec[m], vec[m + D/2])`` is turned, as a point in the plane, by the angle
+    ``p * omega_m`` with ``omega_m = 10000 ** (-m / (D/2))``. The dot product of a query rotated for
+    position ``m`` with a key rotated for ``n`` then depends on the positions only through ``m - n``.
+    """
+    half = vec.shape[-1] // 2
+    angle = p * 10000.0 ** (-torch.arange(half, dtype=torch.float32) / half)  # [D/2]
+    a, b = vec[:half], vec[half:]  # [D/2] each: the two halves of every pair
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    return torch.cat([a * cos - b * sin, a * sin + b * cos])  # [D]
+
+
+# ---------------------------------------------------------------- section 1.10: the layout diagram
+
+#: The batch of sections 1.5 and 1.10: ``MHA_B`` sequences of the sentence's 8 tokens, at the width and
+#: head count of all-MiniLM-L6-v2.
+MHA_B, MHA_D, MHA_H = 2, 384, 12
+
+
+@diagram
+def layout_diagram() -> Diagram:
+    """Chapter 1, section 1.10: a batch-first ``[B, S, D]`` tensor, and how a sequence-first module reads it."""
+    from .examples import BOOKS_SENTENCE
+
+    B, S, D = MHA_B, len(BOOKS_SENTENCE), MHA_D
+    alt = (f"Two grids of the same {B} by {S} token vectors, each {D} numbers wide. Top, batch first, "
+           f"(B, S, D) = ({B}, {S}, {D}): each row is one sequence, sequence 0 in orange and sequence 1 in blue, "
+           f"and each of the {S} columns a position. Bottom, the same tensor read as sequence first, (S, B, D), "
+           f"by nn.MultiheadAttention with its default batch_first=False: axis 0, of size {B}, is taken for the "
+           f"positions and axis 1, of size {S}, for the batch, so each column, outlined, becomes one 'sequence' of "
+           f"{B} tokens, one from each real sequence. Nothing is moved and no error is raised; token i attends only "
+           f"to itself and to token i of the other sequence, and the weights come out with shape ({S}, {B}, {B}).")
+    d = Diagram("ch01_layout", 360, 410, title="Batch first, and how a sequence-first module misreads it", alt=alt)
+    colours = ["orange", "blue", "green", "purple"]
+    fills = [[colours[b % len(colours)]] * S for b in range(B)]
+    d.text(12, 24, f"batch first [B, S, D] = [{B}, {S}, {D}]", size=15, anchor="start", weight="bold")
+    d.text(12, 44, "a row is a sequence, a column a position", size=13, anchor="start", color=MUTED)
+    cell = 30
+    d.grid(100, 80, fills, cell=cell, row_labels=[f"seq {b}" for b in range(B)],
+           col_labels=[str(p) for p in range(S)], size=13)
+    d.text(12, 80 + B * cell + 22, f"each cell: one token's vector, D = {D} numbers", size=13, anchor="start",
+           color=MUTED)
+    y0 = 80 + B * cell + 62
+    d.text(12, y0, "read as [S, B, D] (batch_first=False)", size=15, anchor="start", weight="bold")
+    d.text(12, y0 + 20, f"axis 0, size {B}, taken as positions; axis 1, size {S}, as", size=13, anchor="start",
+           color=MUTED)
+    d.text(12, y0 + 38, f"the batch: {S} 'sequences' of {B} tokens, outlined", size=13, anchor="start", color=MUTED)
+    cell, gap, x0, y1 = 28, 6, 76, y0 + 74
+    d.grid(x0, y1, fills, cell=cell, gap=gap, row_labels=[f"token {b}" for b in range(B)],
+           col_labels=[str(p) for p in range(S)], size=13)
+    for p in range(S):
+        d.rect(x0 + p * (cell + gap) - 3, y1 - 3, cell + 6, B * cell + gap + 6, stroke="vermillion", dash=True,
+               width=2)
+    y2 = y1 + B * cell + gap + 30
+    d.text(12, y2, "no error: token i attends only to itself and to", size=13, anchor="start")
+    d.text(12, y2 + 18, f"token i of the other sequence; weights [{S}, {B}, {B}]", size=13, anchor="start")
     return d
