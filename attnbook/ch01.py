@@ -46,6 +46,7 @@ __all__ = [
     "layers_until_linked", "check_reach", "sinusoidal_code", "position_code_figure", "reach_answer", "REACH_MISTAKES", "encoder_layer_figure", "residual_gradient_norms",
     "MINILM_ARE", "are_row_from_model", "HEAD_B", "HEAD_D", "draw_head_path", "one_head_diagram",
     "TOY_QUERY", "TOY_KEYS", "soft_lookup_diagram", "lost_precision", "rounded_like_half", "not_finite", "reach_rows", "reach_diagram",
+    "rope", "MHA_B", "MHA_D", "MHA_H", "layout_diagram",
 ]
 
 
@@ -124,6 +125,10 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
             "you divided the scores by their sum without exponentiating them first. Those 'weights' sum to 1 "
             "but can be negative or huge (a score sum near 0 blows them up). softmax takes exp first: "
             "exp(s) / exp(s).sum()."),
+    Mistake("exp without the sum", lambda q, k, v: torch.exp(_s(q, k)) @ v,
+            "you took exp of the scores but did not divide by their sum, so each query's 'weights' are positive but "
+            "do not add up to 1 (the mix is scaled up or down). softmax is exp(s) divided by the row's total: "
+            "exp(s) / exp(s).sum(dim=-1, keepdim=True), which is what torch.softmax(s, dim=-1) computes."),
     Mistake("equal average", lambda q, k, v: v.mean(dim=0).expand(q.shape[0], -1),
             "you averaged all rows equally. The weights must depend on how well each key matches the query: "
             "softmax(queries @ keys.T)."),
@@ -191,6 +196,11 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
     Mistake("one query's mix for all", lambda q, k, v: (_w(q[:1], k) @ v).expand(q.shape[0], -1),
             "every row of your result is the same: the mix of the first query, repeated. Each query has its own "
             "scores and weights, so each row of the result is its own mix of the values."),
+    Mistake("mixed values.T", lambda q, k, v: _w(q, k) @ v.T,
+            "you multiplied the weights by values.T. values is already [N, D_v], one row per key in the same order "
+            "as the columns of the weights, so weights [M, N] @ values [N, D_v] = [M, D_v] needs no transpose "
+            "(weights @ values.T only runs when N == D_v, and then mixes the wrong numbers; your code raised an "
+            "error when N != D_v)."),
     Mistake("queries @ keys", lambda q, k, v: torch.softmax(q @ k, dim=-1) @ v,
             "queries @ keys only runs when N == D: keys is [N, D] with one row per entry, so compare the "
             "queries with keys.T, [M, D] @ [D, N] = [M, N] (your code raised an error when N != D)."),
@@ -465,8 +475,12 @@ def check_attention_shapes(fn: Callable[[int, int, int, int, int], dict[str, Any
                              "every size of a shape is a whole number, written as a Python int (5, not 5.0 or '5').")
             if got == expected[step]:
                 continue
+            earlier = SHAPE_KEYS[:SHAPE_KEYS.index(step)]  # all right in the reader's answer
             for m in SHAPE_MISTAKES:  # else the first mistake that gives this step this shape
-                if m.compute(*config)[step] == got != expected[step]:
+                mistaken = m.compute(*config)
+                if "{step}" not in m.hint and any(mistaken[s] != expected[s] for s in earlier):
+                    continue  # its hint names an earlier step the reader got right ('v', for a wrong context)
+                if mistaken[step] == got != expected[step]:
                     return wrong(m.hint.format(step=step, **hints))
             return wrong(f"'{step}' is {got}, which is not its shape for B={B}, S={S}, D={D}, D_k={D_k}, D_v={D_v}: "
                          "write the step's axes by name first (such as [B, S, D_k]), then put in the sizes.")
@@ -532,9 +546,12 @@ REACH_MISTAKES: tuple[Mistake, ...] = (
             "the first number, the dilated kernel-3 layers, is one short: 2 layers (dilations 1 and 2) reach only "
             "1 + 2 = 3 positions to each side, short of the distance from 'The' to '.'. L layers reach 2^L - 1 "
             "positions, so floor(log2 7) rounds the wrong way."),
-    Mistake("the books-to-are distance", _one_off(1, 4),
-            "the second number, the plain kernel-3 layers, counts the 'books' → 'are' link of section 1.6 (4 "
-            "positions apart). This question links 'The' (position 0) with '.' (position 7)."),
+    Mistake("two positions per layer", _one_off(1, 4),
+            "the second number, the plain kernel-3 layers, counts two positions per layer towards 'The'. A stack of "
+            "L kernel-3 layers does see a window 2L + 1 positions wide, but that window is centred on '.': it "
+            "grows by one position to the left and one to the right, and only the left side moves towards 'The' "
+            "(position 0). Count the layers until the left side alone covers the distance from position 7 to "
+            "position 0. (Two positions per layer is what the kernel-5 stack of section 1.6 manages.)"),
     Mistake("no attention layer", _one_off(2, 0),
             "the third number, the self-attention layers, cannot be 0: with no layer at all, the output at '.' is "
             "only its own input. Count the layers needed before it depends on the input at 'The'."),
@@ -889,4 +906,68 @@ def reach_diagram() -> Diagram:
         y += cell * len(rows) + 26
     d.text(12, y, f"columns: positions 0-{S - 1}; {src} = \"{BOOKS_SENTENCE[src]}\", {dst} = \"{BOOKS_SENTENCE[dst]}\"", size=13,
            anchor="start", color=MUTED)
+    return d
+
+
+# ---------------------------------------------------------------- section 1.9: RoPE
+
+
+def rope(vec: Tensor, p: int) -> Tensor:
+    """Rotate a ``[D]`` query or key for position ``p`` (RoPE, "rotate half" pairs).
+
+    Feature pair ``(vec[m], vec[m + D/2])`` is turned, as a point in the plane, by the angle
+    ``p * omega_m`` with ``omega_m = 10000 ** (-m / (D/2))``. The dot product of a query rotated for
+    position ``m`` with a key rotated for ``n`` then depends on the positions only through ``m - n``.
+    """
+    half = vec.shape[-1] // 2
+    angle = p * 10000.0 ** (-torch.arange(half, dtype=torch.float32) / half)  # [D/2]
+    a, b = vec[:half], vec[half:]  # [D/2] each: the two halves of every pair
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    return torch.cat([a * cos - b * sin, a * sin + b * cos])  # [D]
+
+
+# ---------------------------------------------------------------- section 1.10: the layout diagram
+
+#: The batch of sections 1.5 and 1.10: ``MHA_B`` sequences of the sentence's 8 tokens, at the width and
+#: head count of all-MiniLM-L6-v2.
+MHA_B, MHA_D, MHA_H = 2, 384, 12
+
+
+@diagram
+def layout_diagram() -> Diagram:
+    """Chapter 1, section 1.10: a batch-first ``[B, S, D]`` tensor, and how a sequence-first module reads it."""
+    from .examples import BOOKS_SENTENCE
+
+    B, S, D = MHA_B, len(BOOKS_SENTENCE), MHA_D
+    alt = (f"Two grids of the same {B} by {S} token vectors, each {D} numbers wide. Top, batch first, "
+           f"(B, S, D) = ({B}, {S}, {D}): each row is one sequence, sequence 0 in orange and sequence 1 in blue, "
+           f"and each of the {S} columns a position. Bottom, the same tensor read as sequence first, (S, B, D), "
+           f"by nn.MultiheadAttention with its default batch_first=False: axis 0, of size {B}, is taken for the "
+           f"positions and axis 1, of size {S}, for the batch, so each column, outlined, becomes one 'sequence' of "
+           f"{B} tokens, one from each real sequence. Nothing is moved and no error is raised; token i attends only "
+           f"to itself and to token i of the other sequence, and the weights come out with shape ({S}, {B}, {B}).")
+    d = Diagram("ch01_layout", 360, 410, title="Batch first, and how a sequence-first module misreads it", alt=alt)
+    colours = ["orange", "blue", "green", "purple"]
+    fills = [[colours[b % len(colours)]] * S for b in range(B)]
+    d.text(12, 24, f"batch first [B, S, D] = [{B}, {S}, {D}]", size=15, anchor="start", weight="bold")
+    d.text(12, 44, "a row is a sequence, a column a position", size=13, anchor="start", color=MUTED)
+    cell = 30
+    d.grid(100, 80, fills, cell=cell, row_labels=[f"seq {b}" for b in range(B)],
+           col_labels=[str(p) for p in range(S)], size=13)
+    d.text(12, 80 + B * cell + 22, f"each cell: one token's vector, D = {D} numbers", size=13, anchor="start",
+           color=MUTED)
+    y0 = 80 + B * cell + 62
+    d.text(12, y0, "read as [S, B, D] (batch_first=False)", size=15, anchor="start", weight="bold")
+    d.text(12, y0 + 20, f"axis 0, size {B}, taken as positions; axis 1, size {S}, as", size=13, anchor="start",
+           color=MUTED)
+    d.text(12, y0 + 38, f"the batch: {S} 'sequences' of {B} tokens, outlined", size=13, anchor="start", color=MUTED)
+    cell, gap, x0, y1 = 28, 6, 76, y0 + 74
+    d.grid(x0, y1, fills, cell=cell, gap=gap, row_labels=[f"token {b}" for b in range(B)],
+           col_labels=[str(p) for p in range(S)], size=13)
+    for p in range(S):
+        d.rect(x0 + p * (cell + gap) - 3, y1 - 3, cell + 6, B * cell + gap + 6, stroke="vermillion", dash=True,
+               width=2)
+    y2 = y1 + B * cell + gap + 30
+    d.text(12, y2, "no error: token i attends only to itself and to", size=13, anchor="start")
+    d.text(12, y2 + 18, f"token i of the other sequence; weights [{S}, {B}, {B}]", size=13, anchor="start")
     return d

@@ -145,6 +145,15 @@ _PROJECT_FIRST = (
     "then score Q @ K.T / sqrt(D_k)."
 )
 
+def _notebook_width(width: int, x_q: Tensor) -> float:
+    """sqrt(width) for a scale read from a notebook variable (the chapter's D_k or D) instead of the inputs;
+    where S_q equals that width it is the "divided by sqrt(S_q)" mistake, so it does not apply there (the
+    first case, S_q = 3, tells the two apart)."""
+    if x_q.shape[-2] == width:
+        raise ValueError("S_q equals the notebook's width here: the sqrt(S_q) mistake")
+    return math.sqrt(width)
+
+
 #: Known wrong weight matrices, ``compute(x_q, x_kv, w_q, w_k, w_v) -> weights``, tried in order.
 WEIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("K @ Q.T", lambda xq, xk, wq, wk, wv: _sm((xk @ wk) @ (xq @ wq).mT / math.sqrt(wq.shape[-1])),
@@ -211,6 +220,14 @@ WEIGHT_MISTAKES: tuple[Mistake, ...] = (
             "every row of your weights sums to 1/sqrt(D_k), not 1: you divided by sqrt(D_k) after softmax. The "
             "scale belongs to the scores, before softmax turns them into weights; after it, the weights no longer "
             "sum to 1."),
+    Mistake("the notebook's D_k", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk) / _notebook_width(TOY_D_K, xq)),
+            f"you divided by sqrt({TOY_D_K}) = {math.sqrt(TOY_D_K):g} on every call: that is the chapter's D_k = {TOY_D_K}, "
+            "a variable of the notebook, not the width of the tensors your function received (the checker's heads "
+            "are wider or narrower). Read D_k from the inputs inside the function, q.shape[-1] (or w_q.shape[1])."),
+    Mistake("the notebook's D", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk) / _notebook_width(TOY_D, xq)),
+            f"you divided by sqrt({TOY_D}) = {math.sqrt(TOY_D):g} on every call: that is the chapter's D = {TOY_D}, a "
+            "variable of the notebook, and the wrong width too. The scale is sqrt(D_k), the width of the queries and "
+            "keys your function received: q.shape[-1] (or w_q.shape[1])."),
     Mistake("divided by sqrt(S_q)", lambda xq, xk, wq, wk, wv: _unequal_lengths(_sm(_scores(xq, xk, wq, wk) / math.sqrt(xq.shape[-2])), xq, xk),
             "you divided by sqrt(S_q), the number of queries (x_q.shape[0]). The scale is sqrt(D_k), the width of "
             "the queries and keys: shape[-1] of q or k, not shape[0]."),

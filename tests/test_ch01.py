@@ -358,7 +358,7 @@ def test_reach_names_each_mistake_of_its_table(mistake) -> None:
     ("answer", "hint"),
     [
         ((2, 7, 1), "the first number, the dilated kernel-3 layers, is one short"),
-        ((3, 4, 1), "the second number, the plain kernel-3 layers, counts the 'books'"),
+        ((3, 4, 1), "the second number, the plain kernel-3 layers, counts two positions per layer"),
         ((3, 7, 0), "the third number, the self-attention layers, cannot be 0"),
         ((5, 7, 1), "the first number, the dilated kernel-3 layers, is off (you wrote 5)"),
         ((3, 8, 1), "the second number, the plain kernel-3 layers, is off (you wrote 8)"),
@@ -394,3 +394,37 @@ def test_soft_lookup_upcast_to_float64_inside_is_still_right() -> None:
         return (torch.softmax(queries.double() @ keys.double().T, -1) @ values.double()).to(queries.dtype)
 
     assert check_soft_lookup(float64_inside).passed
+
+
+# ---------------------------------------------------------------- the second expert reading
+
+
+def test_reach_names_the_window_centred_on_the_last_token() -> None:
+    """(3, 4, 1) is ceil(7 / 2): the window's width 2L + 1 taken as its reach towards 'The'."""
+    fb = check_reach((3, 4, 1))
+    assert fb.status == "wrong" and "centred on '.'" in fb.message and "books" not in fb.message, fb
+
+
+@pytest.mark.parametrize(
+    ("fn", "hint"),
+    [
+        (lambda q, k, v: torch.exp(q @ k.T) @ v, "did not divide by their sum"),
+        (lambda q, k, v: torch.softmax(q @ k.T, dim=-1) @ v.T, "you multiplied the weights by values.T"),
+    ],
+)
+def test_soft_lookup_names_exp_without_the_sum_and_values_transposed(fn, hint: str) -> None:
+    fb = check_soft_lookup(fn)
+    assert fb.status == "wrong" and hint in fb.message, fb
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        _shapes_with(context="B S D_k", output="B S D_k"),
+        _shapes_with(context="B S D_k", output="S B D"),
+        _shapes_with(context="B S D_k", output="B S D_v"),
+    ],
+)
+def test_shapes_blame_the_context_not_the_values_the_reader_got_right(fn) -> None:
+    fb = check_attention_shapes(fn)
+    assert fb.status == "wrong" and fb.message.startswith("'context'"), fb

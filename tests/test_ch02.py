@@ -421,3 +421,32 @@ def test_attention_computed_in_float32_on_float64_is_refused_by_the_dtype_rule(c
 ])
 def test_attention_upcast_to_float64_inside_is_still_right(check, fn) -> None:
     assert check(fn).passed, check(fn)
+
+
+# ---------------------------------------------------------------- the second expert reading
+
+
+def _self_scaled_by(width):
+    def fn(x, w_q, w_k, w_v):
+        q, k, v = x @ w_q, x @ w_k, x @ w_v
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(width), dim=-1)
+        return weights @ v, weights
+
+    return fn
+
+
+def _cross_scaled_by(width):
+    def fn(x_q, x_kv, w_q, w_k, w_v):
+        q, k, v = x_q @ w_q, x_kv @ w_k, x_kv @ w_v
+        weights = torch.softmax(q @ k.T / math.sqrt(width), dim=-1)
+        return weights @ v, weights
+
+    return fn
+
+
+@pytest.mark.parametrize("check, make", [(check_self_attention, _self_scaled_by), (check_cross_attention, _cross_scaled_by)])
+@pytest.mark.parametrize("width, hint", [(4, "the chapter's D_k = 4, a variable of the notebook"), (16, "the chapter's D = 16")])
+def test_a_notebook_global_width_is_named(check, make, width: int, hint: str) -> None:
+    """math.sqrt(D_k) with the notebook's D_k = 4 (or D = 16): the checker's heads have D_k = 5 and 3."""
+    fb = check(make(width))
+    assert fb.status == "wrong" and hint in fb.message, fb
