@@ -41,6 +41,7 @@ from .feedback import (
     describe,
     diagnose,
     exercise,
+    low_precision,
     run_reader_code,
     todo,
     wrong,
@@ -241,7 +242,7 @@ def _loop(module: MultiHeadSelfAttention, x: Tensor, *, scale: float | None = No
           qkv_bias: bool = True, wo_bias: bool = True, columns: bool = False, merge: str = "cat", transposed: bool = False,
           wo_bias_per_head: bool = False, same_slice: bool = False, scale_after: bool = False,
           weights_transposed: bool = False, keys_from_w_q: bool = False, causal: bool = False,
-          strided: bool = False) -> Tensor:
+          strided: bool = False, wo_untransposed: bool = False) -> Tensor:
     """The per-head loop with one thing changed (a typical mistake); the defaults give the right answer."""
     d_k, H = module.d_k, module.num_heads
     heads = []
@@ -277,6 +278,8 @@ def _loop(module: MultiHeadSelfAttention, x: Tensor, *, scale: float | None = No
         merged = torch.stack(heads, dim=-1).flatten(-2)  # [B, S, D_k, H] -> [B, S, D]
     if not use_wo:
         return merged
+    if wo_untransposed:  # W_O's weight as stored, [out, in]: merged @ weight (= F.linear(merged, weight.T))
+        return merged @ module.w_o.weight + (module.w_o.bias if wo_bias else 0.0)  # [B, S, D]
     return merged @ module.w_o.weight.T + (module.w_o.bias if wo_bias else 0.0)  # [B, S, D]
 
 
@@ -337,8 +340,15 @@ LOOP_MISTAKES: tuple[Mistake, ...] = (
             "head h takes every H-th feature (rows h, h + H, h + 2H, ...): the heads are contiguous slices, head h "
             "owns rows h·D_k .. (h+1)·D_k - 1 of each weight and bias (chapter 6 shows what the split [B, S, H, D_k] means)."),
     Mistake("weight columns", lambda m, x: _loop(m, x, columns=True),
-            "you sliced the columns of the weight matrices: nn.Linear stores weight as [out, in], so head h "
+            "you sliced the columns of the weight matrices (x @ module.w_q.weight[:, sl], or x @ module.w_q.weight "
+            "without .T and then a slice of its output): nn.Linear stores weight as [out, in], so head h "
             "uses rows h·D_k .. (h+1)·D_k - 1 (module.w_q.weight[sl]) and computes x @ W[sl].T + b[sl]."),
+    Mistake("W_O without .T", lambda m, x: _loop(m, x, wo_untransposed=True),
+            "everything up to the output projection is right, but you applied W_O transposed: nn.Linear stores "
+            "module.w_o.weight as [out, in], so a bare merged @ module.w_o.weight (or head h's rows "
+            "module.w_o.weight[h·D_k:(h+1)·D_k]) multiplies by the transpose. Write module.w_o(merged), or "
+            "merged @ module.w_o.weight.T + module.w_o.bias. The slip also comes the other way: "
+            "F.linear(merged, module.w_o.weight.T, ...) is wrong, because F.linear transposes for you."),
 )
 
 
@@ -360,22 +370,50 @@ _NO_SDPA = (
 )
 
 
+_CAT_AXIS = {
+    1: "you concatenated the heads along dim=1 (torch.cat(heads, dim=1), or torch.hstack): each head's output is "
+       "[B, S, D_k], so dim=1 is the positions axis, and the heads end up one after another as H·S positions of "
+       "width D_k instead of side by side in one position's features. Concatenate along the last axis, the "
+       "features: torch.cat(heads, dim=-1), which gives [B, S, H·D_k] = [B, S, D] for w_o.",
+    0: "you concatenated the heads along dim=0 (torch.cat(heads), whose default is dim=0, or torch.vstack): each "
+       "head's output is [B, S, D_k], so dim=0 is the batch axis, and the heads end up as H·B separate sequences. "
+       "Concatenate along the last axis, the features: torch.cat(heads, dim=-1), which gives [B, S, H·D_k] = "
+       "[B, S, D] for w_o.",
+}
+
+
 class _NoForward(MultiHeadSelfAttention):
     def forward(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
         raise RuntimeError(_NO_FORWARD)
 
 
 class _AllHeadsSpy(TorchDispatchMode):  # type: ignore[misc, valid-type]
-    """Record whether any operation produces a tensor of shape ``[B, H, S, S]``: all heads' scores at once."""
+    """Record what the reader's loop does that the result alone cannot show: an operation that produces a
+    tensor of shape ``[B, H, S, S]`` (all heads' scores at once), a tensor computed in float16 or bfloat16
+    (``"torch.float16"``), and the H heads' ``[B, S, D_k]`` outputs concatenated on another axis than the
+    last (``"cat dim 0"``, ``"cat dim 1"``)."""
 
     def __init__(self, shape: tuple[int, ...], used: set[str]) -> None:
         super().__init__()
         self.shape, self.used = shape, used
+        B, H, S, _ = shape
+        self.num_heads, self.head_out = H, (B, S)  # each head's output is [B, S, D_k]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if isinstance(out, Tensor) and tuple(out.shape) == self.shape:
-            self.used.add("all heads at once")
+        if isinstance(out, Tensor):
+            if tuple(out.shape) == self.shape:
+                self.used.add("all heads at once")
+            if out.dtype in (torch.float16, torch.bfloat16) and out.numel() > 1:  # not a 0-d constant
+                self.used.add(str(out.dtype))
+        if func is torch.ops.aten.cat.default and args and isinstance(args[0], (list, tuple)):
+            parts = args[0]
+            dim = args[1] if len(args) > 1 else (kwargs or {}).get("dim", 0)
+            if (len(parts) == self.num_heads and all(isinstance(p, Tensor) and p.dim() == 3 for p in parts)
+                    and len({tuple(p.shape) for p in parts}) == 1 and tuple(parts[0].shape[:2]) == self.head_out):
+                dim = dim % 3
+                if dim != 2:
+                    self.used.add(f"cat dim {dim}")
         return out
 
 
@@ -426,6 +464,9 @@ def _loop_one(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor], case: int)
     B, S = x.shape[:2]
     with _loop_guard((B, H, S, S)) as used:
         got, fb = run_reader_code(fn, x.clone(), module)
+    for dim in (0, 1):
+        if f"cat dim {dim}" in used and (fb is not None or not close(got, expected)):
+            return wrong(_CAT_AXIS[dim])
     if fb is not None:
         return fb
     if "scaled_dot_product_attention" in used:
@@ -445,6 +486,18 @@ def _loop_one(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor], case: int)
     if got.dtype == torch.float32 and x.dtype == torch.float64:  # half precision is named by the guard
         return wrong("your result is torch.float32, but x and the module are torch.float64: compute in the dtype of "
                      "the inputs (a cast to a smaller float drops the precision that the inputs carry).")
+    half = next((h for h in ("torch.float16", "torch.bfloat16") if h in used), None)
+    if half is not None:  # the dtype rule: compute in the inputs' dtype or wider
+        returned_half = got.dtype in (torch.float16, torch.bfloat16)
+        named = low_precision(got, expected, name="your result") if returned_half else None
+        if named is not None:
+            return named
+        worst = float((got.detach().cpu().to(torch.float64) - expected.to(torch.float64)).abs().max())
+        return wrong(f"your loop computed in {half} inside (a {half} tensor appeared in it), though x and the module "
+                     f"are {x.dtype}: {half} keeps only about {2 if 'bfloat16' in half else 3} significant digits, "
+                     f"so your result is off by up to {worst:.1g}"
+                     + ("" if returned_half else ", even after casting back") + ". Compute in the inputs' dtype or "
+                     "wider; a cast to a narrower float drops the precision the inputs carry.")
     with torch.no_grad():
         if close(got, expected):
             if x.dtype == torch.float64 and not close(got, expected, atol=1e-9, rtol=1e-9):
@@ -540,6 +593,19 @@ BYTES_MISTAKES: tuple[Mistake, ...] = (
             "Those are MiB (you divided by 2**20): the function returns bytes."),
     Mistake("GB", lambda B, H, S, dt: B * H * S * S * _size(dt) / 1e9,
             "Those are GB (you divided by 1e9; a GiB is 2**30 bytes): the function returns bytes."),
+    Mistake("whole MiB, floored", lambda B, H, S, dt: B * H * S * S * _size(dt) // 2**20,
+            "Those are whole MiB, rounded down (// 2**20, or int(... / 2**20)): everything under 1 MiB is lost, "
+            "so weights smaller than 1 MiB come out as 0. The function returns the exact number of bytes, an int: "
+            "no conversion to MiB and no rounding."),
+    Mistake("whole MiB, rounded", lambda B, H, S, dt: round(B * H * S * S * _size(dt) / 2**20),
+            "Those are MiB rounded to a whole number (round(... / 2**20)): the function returns the exact number "
+            "of bytes, an int, with no conversion to MiB and no rounding."),
+    Mistake("MiB to 2 decimals", lambda B, H, S, dt: round(B * H * S * S * _size(dt) / 2**20, 2),
+            "Those are MiB rounded to 2 decimals (round(... / 2**20, 2)), the way the chapter prints sizes: the "
+            "function returns the exact number of bytes, an int, with no conversion and no rounding."),
+    Mistake("whole GiB", lambda B, H, S, dt: round(B * H * S * S * _size(dt) / 2**30),
+            "Those are whole GiB (/ 2**30, then rounded or floored): the function returns the exact number of "
+            "bytes, an int, with no conversion and no rounding."),
     Mistake("KiB", lambda B, H, S, dt: B * H * S * S * _size(dt) / 2**10,
             "Those are KiB (you divided by 2**10 = 1024): the function returns bytes."),
     Mistake("causal triangle", lambda B, H, S, dt: B * H * (S * (S + 1) // 2) * _size(dt),

@@ -458,3 +458,70 @@ def test_best_single_head_misses_min_over_sum_for_unequal_relations() -> None:
         U, W = ch05.relation_subspaces(gen, r=r_u, r_w=r_w)
         err, _ = ch05.best_single_head_error(U, W, n=4000, generator=gen)
         assert abs(err - min(r_u, r_w) / (r_u + r_w)) < 0.01, (r_u, r_w, err)
+
+
+# --- W_O's transpose, 16-bit arithmetic inside, the concatenation axis, MiB instead of bytes --------
+
+def _heads(x: Tensor, m: MultiHeadSelfAttention) -> list[Tensor]:
+    d_k, outs = m.d_k, []
+    for h in range(m.num_heads):
+        rows = slice(h * d_k, (h + 1) * d_k)
+        q, k, v = (x @ lin.weight[rows].T + lin.bias[rows] for lin in (m.w_q, m.w_k, m.w_v))
+        outs.append(torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1) @ v)  # [B, S, D_k]
+    return outs
+
+
+@pytest.mark.parametrize(
+    "merge",
+    [
+        lambda heads, m: torch.cat(heads, dim=-1) @ m.w_o.weight + m.w_o.bias,  # no .T
+        lambda heads, m: torch.nn.functional.linear(torch.cat(heads, dim=-1), m.w_o.weight.T, m.w_o.bias),  # .T too many
+        lambda heads, m: sum(o @ m.w_o.weight[h * m.d_k:(h + 1) * m.d_k] for h, o in enumerate(heads)) + m.w_o.bias,
+    ],
+    ids=["matmul without .T", "F.linear with .T", "rows of W_O per head"],
+)
+def test_per_head_loop_names_w_o_applied_transposed(merge) -> None:  # type: ignore[no-untyped-def]
+    fb = check_per_head_loop(lambda x, m: merge(_heads(x, m), m))
+    assert fb.status == "wrong" and "applied W_O transposed" in fb.message, fb.message
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_per_head_loop_refuses_16_bit_arithmetic_cast_back(dtype: torch.dtype) -> None:
+    """The dtype rule: a loop that computes in 16 bits and casts back to the inputs' dtype is named, not 'differs'."""
+    fb = check_per_head_loop(lambda x, m: ch05._solution_loop(x.to(dtype), m.to(dtype)).to(x.dtype))
+    assert fb.status == "wrong" and f"computed in {dtype} inside" in fb.message and "casting back" in fb.message, fb.message
+    fb = check_per_head_loop(lambda x, m: ch05._solution_loop(x.to(dtype), m.to(dtype)))  # returned in 16 bits
+    assert fb.status == "wrong" and str(dtype) in fb.message and "significant digits" in fb.message, fb.message
+    assert check_per_head_loop(lambda x, m: ch05._solution_loop(x.double(), m.double())).passed  # wider is fine
+
+
+@pytest.mark.parametrize(
+    ("merge", "hint"),
+    [
+        (lambda heads: torch.cat(heads, dim=1), "along dim=1"),
+        (lambda heads: torch.hstack(heads), "along dim=1"),
+        (lambda heads: torch.cat(heads, dim=1).reshape(heads[0].shape[0], heads[0].shape[1], -1), "along dim=1"),
+        (lambda heads: torch.cat(heads), "along dim=0"),
+    ],
+    ids=["cat dim=1", "hstack", "cat dim=1 then reshape", "cat default dim"],
+)
+def test_per_head_loop_names_the_concatenation_axis(merge, hint: str) -> None:  # type: ignore[no-untyped-def]
+    fb = check_per_head_loop(lambda x, m: m.w_o(merge(_heads(x, m))))
+    assert fb.status == "wrong" and hint in fb.message and "torch.cat(heads, dim=-1)" in fb.message, fb.message
+    assert check_per_head_loop(lambda x, m: m.w_o(torch.cat(_heads(x, m), dim=2))).passed
+
+
+@pytest.mark.parametrize(
+    ("fn", "hint"),
+    [
+        (lambda B, H, S, dt: B * H * S * S * dt.itemsize // 2**20, "whole MiB, rounded down"),
+        (lambda B, H, S, dt: int(B * H * S * S * dt.itemsize / 2**20), "whole MiB, rounded down"),
+        (lambda B, H, S, dt: round(B * H * S * S * dt.itemsize / 2**20), "MiB rounded to a whole number"),
+        (lambda B, H, S, dt: round(B * H * S * S * dt.itemsize / 2**20, 2), "MiB rounded to 2 decimals"),
+        (lambda B, H, S, dt: B * H * S * S * dt.itemsize // 2**30, "whole GiB"),
+    ],
+    ids=["// 2**20", "int(/ 2**20)", "round MiB", "MiB 2 decimals", "// 2**30"],
+)
+def test_weights_bytes_names_rounded_and_floored_units(fn, hint: str) -> None:  # type: ignore[no-untyped-def]
+    fb = check_weights_bytes(fn)
+    assert fb.status == "wrong" and hint in fb.message and "exact number of bytes" in fb.message, fb.message
