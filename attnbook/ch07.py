@@ -24,8 +24,10 @@ from torch import Tensor, nn
 from attnlib import pretrained as P
 from attnlib.multihead import MultiHeadSelfAttention
 
+from .ch01 import lost_precision
 from .diagrams import INK, MUTED, PALETTE, Diagram, diagram
 from .feedback import (
+    HALF_TOL,
     Feedback,
     Mistake,
     MistakeTable,
@@ -33,6 +35,7 @@ from .feedback import (
     as_number,
     close,
     compare_tensors,
+    computed_narrower,
     correct,
     describe,
     diagnose,
@@ -64,6 +67,7 @@ __all__ = [
     "load_sentence_pairs",
     "similarity_controls",
     "Ablation",
+    "head_terms",
     "head_ablation",
     "spearman",
     "head_output_norms",
@@ -343,6 +347,11 @@ def _link_by_layers(weights: Tensor, toks: Sequence[str], query: str, key: str) 
     return got
 
 
+def _flat_pair(flat: Tensor, H: int) -> Tensor:
+    """``[2]``: (layer, head) of a flat index over ``L * H`` heads."""
+    return torch.tensor(divmod(int(flat), H))
+
+
 def _link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
     return torch.tensor(reference_strongest_link(weights, toks, query, key))  # [2]: (layer, head)
 
@@ -357,6 +366,25 @@ FIRST_TOP_LINK_HINT = ("you returned the first head whose largest weight of the 
 #: cases it gives the same head as other mistakes, so it is checked after the table).
 ROW_MAX_LINK_HINT = ("you found the head whose row for the query has the largest weight on any key; the key must be the one "
             "asked for: the argmax of weights[:, :, i, j] over layers and heads, with j the key's position.")
+
+
+#: Taking the argmin instead of the argmax (not a table entry: on the book's sentence the head with the smallest
+#: weight from are to books is also the head whose row has the largest weight on any key, so it is checked
+#: after the table, and only when the reader's function repeats it on a case where the two differ).
+ARGMIN_LINK_HINT = ("you took the head with the SMALLEST weight from the query to the key (argmin); the strongest link "
+                    "is the largest weight: the argmax of weights[:, :, i, j] over layers and heads.")
+
+
+#: When the reader's heads are both the argmin and the head with the largest weight on any key, in every case.
+ARGMIN_OR_ROW_MAX_HINT = ("on every sentence your head is the one with the SMALLEST weight from the query to the key "
+                          "(argmin), which is also the head whose row for the query has the largest weight on any key. "
+                          "The strongest link is the largest weight on the key asked for: the argmax of "
+                          "weights[:, :, i, j] over layers and heads, with j the key's position.")
+
+
+def _argmin_link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
+    i, j = list(toks).index(query), list(toks).index(key)
+    return _flat_pair(weights[:, :, i, j].argmin(), weights.shape[1])  # [2]
 
 
 def _row_max_link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
@@ -386,6 +414,10 @@ LINK_MISTAKES: tuple[Mistake, ...] = (
     Mistake("without [CLS]", lambda w, t, q, k: _link(w, t[1:], q, k),
             "your positions are one too small: find them with tokens.index(...) on the tokens as given, counting "
             "[CLS], which has a row and a column of its own in weights."),
+    Mistake("the positions", lambda w, t, q, k: torch.tensor([t.index(q), t.index(k)]),
+            "you returned the positions of the query and the key in the sentence, (6, 2) for are and books in the "
+            "book's sentence ([CLS] counted): they are the row i and column j of weights, not a layer and a head. "
+            "Read weights[:, :, i, j], one weight per head, and return the (layer, head) of its argmax."),
     Mistake("among peaking heads", _peak_link,
             "you looked only among heads whose largest weight of the query falls on the key. The strongest link can "
             "be in a head whose row peaks on another token: take the argmax of weights[:, :, i, j] over all heads."),
@@ -415,6 +447,16 @@ def _gives_on_another(fn: Callable[..., Any], case: int, answer: Callable[..., t
             continue  # this case does not tell the mistake from the right answer
         result, fb = run_reader_code(fn, c[0].clone(), list(c[1]), c[2], c[3])
         return fb is None and _as_pair(result) == target
+    return True
+
+
+def _repeats_everywhere(fn: Callable[..., Any], answer: Callable[..., Tensor]) -> bool:
+    """Whether ``fn`` returns ``answer(*link_case(c))`` on every case ``c`` of :data:`LINK_CASES`."""
+    for case in range(len(LINK_CASES)):
+        c = link_case(case)
+        result, fb = run_reader_code(fn, c[0].clone(), list(c[1]), c[2], c[3])
+        if fb is not None or _as_pair(result) != tuple(int(v) for v in answer(*c)):
+            return False
     return True
 
 
@@ -457,7 +499,16 @@ def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Fe
         hint = diagnose(torch.tensor(got), LINK_MISTAKES, weights, toks, query, key)
         if hint is not None:
             return hint
-        for look_alike, look_alike_hint in ((_row_max_link, ROW_MAX_LINK_HINT), (_first_top_link, FIRST_TOP_LINK_HINT)):
+        # these two coincide on some cases (on all of them when the query's row peaks in the sharp previous-token
+        # head): each is named only when every case agrees with it, both when every case agrees with both
+        named = [hint for look_alike, hint in ((_argmin_link, ARGMIN_LINK_HINT), (_row_max_link, ROW_MAX_LINK_HINT))
+                 if torch.equal(torch.tensor(got), look_alike(weights, toks, query, key))
+                 and _repeats_everywhere(fn, look_alike)]
+        if len(named) == 2:
+            return wrong(ARGMIN_OR_ROW_MAX_HINT)
+        if named:
+            return wrong(named[0])
+        for look_alike, look_alike_hint in ((_first_top_link, FIRST_TOP_LINK_HINT),):
             if torch.equal(torch.tensor(got), look_alike(weights, toks, query, key)) \
                     and _gives_on_another(fn, case, lambda *c, f=look_alike: tuple(f(*c).tolist())):
                 return wrong(look_alike_hint)
@@ -515,38 +566,65 @@ PREVIOUS_MISTAKES: tuple[Mistake, ...] = (
 
 #: The sentences the previous-token checker uses: the book's, and one of another length.
 PREVIOUS_SENTENCES: tuple[str, ...] = (LINK_CASES[0][0], LINK_CASES[2][0])
+#: The dtype of each case's weights: the model's float32, then float64 (the score is computed in the
+#: dtype of ``weights`` or wider, so both cases differ in every size and in the dtype).
+PREVIOUS_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
 
 
 def _sentence_weights(sentence: str) -> Tensor:
     return _weights_and_tokens(sentence)[0].clone()  # [L, H, S, S]
 
 
+def _previous_cases() -> list[tuple[Tensor]]:
+    return [(_sentence_weights(t).to(dtype),) for t, dtype in zip(PREVIOUS_SENTENCES, PREVIOUS_DTYPES)]
+
+
 def _solution_previous(weights: Tensor) -> Tensor:
     return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)  # [L, H]
 
 
+def _computed_in_half(result: Any, weights: Tensor, expected: Tensor) -> Feedback | None:
+    """The dtype rule's hint for a score in the inputs' dtype that agrees with the right one only to half
+    precision, as a score computed in float16 or bfloat16 and cast back does; None otherwise."""
+    if not (isinstance(result, Tensor) and result.dtype == expected.dtype and tuple(result.shape) == tuple(expected.shape)):
+        return None
+    for half, tol in ((torch.float16, 1e-3), (torch.bfloat16, 8e-3)):  # about one unit of each one's last digit
+        narrow = reference_previous_token_score(weights.to(half)).to(expected.dtype)
+        if close(result, narrow, atol=tol, rtol=tol) and close(result, expected, atol=HALF_TOL, rtol=HALF_TOL):
+            return wrong(f"your score is {result.dtype}, but it agrees with the right one only to about 3 significant "
+                         "digits, as if it was computed in float16 or bfloat16 and cast back: casting back does not "
+                         "restore the lost digits. Compute in the dtype of weights or wider.")
+    return None
+
+
 @exercise(solution=_solution_previous, needs=_MODEL,
-          tables=(MistakeTable(PREVIOUS_MISTAKES, lambda: [(_sentence_weights(t),) for t in PREVIOUS_SENTENCES],
-                               reference_previous_token_score),))
+          tables=(MistakeTable(PREVIOUS_MISTAKES, _previous_cases, reference_previous_token_score),))
 def check_previous_token_score(fn: Callable[[Tensor], Any]) -> Feedback:
-    """Check ``fn(weights [L, H, S, S]) -> [L, H]`` on the book's sentence and on one of another length."""
-    for sentence in PREVIOUS_SENTENCES:
-        weights = _sentence_weights(sentence)
+    """Check ``fn(weights [L, H, S, S]) -> [L, H]`` on the book's sentence (float32) and on one of another length (float64)."""
+    for (weights,) in _previous_cases():
         result, fb = run_reader_code(fn, weights.clone())
         if fb is not None:
             return fb
         expected = reference_previous_token_score(weights)
         if isinstance(result, np.ndarray) and result.dtype.kind == "f":
             result = torch.from_numpy(result)  # a NumPy answer is read like a tensor
+        lost = lost_precision(result, expected, name="your score")  # float16/bfloat16, or float32 from float64
+        if lost is not None:
+            return lost
+        if weights.dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused even where it fits ATOL
+            narrower = computed_narrower(result, expected, reference_previous_token_score(weights.float()).double())
+            if narrower is not None:
+                return narrower
         if close(result, expected):
             continue
-        hint = diagnose(result, PREVIOUS_MISTAKES, weights)
+        hint = diagnose(result, PREVIOUS_MISTAKES, weights) or _computed_in_half(result, weights, expected)
         if hint is not None:
             return hint
         S = weights.shape[-1]
         mismatch = compare_tensors(result, expected, name=f"your score for a sentence of S = {S} tokens")
         return mismatch if mismatch is not None else wrong("your score differs from the mean weight on the previous token.")
-    return correct("that is the previous-token score of all 72 heads (checked on two sentences of different lengths).")
+    return correct("that is the previous-token score of all 72 heads (checked on two sentences of different lengths, "
+                   "in float32 and float64).")
 
 
 def _copied(model: nn.Module, layer_index: int, *, transpose: bool = False, bias: bool = True,
@@ -798,10 +876,12 @@ def attnlib_layers(model: nn.Module) -> list[MultiHeadSelfAttention]:
 
 
 @torch.no_grad()
-def encoder_layer(model: nn.Module, layer_index: int, attention: MultiHeadSelfAttention, x: Tensor, attention_mask: Tensor) -> Tensor:
+def encoder_layer(model: nn.Module, layer_index: int, attention: MultiHeadSelfAttention, x: Tensor,
+                  attention_mask: Tensor | None) -> Tensor:
     """One BERT layer with its attention replaced by ``attention`` (an attnlib module): ``[B, S, D] -> [B, S, D]``.
 
     ``LayerNorm(x + attention(x))``, then the layer's own feed-forward block with its residual and LayerNorm.
+    ``attention_mask`` is ``[B, S]`` (1 for real tokens), or None when no sentence is padded.
     """
     layer = P.encoder_layers(model)[layer_index]
     dense = attention(x, attention_mask, need_weights=False).hidden_states  # [B, S, D]
@@ -1029,12 +1109,31 @@ def spearman(a: Tensor, b: Tensor) -> float:
 
 
 @torch.no_grad()
+def head_terms(attention: MultiHeadSelfAttention, x: Tensor) -> Tensor:
+    """``[H, B, S, D]``: what each head adds to the dense output, ``head_h W_O^(h)`` (``W_O``'s bias left out).
+
+    ``x`` is ``[B, S, D]``, unpadded. The terms of all heads, plus ``W_O``'s bias, add up to the module's output.
+    """
+    out = attention(x, need_weights=True)
+    H, d_k = attention.num_heads, attention.d_k
+    if attention.num_kv_heads != H:
+        raise ValueError(f"head_terms needs one value head per query head, got {attention.num_kv_heads} for {H}")
+    v = attention.w_v(x).unflatten(-1, (H, d_k)).transpose(1, 2)  # [B, H, S, D_k]
+    context = out.attention_weights @ v  # [B, H, S, S] @ [B, H, S, D_k] -> [B, H, S, D_k]
+    blocks = attention.w_o.weight.unflatten(1, (H, d_k))  # [D, H * D_k] -> [D, H, D_k]
+    return torch.einsum("bhsk,dhk->hbsd", context, blocks)  # [H, B, S, D]
+
+
+@torch.no_grad()
 def head_ablation(model: nn.Module, tokenizer: Any, pairs: SentencePairs | None = None, mode: str = "zero") -> Ablation:
     """Remove each of the L x H heads in turn (through the attnlib copy) and re-embed every sentence.
 
-    Every distinct sentence goes through the model once per ablation, all in one padded batch. For head ``(l, h)`` the layers before
-    ``l`` are unchanged, so their output is computed once and reused; layer ``l`` runs again with ``W_O^(h)``
-    zeroed (:func:`head_removed`), and the ``H`` results go through layers ``l+1 .. L-1`` as one batch.
+    Every distinct sentence goes through the model once per ablation, grouped by length so that no batch
+    holds padding (the sentences have 8 to 16 tokens; padding them all to 16 would compute about half as
+    much again). For head ``(l, h)`` the layers before ``l`` are unchanged, so their output is computed once and
+    reused; layer ``l`` runs again with ``W_O^(h)`` zeroed (:func:`head_removed`), and the ``H`` results go
+    through layers ``l+1 .. L-1`` as one batch. The cost is about ``L (L + 1) / 2 * H = 252`` passes of one
+    layer over all the sentences, for each mode.
 
     Args:
         mode: ``"zero"`` removes the head's contribution; ``"mean"`` replaces it, at every position,
@@ -1050,37 +1149,48 @@ def head_ablation(model: nn.Module, tokenizer: Any, pairs: SentencePairs | None 
     b = torch.tensor([index[t] for t in pairs.second])
     n = len(pairs.first)
     device = next(model.parameters()).device
-    enc = P.encode(tokenizer, sentences, device)
-    mask = enc["attention_mask"]
-    real = mask.bool()  # [N, S]
+    enc = P.encode(tokenizer, sentences, device)  # [N, S_max], padded at the end
+    lengths = enc["attention_mask"].sum(1)  # [N]
+    # one unpadded batch per length: the first S columns of the sentences with S tokens
+    groups = [(torch.nonzero(lengths == s).flatten(), int(s)) for s in lengths.unique().tolist()]
+    batches = [{k: v[rows, :s] for k, v in enc.items()} for rows, s in groups]
     copies = attnlib_layers(model)
-
-    def similarity(hidden: Tensor) -> Tensor:  # [N, S, D] -> [P]
-        e = mean_pool(hidden, mask)  # [N, D]
-        return (e[a] * e[b]).sum(-1)
-
-    inputs = [layer0_input(model, enc)]  # inputs[l]: the input of layer l with every head
-    for l, attention in enumerate(copies):
-        inputs.append(encoder_layer(model, l, attention, inputs[l], mask))
-    baseline = similarity(inputs[-1])
-    model_baseline = similarity(model(**enc).last_hidden_state)
     L, H = len(copies), copies[0].num_heads
-    ablated = torch.empty(L, H, n, device=device)
+
+    def similarity(embeddings: Tensor) -> Tensor:  # [..., N, D] -> [..., P]
+        return (embeddings[..., a, :] * embeddings[..., b, :]).sum(-1)
+
+    def pooled(hidden: Tensor) -> Tensor:  # [B, S, D] unpadded -> [B, D]
+        return mean_pool(hidden, torch.ones(hidden.shape[:2], device=hidden.device))
+
+    # inputs[g][l]: the input of layer l for group g, with every head
+    inputs = [[layer0_input(model, batch)] for batch in batches]
+    for group in inputs:
+        for l, attention in enumerate(copies):
+            group.append(encoder_layer(model, l, attention, group[l], None))
+    D = inputs[0][0].shape[-1]
+    embeddings = torch.empty(len(sentences), D, device=device)  # [N, D]
+    for (rows, _), group in zip(groups, inputs):
+        embeddings[rows] = pooled(group[-1])
+    baseline = similarity(embeddings)
+    model_baseline = similarity(mean_pool(model(**enc).last_hidden_state, enc["attention_mask"]))
+    ablated_embeddings = torch.empty(L, H, len(sentences), D, device=device)  # [L, H, N, D]
     for l in range(L):
-        full = copies[l](inputs[l], mask, need_weights=False).hidden_states if mode == "mean" else None  # [N, S, D]
-        outs = []
-        for h in range(H):
-            replacement = None
-            if full is not None:
-                with head_removed(copies[l], h) as reduced:
-                    without = reduced(inputs[l], mask, need_weights=False).hidden_states  # [N, S, D]
-                replacement = (full - without)[real].mean(0)  # [D]: head h's mean contribution over real tokens
-            with head_removed(copies[l], h, replacement) as reduced:
-                outs.append(encoder_layer(model, l, reduced, inputs[l], mask))  # [N, S, D]
-        x = torch.cat(outs)  # [H * N, S, D]: the H ablations of layer l as one batch
-        for later in range(l + 1, L):
-            x = encoder_layer(model, later, copies[later], x, mask.repeat(H, 1))
-        ablated[l] = torch.stack([similarity(part) for part in x.chunk(H)])  # [H, P]
+        replacements: list[Tensor | None] = [None] * H
+        if mode == "mean":  # head h's term, averaged over every real token of every sentence: [H, D]
+            terms = [head_terms(copies[l], group[l]).flatten(1, 2) for group in inputs]  # [H, B * S, D] each
+            means = torch.cat(terms, dim=1).mean(1)  # [H, D]
+            replacements = list(means)
+        for (rows, _), group in zip(groups, inputs):
+            outs = []
+            for h in range(H):
+                with head_removed(copies[l], h, replacements[h]) as reduced:
+                    outs.append(encoder_layer(model, l, reduced, group[l], None))  # [B, S, D]
+            x = torch.cat(outs)  # [H * B, S, D]: the H ablations of layer l as one batch
+            for later in range(l + 1, L):
+                x = encoder_layer(model, later, copies[later], x, None)
+            ablated_embeddings[l, :, rows] = pooled(x).unflatten(0, (H, len(rows)))  # [H, B, D]
+    ablated = similarity(ablated_embeddings)  # [L, H, P]
     paraphrase = torch.tensor([k == "paraphrase" for k in pairs.kinds])
     swap = torch.tensor([k == "swap" for k in pairs.kinds])
     return Ablation(baseline.cpu(), model_baseline.cpu(), ablated.cpu(), paraphrase, swap)

@@ -71,6 +71,12 @@ OTHER_LINK_MISTAKES = {
         lambda w, t, q, k: tuple(ch07._peak_link(w, t, q, k).tolist()),
         "whose largest weight of the query falls on the key",
     ),
+    "hard-coded positions": (lambda w, t, q, k: (6, 2), "the positions of the query and the key"),
+    "positions": (lambda w, t, q, k: (t.index(q), t.index(k)), "the positions of the query and the key"),
+    "argmin": (
+        lambda w, t, q, k: divmod(int(w[:, :, t.index(q), t.index(k)].argmin()), w.shape[1]),
+        "SMALLEST weight",
+    ),
     "divmod by L": (
         lambda w, t, q, k: divmod(int(w[:, :, t.index(q), t.index(k)].argmax()), w.shape[0]),
         "f // H",
@@ -106,6 +112,20 @@ def test_previous_token_score_gives_each_table_hint(mistake) -> None:
 
 PREV_MISTAKES = {
     "shape": (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1), "shape"),
+    "float16 returned": (lambda w: w.half().diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1), "torch.float16"),
+    "float16 inside": (
+        lambda w: w.half().diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1).to(w.dtype),
+        "as if it was computed in float16 or bfloat16",
+    ),
+    "bfloat16 inside": (
+        lambda w: w.bfloat16().diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1).to(w.dtype),
+        "as if it was computed in float16 or bfloat16",
+    ),
+    "float32 returned": (lambda w: w.float().diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1), "inputs are torch.float64"),
+    "float32 inside": (
+        lambda w: w.float().diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1).to(w.dtype),
+        "float32's precision",
+    ),
     "other": (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1) + 0.01, "differs"),
 }
 
@@ -325,6 +345,52 @@ def test_head_ablation_covers_every_head_and_starts_from_the_model(ablation) -> 
     assert ablation.baseline[ablation.swap].mean() > ablation.baseline[ablation.paraphrase].mean()
     assert (ablation.effect() > 0).all()  # every removal changes something: the ablation did run per head
     assert ablation.effect().max() < 0.02  # what the chapter reports: no single head is needed
+
+
+def test_head_terms_add_up_to_the_dense_output(minilm, sentence_run) -> None:
+    model, _ = minilm
+    mine = P.layer_to_attnlib(model, 3)
+    x = sentence_run.layer_inputs[3]  # [1, S, D]
+    terms = ch07.head_terms(mine, x)  # [H, 1, S, D]
+    assert terms.shape == (12, *x.shape)
+    with torch.no_grad():
+        full = mine(x).hidden_states
+        with ch07.head_removed(mine, 1) as reduced:
+            without = reduced(x).hidden_states
+    torch.testing.assert_close(terms.sum(0) + mine.w_o.bias, full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(terms[1], full - without, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_head_ablation_without_padding_measures_what_a_padded_batch_does(minilm, mode) -> None:
+    """The ablation groups the sentences by length; one head removed from one padded batch gives the same similarities."""
+    model, tokenizer = minilm
+    pairs = ch07.load_sentence_pairs()
+    pairs = ch07.SentencePairs(*(column[::4] for column in pairs))  # 12 pairs of all three kinds, to keep it quick
+    ablation = ch07.head_ablation(model, tokenizer, pairs, mode=mode)
+    sentences = sorted(set(pairs.first + pairs.second))
+    enc = P.encode(tokenizer, sentences)
+    mask = enc["attention_mask"]
+    copies = ch07.attnlib_layers(model)
+    layer, head = 4, 7
+    x = ch07.layer0_input(model, enc)
+    for l in range(layer):
+        x = ch07.encoder_layer(model, l, copies[l], x, mask)
+    replacement = None
+    if mode == "mean":
+        with torch.no_grad():
+            full = copies[layer](x, mask).hidden_states
+            with ch07.head_removed(copies[layer], head) as reduced:
+                without = reduced(x, mask).hidden_states
+        replacement = (full - without)[mask.bool()].mean(0)
+    with ch07.head_removed(copies[layer], head, replacement) as reduced:
+        x = ch07.encoder_layer(model, layer, reduced, x, mask)
+    for l in range(layer + 1, 6):
+        x = ch07.encoder_layer(model, l, copies[l], x, mask)
+    e = ch07.mean_pool(x, mask)
+    index = {t: i for i, t in enumerate(sentences)}
+    a, b = (torch.tensor([index[t] for t in side]) for side in (pairs.first, pairs.second))
+    torch.testing.assert_close(ablation.ablated[layer, head], (e[a] * e[b]).sum(-1), atol=1e-5, rtol=0)
 
 
 def test_norm_shares_sum_to_one_and_differ() -> None:
