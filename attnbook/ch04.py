@@ -33,6 +33,7 @@ from .feedback import (
     call_reader,
     close,
     compare_tensors,
+    computed_narrower,
     correct,
     describe,
     diagnose,
@@ -123,6 +124,12 @@ def _combined_one(fn: Callable[[Tensor], Any], am: Tensor) -> Feedback | None:
             "tensors. `torch.ones(...)` is float by default, and so is `torch.tril` of it: make the triangle a "
             "bool tensor before you combine it with the padding part."
         )
+    if fb is not None and re.search(r"The size of tensor a \(\d+\) must match the size of tensor b", fb.message):
+        return wrong(
+            fb.message + ". The causal part is [S, S] and the padding part must be [B, 1, 1, S]: the batch axis "
+            "first and the keys last, `attention_mask[:, None, None, :]` (with `[None, None, :, :]` it is [1, 1, B, S], "
+            "and the batch lands on the query axis)."
+        )
     if fb is not None:
         return fb
     if not isinstance(got, Tensor):
@@ -208,6 +215,16 @@ def _future_key(S_q: int, S_k: int) -> Tensor:
     return got
 
 
+def _offset_s_q(S_q: int, S_k: int) -> Tensor:
+    """The diagonal shifted by S_q instead of S_k - S_q. Where that shift equals another listed one (S_k - S_q - 1
+    on (3, 7) and (2, 5), a mask that hides nothing on (4, 4)) it gives another mistake's answer, so it is told
+    apart on the remaining case, (1, 4), and the checker names it only when it fits the reader's answer on every
+    case where it is defined."""
+    if S_q in (S_k - S_q - 1, S_k - S_q, S_k - S_q + 1) or S_q >= S_k - 1:
+        raise ValueError("the same answer as another mistake")
+    return torch.ones(S_q, S_k, dtype=torch.bool).tril(S_q)
+
+
 #: Known wrong masks ``compute(S_q, S_k) -> bool [S_q, S_k]``, tried in order.
 LOWER_RIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("nothing masked", lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool),
@@ -223,6 +240,9 @@ LOWER_RIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("one key of the future", lambda S_q, S_k: _future_key(S_q, S_k),
             "off by one: each query but the last sees one key of its future. Query i sits at position "
             "S_k - S_q + i and may see keys up to that position, itself included."),
+    Mistake("offset S_q", lambda S_q, S_k: _offset_s_q(S_q, S_k),
+            "you shifted the diagonal by S_q instead of S_k - S_q: the shift is the number of cached keys that come "
+            "before the new tokens, so query i sits at position S_k - S_q + i, not S_q + i."),
     Mistake("own key hidden", lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(S_k - S_q - 1),
             "off by one: no query sees its own key. Query i sits at position S_k - S_q + i and may see keys up "
             "to that position, itself included."),
@@ -234,7 +254,34 @@ LOWER_RIGHT_MISTAKES: tuple[Mistake, ...] = (
 )
 
 
-def _lower_right_one(fn: Callable[[int, int], Any], S_q: int, S_k: int) -> Feedback | None:
+def _matches_on_every_case(mistake: Mistake, answers: dict[tuple[int, int], Tensor]) -> bool:
+    """Whether ``mistake`` gives the reader's answer on every case where both are defined, and on one at least: a
+    slip such as an offset of S_q equals another on some cases (on (3, 7), S_q = S_k - S_q - 1), so a mistake is
+    named only where it fits them all."""
+    defined = False
+    for (S_q, S_k), got in answers.items():
+        try:
+            expected = mistake.compute(S_q, S_k)
+        except Exception:  # not defined on this case
+            continue
+        if not close(got, expected):
+            return False
+        defined = True
+    return defined
+
+
+def _reader_answers(fn: Callable[[int, int], Any]) -> dict[tuple[int, int], Tensor]:
+    """The reader's bool masks on every case on which the code returns one."""
+    answers = {}
+    for S_q, S_k in LOWER_RIGHT_CASES:
+        got, fb = run_reader_code(fn, S_q, S_k)
+        if fb is None and isinstance(got, Tensor) and got.dtype == torch.bool:
+            answers[S_q, S_k] = got
+    return answers
+
+
+def _lower_right_one(fn: Callable[[int, int], Any], S_q: int, S_k: int,
+                     answers: dict[tuple[int, int], Tensor]) -> Feedback | None:
     got, fb = run_reader_code(fn, S_q, S_k)
     if fb is not None:
         return fb
@@ -245,9 +292,9 @@ def _lower_right_one(fn: Callable[[int, int], Any], S_q: int, S_k: int) -> Feedb
         return wrong(f"your mask has dtype {got.dtype}; attnlib's masks are torch.bool with True = may attend.")
     if close(got, expected):
         return None
-    hint = diagnose(got, LOWER_RIGHT_MISTAKES, S_q, S_k)
-    if hint is not None:
-        return hint
+    for m in LOWER_RIGHT_MISTAKES:
+        if _matches_on_every_case(m, answers):
+            return wrong(m.hint)
     if tuple(got.shape) != (S_q, S_k):
         return wrong(f"for S_q = {S_q}, S_k = {S_k} your mask has shape {tuple(got.shape)}; expected [S_q, S_k] = {(S_q, S_k)}.")
     i, j = (int(t) for t in (got.cpu() != expected).nonzero()[0])
@@ -267,8 +314,9 @@ def check_lower_right_mask(fn: Callable[[int, int], Any]) -> Feedback:
 
     Tried on :data:`LOWER_RIGHT_CASES`; the reference is ``attnlib.causal_mask(S_q, S_k=S_k)``.
     """
+    answers = _reader_answers(fn)
     for S_q, S_k in LOWER_RIGHT_CASES:
-        problem = _lower_right_one(fn, S_q, S_k)
+        problem = _lower_right_one(fn, S_q, S_k, answers)
         if problem is not None:
             return problem
     return correct("the newest S_q positions each see every key up to their own position, the last one every key.")
@@ -384,6 +432,12 @@ def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k
     if wrong_dtype:
         return wrong(f"your {' and your '.join(wrong_dtype)}, but q, k and v are {q.dtype}: compute in the dtype of "
                      "the inputs (a cast to a smaller float drops the precision that the inputs carry).")
+    if q.dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused even where it fits ATOL
+        narrow = scaled_dot_product_attention(q.float(), k.float(), v.float(), causal_mask(S))
+        for name, t, expected, nar in (("weights", weights, exp_w, narrow.weights), ("output", out, exp_out, narrow.output)):
+            narrower = computed_narrower(t, expected, nar.double(), name=f"your {name}")
+            if narrower is not None:
+                return narrower
     w = weights.detach().cpu().to(torch.float64)
     leak = float(w[..., _future(q)].abs().nan_to_num(float("inf")).max())
     if not close(weights, exp_w):
@@ -483,6 +537,9 @@ FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
         Mistake("one-hot", lambda: torch.tensor([1.0, 0.0, 0.0, 0.0]),
                 "a huge negative number does not pick out the largest score: the same -1e4 is added to all four, so "
                 "their differences (ln 3, 0, 0, 0) stay as they are and the row is softmax(scores), not one-hot."),
+        Mistake("exponentials", lambda: torch.tensor([3.0, 1.0, 1.0, 1.0]),
+                "these are the exponentials e^s, not yet the weights: softmax divides each one by the sum of all four, "
+                "so that the row sums to 1."),
         Mistake("3 to 1", lambda: torch.tensor([0.75, 1 / 12, 1 / 12, 1 / 12]),
                 "right idea (the row is softmax(scores), as if nothing were masked), but the sum is off: softmax divides "
                 "each exponential by the sum of all four, e^(ln 3) + e^0 + e^0 + e^0 = 3 + 1 + 1 + 1, not by 3 + 1."),
@@ -569,12 +626,16 @@ def check_fully_masked_prediction(prediction: Any) -> Feedback:
             return wrong(f"{case!r}: the row has 4 keys, so give 4 numbers (got {got.numel()}).")
         if close(got, _case_value(case), atol=PREDICTION_ATOL, rtol=0.0):
             continue
+        if close(got / 100, _case_value(case), atol=PREDICTION_ATOL, rtol=0.0):
+            return wrong(f"{case!r}: your numbers look like percentages: give the weights as softmax returns them, "
+                         "fractions between 0 and 1 that sum to 1 (0.5 rather than 50).")
         got = _nan_as(got)
         for m in FULLY_MASKED_MISTAKES[case]:
             if _prediction_same(got, m.compute()):
                 return wrong(f"{case!r}: {m.hint}")
-        return wrong(f"{case!r} is not right. Run {FULLY_MASKED_CASES[case]} with scores = {FULLY_MASKED_SCORES.tolist()} "
-                     "and hidden = torch.ones(4, dtype=torch.bool) to see the row.")
+        return wrong(f"{case!r} is not right. Work it out in two steps: first the 4 scores that softmax receives "
+                     "after the mask (written over the scores, or added to them, and rounded in float32), then what "
+                     "softmax makes of them; only the differences between the scores matter.")
     return correct(
         "adding -1e4 hides nothing in a fully masked row (softmax only sees differences), writing -1e4 gives "
         "a uniform row, and adding finfo.min gives a uniform row too, because rounding erases the differences."
@@ -1238,3 +1299,4 @@ def attention_dropout_diagram() -> Diagram:
     d.text(x0 + 22, 126, f"the survivors divided by 1 - p = {1 - p:g}", size=14, anchor="start", color=MUTED)
     d.text(8, 240, "eval mode: no dropout, the row stays as it is", size=14, anchor="start", color=MUTED)
     return d
+
