@@ -51,7 +51,8 @@ __all__ = [
     "causal_eval_stats", "time_parallel_and_prefixes", "causal_explorer", "mha_fast_path",
     "mha_all_padding_outputs", "mask_seen_by_attention", "document_mask", "prefix_lm_mask",
     "PADDED_BATCH", "LEFT_PADDED_TOKENS", "LEFT_PADDED_MASK", "STACK_FILLS", "left_padded_stack",
-    "fully_masked_row_by_dtype", "ENCODER_DECODER",
+    "fully_masked_row_by_dtype", "ENCODER_DECODER", "mask_conventions_agree", "bert_padding_equals_alone",
+    "PREFIX_PASSES_S",
 ]
 
 #: The attention mask the combined-mask checker feeds in: ``[B, S] = [3, 5]``, 1 = real token.
@@ -779,6 +780,48 @@ def causal_explorer(scores: Tensor, tokens: list[str]) -> Callable[[int], Any]:
 # --- how libraries treat a sequence whose keys are all padding ------------------------------
 
 
+def mask_conventions_agree(mha: torch.nn.MultiheadAttention, x: Tensor, hf_mask: Tensor, blocked: Tensor,
+                           may_attend: Tensor, additive: Tensor) -> dict[str, bool]:
+    """Whether one padded batch gives the same output through each API in its own mask convention.
+
+    ``mha`` is a one-head ``nn.MultiheadAttention`` (batch first); ``x`` ``[B, S, D]``; ``hf_mask`` ``[B, S]``
+    (1 = keep), ``blocked`` ``[B, S]`` (True = blocked), ``may_attend`` ``[B, 1, 1, S]`` (True = may attend) and
+    ``additive`` ``[B, 1, 1, S]`` (0 keep, finfo.min hide) are the same padding. The reference is attnlib with
+    ``padding_mask(hf_mask)``, run on the module's own projections (its packed ``in_proj_weight``, chapter 6,
+    and ``out_proj``); each API's output is compared with it to 1e-5.
+    """
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        # the module keeps W^Q, W^K, W^V stacked in one [3D, D] matrix, with biases
+        projections = zip(mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3))
+        q, k, v = (F.linear(x, w, b)[:, None] for w, b in projections)  # [B, 1, S, D] each: one head
+        reference = mha.out_proj(scaled_dot_product_attention(q, k, v, padding_mask(hf_mask)).output[:, 0])
+        outputs = {
+            "nn.MultiheadAttention, True = blocked": mha(x, x, x, key_padding_mask=blocked)[0],
+            "SDPA, bool True = may attend": mha.out_proj(F.scaled_dot_product_attention(q, k, v, attn_mask=may_attend)[:, 0]),
+            "SDPA, additive finfo.min": mha.out_proj(F.scaled_dot_product_attention(q, k, v, attn_mask=additive)[:, 0]),
+        }
+    return {name: torch.allclose(out, reference, atol=1e-5) for name, out in outputs.items()}
+
+
+def bert_padding_equals_alone() -> bool:
+    """Whether a tiny random-weight BERT given ``attention_mask = [1, 1, 1, 0, 0]`` (Hugging Face: 1 = keep)
+    returns, at the 3 real tokens, what it returns on those 3 tokens alone (to 1e-5). The global random state
+    is left as it was."""
+    from transformers import BertConfig, BertModel
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        bert = BertModel(BertConfig(vocab_size=20, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=32)).eval()
+    ids = torch.tensor([[5, 6, 7, 0, 0]])
+    with torch.no_grad():
+        padded = bert(ids, attention_mask=torch.tensor([[1, 1, 1, 0, 0]])).last_hidden_state[0, :3]
+        alone = bert(ids[:, :3]).last_hidden_state[0]
+    return torch.allclose(padded, alone, atol=1e-5)
+
+
 def mha_fast_path(call: Callable[[], Any]) -> tuple[Any, bool]:
     """Run ``call()`` and say whether ``nn.MultiheadAttention`` took its fused inference fast path.
 
@@ -1300,3 +1343,48 @@ def attention_dropout_diagram() -> Diagram:
     d.text(8, 240, "eval mode: no dropout, the row stays as it is", size=14, anchor="start", color=MUTED)
     return d
 
+
+#: The prefix-pass diagram of section 4.4: a short sequence, so that every pass fits on a phone.
+PREFIX_PASSES_S = 5
+
+
+@diagram
+def prefix_passes_diagram() -> Diagram:
+    """One masked pass next to the S prefix passes it replaces: row i of the masked grid is pass 0..i."""
+    S, cell = PREFIX_PASSES_S, 30
+    x1, y0, x2 = 44, 84, 236
+    allowed = causal_mask(S)
+    redone = S * (S + 1) // 2 - S
+    d = Diagram("ch04_prefix_passes", x2 + S * cell + 54, y0 + S * cell + 108,
+                title="One masked pass equals S prefix passes",
+                alt=f"Left, one masked pass over {S} positions: a {S} by {S} grid in which row i, query i, may "
+                    f"attend to keys 0 to i. Right, the {S} prefix passes that give the same outputs, one beside "
+                    f"each row: pass i runs on positions 0 to i and keeps only the output of position i. The "
+                    "positions before it are computed again in every pass and thrown away (shaded orange): "
+                    f"{S * (S + 1) // 2} positions in all, {redone} of them repeated, against {S} for the masked pass.")
+    d.text(x1 + S * cell / 2, 22, "one masked pass", size=15, weight="bold")
+    d.text(x1 + S * cell / 2, 42, "row i: query i", size=14, color=MUTED)
+    d.text(x2 + S * cell / 2 + 20, 22, f"{S} prefix passes", size=15, weight="bold")
+    d.text(x2 + S * cell / 2 + 20, 42, "pass i: positions 0..i", size=14, color=MUTED)
+    fills = [["sky" if allowed[i, j] else "grey" for j in range(S)] for i in range(S)]
+    keys = [str(j) for j in range(S)]
+    d.grid(x1, y0, fills, cell=cell, row_labels=keys, col_labels=keys, size=14)
+    for i in range(S):
+        y = y0 + i * cell
+        d.text((x1 + S * cell + x2) / 2, y + cell / 2 + 5, "=", size=15)
+        for j in range(i + 1):
+            kept = j == i
+            d.rect(x2 + j * cell, y, cell, cell, fill="sky" if kept else "orange", tint=True, rx=0,
+                   width=2 if kept else 1)
+        d.text(x2 + (i + 1) * cell + 6, y + cell / 2 + 5, f"0..{i}", size=14, anchor="start", color=MUTED)
+    yl = y0 + S * cell + 30
+    d.rect(8, yl - 14, 18, 18, fill="sky", tint=True, rx=0, width=1)
+    d.text(34, yl, "used", size=14, anchor="start")
+    d.rect(90, yl - 14, 18, 18, fill="grey", tint=True, rx=0, width=1)
+    d.text(116, yl, "hidden", size=14, anchor="start")
+    d.rect(186, yl - 14, 18, 18, fill="orange", tint=True, rx=0, width=1)
+    d.text(212, yl, "computed again", size=14, anchor="start")
+    d.text(8, yl + 34, f"masked pass: {S} positions", size=14, anchor="start")
+    d.text(8, yl + 58, f"prefix passes: {S * (S + 1) // 2} positions, {redone} of them repeated", size=14,
+           anchor="start")
+    return d

@@ -609,3 +609,30 @@ def test_combined_mask_names_a_padding_part_with_the_batch_on_the_query_axis() -
     fb = check_combined_mask(lambda am: _tril(am.shape[1]) & am.bool()[None, None, :, :])
     assert fb.status == "wrong" and "[B, 1, 1, S]" in fb.message and "query axis" in fb.message, fb
 
+
+def test_mask_conventions_agree_and_an_inverted_mask_does_not() -> None:
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, num_heads=1, batch_first=True).eval()
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(7))
+    hf_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    may_attend = hf_mask.bool()[:, None, None, :]
+    additive = torch.zeros(2, 1, 1, 5).masked_fill(~may_attend, torch.finfo(torch.float32).min)
+    agree = ch04.mask_conventions_agree(mha, x, hf_mask, hf_mask == 0, may_attend, additive)
+    assert len(agree) == 3 and all(agree.values()), agree
+    # each convention given the other one's meaning no longer agrees
+    wrong = ch04.mask_conventions_agree(mha, x, hf_mask, hf_mask == 1, ~may_attend, additive.flip(-1))
+    assert not any(wrong.values()), wrong
+
+
+def test_bert_padding_equals_alone_leaves_the_global_random_state() -> None:
+    torch.manual_seed(3)
+    before = torch.rand(1)
+    torch.manual_seed(3)
+    assert ch04.bert_padding_equals_alone()
+    assert torch.equal(torch.rand(1), before)
+
+
+def test_prefix_passes_diagram_counts_the_repeated_positions() -> None:
+    d = ch04.prefix_passes_diagram()
+    S = ch04.PREFIX_PASSES_S
+    assert f"{S * (S + 1) // 2} positions in all, {S * (S - 1) // 2} of them repeated" in d.alt
