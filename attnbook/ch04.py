@@ -33,6 +33,7 @@ from .feedback import (
     call_reader,
     close,
     compare_tensors,
+    computed_narrower,
     correct,
     describe,
     diagnose,
@@ -50,7 +51,8 @@ __all__ = [
     "causal_eval_stats", "time_parallel_and_prefixes", "causal_explorer", "mha_fast_path",
     "mha_all_padding_outputs", "mask_seen_by_attention", "document_mask", "prefix_lm_mask",
     "PADDED_BATCH", "LEFT_PADDED_TOKENS", "LEFT_PADDED_MASK", "STACK_FILLS", "left_padded_stack",
-    "fully_masked_row_by_dtype", "ENCODER_DECODER",
+    "fully_masked_row_by_dtype", "ENCODER_DECODER", "mask_conventions_agree", "bert_padding_equals_alone",
+    "PREFIX_PASSES_S",
 ]
 
 #: The attention mask the combined-mask checker feeds in: ``[B, S] = [3, 5]``, 1 = real token.
@@ -122,6 +124,12 @@ def _combined_one(fn: Callable[[Tensor], Any], am: Tensor) -> Feedback | None:
             "your code raised an error at `&` (or `|`): one side is a float tensor, and `&` works on two bool "
             "tensors. `torch.ones(...)` is float by default, and so is `torch.tril` of it: make the triangle a "
             "bool tensor before you combine it with the padding part."
+        )
+    if fb is not None and re.search(r"The size of tensor a \(\d+\) must match the size of tensor b", fb.message):
+        return wrong(
+            fb.message + ". The causal part is [S, S] and the padding part must be [B, 1, 1, S]: the batch axis "
+            "first and the keys last, `attention_mask[:, None, None, :]` (with `[None, None, :, :]` it is [1, 1, B, S], "
+            "and the batch lands on the query axis)."
         )
     if fb is not None:
         return fb
@@ -208,6 +216,16 @@ def _future_key(S_q: int, S_k: int) -> Tensor:
     return got
 
 
+def _offset_s_q(S_q: int, S_k: int) -> Tensor:
+    """The diagonal shifted by S_q instead of S_k - S_q. Where that shift equals another listed one (S_k - S_q - 1
+    on (3, 7) and (2, 5), a mask that hides nothing on (4, 4)) it gives another mistake's answer, so it is told
+    apart on the remaining case, (1, 4), and the checker names it only when it fits the reader's answer on every
+    case where it is defined."""
+    if S_q in (S_k - S_q - 1, S_k - S_q, S_k - S_q + 1) or S_q >= S_k - 1:
+        raise ValueError("the same answer as another mistake")
+    return torch.ones(S_q, S_k, dtype=torch.bool).tril(S_q)
+
+
 #: Known wrong masks ``compute(S_q, S_k) -> bool [S_q, S_k]``, tried in order.
 LOWER_RIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("nothing masked", lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool),
@@ -223,6 +241,9 @@ LOWER_RIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("one key of the future", lambda S_q, S_k: _future_key(S_q, S_k),
             "off by one: each query but the last sees one key of its future. Query i sits at position "
             "S_k - S_q + i and may see keys up to that position, itself included."),
+    Mistake("offset S_q", lambda S_q, S_k: _offset_s_q(S_q, S_k),
+            "you shifted the diagonal by S_q instead of S_k - S_q: the shift is the number of cached keys that come "
+            "before the new tokens, so query i sits at position S_k - S_q + i, not S_q + i."),
     Mistake("own key hidden", lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(S_k - S_q - 1),
             "off by one: no query sees its own key. Query i sits at position S_k - S_q + i and may see keys up "
             "to that position, itself included."),
@@ -234,7 +255,34 @@ LOWER_RIGHT_MISTAKES: tuple[Mistake, ...] = (
 )
 
 
-def _lower_right_one(fn: Callable[[int, int], Any], S_q: int, S_k: int) -> Feedback | None:
+def _matches_on_every_case(mistake: Mistake, answers: dict[tuple[int, int], Tensor]) -> bool:
+    """Whether ``mistake`` gives the reader's answer on every case where both are defined, and on one at least: a
+    slip such as an offset of S_q equals another on some cases (on (3, 7), S_q = S_k - S_q - 1), so a mistake is
+    named only where it fits them all."""
+    defined = False
+    for (S_q, S_k), got in answers.items():
+        try:
+            expected = mistake.compute(S_q, S_k)
+        except Exception:  # not defined on this case
+            continue
+        if not close(got, expected):
+            return False
+        defined = True
+    return defined
+
+
+def _reader_answers(fn: Callable[[int, int], Any]) -> dict[tuple[int, int], Tensor]:
+    """The reader's bool masks on every case on which the code returns one."""
+    answers = {}
+    for S_q, S_k in LOWER_RIGHT_CASES:
+        got, fb = run_reader_code(fn, S_q, S_k)
+        if fb is None and isinstance(got, Tensor) and got.dtype == torch.bool:
+            answers[S_q, S_k] = got
+    return answers
+
+
+def _lower_right_one(fn: Callable[[int, int], Any], S_q: int, S_k: int,
+                     answers: dict[tuple[int, int], Tensor]) -> Feedback | None:
     got, fb = run_reader_code(fn, S_q, S_k)
     if fb is not None:
         return fb
@@ -245,9 +293,9 @@ def _lower_right_one(fn: Callable[[int, int], Any], S_q: int, S_k: int) -> Feedb
         return wrong(f"your mask has dtype {got.dtype}; attnlib's masks are torch.bool with True = may attend.")
     if close(got, expected):
         return None
-    hint = diagnose(got, LOWER_RIGHT_MISTAKES, S_q, S_k)
-    if hint is not None:
-        return hint
+    for m in LOWER_RIGHT_MISTAKES:
+        if _matches_on_every_case(m, answers):
+            return wrong(m.hint)
     if tuple(got.shape) != (S_q, S_k):
         return wrong(f"for S_q = {S_q}, S_k = {S_k} your mask has shape {tuple(got.shape)}; expected [S_q, S_k] = {(S_q, S_k)}.")
     i, j = (int(t) for t in (got.cpu() != expected).nonzero()[0])
@@ -267,8 +315,9 @@ def check_lower_right_mask(fn: Callable[[int, int], Any]) -> Feedback:
 
     Tried on :data:`LOWER_RIGHT_CASES`; the reference is ``attnlib.causal_mask(S_q, S_k=S_k)``.
     """
+    answers = _reader_answers(fn)
     for S_q, S_k in LOWER_RIGHT_CASES:
-        problem = _lower_right_one(fn, S_q, S_k)
+        problem = _lower_right_one(fn, S_q, S_k, answers)
         if problem is not None:
             return problem
     return correct("the newest S_q positions each see every key up to their own position, the last one every key.")
@@ -384,6 +433,12 @@ def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k
     if wrong_dtype:
         return wrong(f"your {' and your '.join(wrong_dtype)}, but q, k and v are {q.dtype}: compute in the dtype of "
                      "the inputs (a cast to a smaller float drops the precision that the inputs carry).")
+    if q.dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused even where it fits ATOL
+        narrow = scaled_dot_product_attention(q.float(), k.float(), v.float(), causal_mask(S))
+        for name, t, expected, nar in (("weights", weights, exp_w, narrow.weights), ("output", out, exp_out, narrow.output)):
+            narrower = computed_narrower(t, expected, nar.double(), name=f"your {name}")
+            if narrower is not None:
+                return narrower
     w = weights.detach().cpu().to(torch.float64)
     leak = float(w[..., _future(q)].abs().nan_to_num(float("inf")).max())
     if not close(weights, exp_w):
@@ -483,6 +538,9 @@ FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
         Mistake("one-hot", lambda: torch.tensor([1.0, 0.0, 0.0, 0.0]),
                 "a huge negative number does not pick out the largest score: the same -1e4 is added to all four, so "
                 "their differences (ln 3, 0, 0, 0) stay as they are and the row is softmax(scores), not one-hot."),
+        Mistake("exponentials", lambda: torch.tensor([3.0, 1.0, 1.0, 1.0]),
+                "these are the exponentials e^s, not yet the weights: softmax divides each one by the sum of all four, "
+                "so that the row sums to 1."),
         Mistake("3 to 1", lambda: torch.tensor([0.75, 1 / 12, 1 / 12, 1 / 12]),
                 "right idea (the row is softmax(scores), as if nothing were masked), but the sum is off: softmax divides "
                 "each exponential by the sum of all four, e^(ln 3) + e^0 + e^0 + e^0 = 3 + 1 + 1 + 1, not by 3 + 1."),
@@ -569,12 +627,16 @@ def check_fully_masked_prediction(prediction: Any) -> Feedback:
             return wrong(f"{case!r}: the row has 4 keys, so give 4 numbers (got {got.numel()}).")
         if close(got, _case_value(case), atol=PREDICTION_ATOL, rtol=0.0):
             continue
+        if close(got / 100, _case_value(case), atol=PREDICTION_ATOL, rtol=0.0):
+            return wrong(f"{case!r}: your numbers look like percentages: give the weights as softmax returns them, "
+                         "fractions between 0 and 1 that sum to 1 (0.5 rather than 50).")
         got = _nan_as(got)
         for m in FULLY_MASKED_MISTAKES[case]:
             if _prediction_same(got, m.compute()):
                 return wrong(f"{case!r}: {m.hint}")
-        return wrong(f"{case!r} is not right. Run {FULLY_MASKED_CASES[case]} with scores = {FULLY_MASKED_SCORES.tolist()} "
-                     "and hidden = torch.ones(4, dtype=torch.bool) to see the row.")
+        return wrong(f"{case!r} is not right. Work it out in two steps: first the 4 scores that softmax receives "
+                     "after the mask (written over the scores, or added to them, and rounded in float32), then what "
+                     "softmax makes of them; only the differences between the scores matter.")
     return correct(
         "adding -1e4 hides nothing in a fully masked row (softmax only sees differences), writing -1e4 gives "
         "a uniform row, and adding finfo.min gives a uniform row too, because rounding erases the differences."
@@ -716,6 +778,48 @@ def causal_explorer(scores: Tensor, tokens: list[str]) -> Callable[[int], Any]:
 
 
 # --- how libraries treat a sequence whose keys are all padding ------------------------------
+
+
+def mask_conventions_agree(mha: torch.nn.MultiheadAttention, x: Tensor, hf_mask: Tensor, blocked: Tensor,
+                           may_attend: Tensor, additive: Tensor) -> dict[str, bool]:
+    """Whether one padded batch gives the same output through each API in its own mask convention.
+
+    ``mha`` is a one-head ``nn.MultiheadAttention`` (batch first); ``x`` ``[B, S, D]``; ``hf_mask`` ``[B, S]``
+    (1 = keep), ``blocked`` ``[B, S]`` (True = blocked), ``may_attend`` ``[B, 1, 1, S]`` (True = may attend) and
+    ``additive`` ``[B, 1, 1, S]`` (0 keep, finfo.min hide) are the same padding. The reference is attnlib with
+    ``padding_mask(hf_mask)``, run on the module's own projections (its packed ``in_proj_weight``, chapter 6,
+    and ``out_proj``); each API's output is compared with it to 1e-5.
+    """
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        # the module keeps W^Q, W^K, W^V stacked in one [3D, D] matrix, with biases
+        projections = zip(mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3))
+        q, k, v = (F.linear(x, w, b)[:, None] for w, b in projections)  # [B, 1, S, D] each: one head
+        reference = mha.out_proj(scaled_dot_product_attention(q, k, v, padding_mask(hf_mask)).output[:, 0])
+        outputs = {
+            "nn.MultiheadAttention, True = blocked": mha(x, x, x, key_padding_mask=blocked)[0],
+            "SDPA, bool True = may attend": mha.out_proj(F.scaled_dot_product_attention(q, k, v, attn_mask=may_attend)[:, 0]),
+            "SDPA, additive finfo.min": mha.out_proj(F.scaled_dot_product_attention(q, k, v, attn_mask=additive)[:, 0]),
+        }
+    return {name: torch.allclose(out, reference, atol=1e-5) for name, out in outputs.items()}
+
+
+def bert_padding_equals_alone() -> bool:
+    """Whether a tiny random-weight BERT given ``attention_mask = [1, 1, 1, 0, 0]`` (Hugging Face: 1 = keep)
+    returns, at the 3 real tokens, what it returns on those 3 tokens alone (to 1e-5). The global random state
+    is left as it was."""
+    from transformers import BertConfig, BertModel
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        bert = BertModel(BertConfig(vocab_size=20, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=32)).eval()
+    ids = torch.tensor([[5, 6, 7, 0, 0]])
+    with torch.no_grad():
+        padded = bert(ids, attention_mask=torch.tensor([[1, 1, 1, 0, 0]])).last_hidden_state[0, :3]
+        alone = bert(ids[:, :3]).last_hidden_state[0]
+    return torch.allclose(padded, alone, atol=1e-5)
 
 
 def mha_fast_path(call: Callable[[], Any]) -> tuple[Any, bool]:
@@ -1237,4 +1341,50 @@ def attention_dropout_diagram() -> Diagram:
     d.text(x0 + 22, 106, f"training: each weight dropped with p = {p:g},", size=14, anchor="start", color=MUTED)
     d.text(x0 + 22, 126, f"the survivors divided by 1 - p = {1 - p:g}", size=14, anchor="start", color=MUTED)
     d.text(8, 240, "eval mode: no dropout, the row stays as it is", size=14, anchor="start", color=MUTED)
+    return d
+
+
+#: The prefix-pass diagram of section 4.4: a short sequence, so that every pass fits on a phone.
+PREFIX_PASSES_S = 5
+
+
+@diagram
+def prefix_passes_diagram() -> Diagram:
+    """One masked pass next to the S prefix passes it replaces: row i of the masked grid is pass 0..i."""
+    S, cell = PREFIX_PASSES_S, 30
+    x1, y0, x2 = 44, 84, 236
+    allowed = causal_mask(S)
+    redone = S * (S + 1) // 2 - S
+    d = Diagram("ch04_prefix_passes", x2 + S * cell + 54, y0 + S * cell + 108,
+                title="One masked pass equals S prefix passes",
+                alt=f"Left, one masked pass over {S} positions: a {S} by {S} grid in which row i, query i, may "
+                    f"attend to keys 0 to i. Right, the {S} prefix passes that give the same outputs, one beside "
+                    f"each row: pass i runs on positions 0 to i and keeps only the output of position i. The "
+                    "positions before it are computed again in every pass and thrown away (shaded orange): "
+                    f"{S * (S + 1) // 2} positions in all, {redone} of them repeated, against {S} for the masked pass.")
+    d.text(x1 + S * cell / 2, 22, "one masked pass", size=15, weight="bold")
+    d.text(x1 + S * cell / 2, 42, "row i: query i", size=14, color=MUTED)
+    d.text(x2 + S * cell / 2 + 20, 22, f"{S} prefix passes", size=15, weight="bold")
+    d.text(x2 + S * cell / 2 + 20, 42, "pass i: positions 0..i", size=14, color=MUTED)
+    fills = [["sky" if allowed[i, j] else "grey" for j in range(S)] for i in range(S)]
+    keys = [str(j) for j in range(S)]
+    d.grid(x1, y0, fills, cell=cell, row_labels=keys, col_labels=keys, size=14)
+    for i in range(S):
+        y = y0 + i * cell
+        d.text((x1 + S * cell + x2) / 2, y + cell / 2 + 5, "=", size=15)
+        for j in range(i + 1):
+            kept = j == i
+            d.rect(x2 + j * cell, y, cell, cell, fill="sky" if kept else "orange", tint=True, rx=0,
+                   width=2 if kept else 1)
+        d.text(x2 + (i + 1) * cell + 6, y + cell / 2 + 5, f"0..{i}", size=14, anchor="start", color=MUTED)
+    yl = y0 + S * cell + 30
+    d.rect(8, yl - 14, 18, 18, fill="sky", tint=True, rx=0, width=1)
+    d.text(34, yl, "used", size=14, anchor="start")
+    d.rect(90, yl - 14, 18, 18, fill="grey", tint=True, rx=0, width=1)
+    d.text(116, yl, "hidden", size=14, anchor="start")
+    d.rect(186, yl - 14, 18, 18, fill="orange", tint=True, rx=0, width=1)
+    d.text(212, yl, "computed again", size=14, anchor="start")
+    d.text(8, yl + 34, f"masked pass: {S} positions", size=14, anchor="start")
+    d.text(8, yl + 58, f"prefix passes: {S * (S + 1) // 2} positions, {redone} of them repeated", size=14,
+           anchor="start")
     return d

@@ -513,7 +513,10 @@ def test_lower_right_mask_accepts_right_answers_and_matches_attnlib() -> None:
 def test_lower_right_mask_names_each_mistake_of_its_table(mistake) -> None:  # type: ignore[no-untyped-def]
     from attnbook.ch04 import check_lower_right_mask
 
-    fb = check_lower_right_mask(mistake.compute)
+    # the offset-S_q mistake is defined in the table only where it differs from every other mistake; the
+    # reader's slip itself gives a mask on every case
+    slips = {"offset S_q": lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(S_q)}
+    fb = check_lower_right_mask(slips.get(mistake.name, mistake.compute))
     assert fb.status == "wrong" and fb.message == mistake.hint, fb
 
 
@@ -554,3 +557,82 @@ def test_sdpa_gives_zero_rows_on_every_cpu_path() -> None:
     assert {r["backend"] for r in rows} == {"MATH", "FLASH_ATTENTION"}
     assert all(r["row"] == "zeros" for r in rows), [r for r in rows if r["row"] != "zeros"]
     assert all(r["grad_finite"] is (True if r["grad"] else None) for r in rows)
+
+
+def test_masking_order_refuses_float32_inside_cast_back_to_float64() -> None:
+    # the dtype rule: an answer computed in float32 on the float64 case and cast back fits the tolerance
+    # but is refused, for the weights and for the output
+    def narrow(q, k, v):
+        S = q.shape[-2]
+        s = (q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(
+            ~causal_mask(S), float("-inf")
+        )
+        w = s.softmax(-1)
+        return (w @ v.float()).to(q.dtype), w.to(q.dtype)
+
+    fb = check_masking_order(narrow)
+    assert fb.status == "wrong" and "float32's precision" in fb.message and "weights" in fb.message, fb
+
+    def narrow_output(q, k, v):
+        out, w = fixed(q, k, v)
+        return (w.float() @ v.float()).to(q.dtype), w
+
+    fb = check_masking_order(narrow_output)
+    assert fb.status == "wrong" and "float32's precision" in fb.message and "output" in fb.message, fb
+
+
+def test_lower_right_mask_names_s_q_used_for_the_offset() -> None:
+    # tril(diagonal=S_q): on (3, 7) it is the own-key-hidden mask, on (2, 5) right, on (1, 4) a key hidden
+    from attnbook.ch04 import check_lower_right_mask
+
+    for fn in (
+        lambda S_q, S_k: torch.ones(S_q, S_k, dtype=torch.bool).tril(S_q),
+        lambda S_q, S_k: torch.arange(S_k)[None, :] <= torch.arange(S_q)[:, None] + S_q,
+    ):
+        fb = check_lower_right_mask(fn)
+        assert fb.status == "wrong" and "S_k - S_q" in fb.message and "S_q instead" in fb.message, fb
+        assert "no query sees its own key" not in fb.message, fb
+
+
+def test_fully_masked_names_exponentials_and_percentages_and_never_shows_the_row() -> None:
+    fb = check_fully_masked_prediction({**RIGHT, "add -1e4": [3, 1, 1, 1]})
+    assert fb.status == "wrong" and "exponentials" in fb.message, fb
+    fb = check_fully_masked_prediction({**RIGHT, "add -1e4": [50, 17, 17, 17]})
+    assert fb.status == "wrong" and "percentages" in fb.message, fb
+    fb = check_fully_masked_prediction({**RIGHT, "masked_fill -1e4": [25, 25, 25, 25]})
+    assert fb.status == "wrong" and "percentages" in fb.message, fb
+    fb = check_fully_masked_prediction({**RIGHT, "add -1e4": [0.1, 0.2, 0.3, 0.4]})
+    assert fb.status == "wrong" and "is not right" in fb.message and "Run " not in fb.message, fb
+
+
+def test_combined_mask_names_a_padding_part_with_the_batch_on_the_query_axis() -> None:
+    fb = check_combined_mask(lambda am: _tril(am.shape[1]) & am.bool()[None, None, :, :])
+    assert fb.status == "wrong" and "[B, 1, 1, S]" in fb.message and "query axis" in fb.message, fb
+
+
+def test_mask_conventions_agree_and_an_inverted_mask_does_not() -> None:
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, num_heads=1, batch_first=True).eval()
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(7))
+    hf_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    may_attend = hf_mask.bool()[:, None, None, :]
+    additive = torch.zeros(2, 1, 1, 5).masked_fill(~may_attend, torch.finfo(torch.float32).min)
+    agree = ch04.mask_conventions_agree(mha, x, hf_mask, hf_mask == 0, may_attend, additive)
+    assert len(agree) == 3 and all(agree.values()), agree
+    # each convention given the other one's meaning no longer agrees
+    wrong = ch04.mask_conventions_agree(mha, x, hf_mask, hf_mask == 1, ~may_attend, additive.flip(-1))
+    assert not any(wrong.values()), wrong
+
+
+def test_bert_padding_equals_alone_leaves_the_global_random_state() -> None:
+    torch.manual_seed(3)
+    before = torch.rand(1)
+    torch.manual_seed(3)
+    assert ch04.bert_padding_equals_alone()
+    assert torch.equal(torch.rand(1), before)
+
+
+def test_prefix_passes_diagram_counts_the_repeated_positions() -> None:
+    d = ch04.prefix_passes_diagram()
+    S = ch04.PREFIX_PASSES_S
+    assert f"{S * (S + 1) // 2} positions in all, {S * (S - 1) // 2} of them repeated" in d.alt
