@@ -944,3 +944,14 @@ def test_int8_checker_names_scale_slips(fn, words: str) -> None:
 def test_sink_checker_names_scores_scaled_again() -> None:
     fb = ch11.check_sink_softmax(lambda s, k: ch11.reference_sink_softmax(s / math.sqrt(s.shape[-1]), k))
     assert fb.status == "wrong" and "already scaled" in fb.message, fb
+
+
+def test_sink_diagram_draws_the_chapter_cache_and_the_exercise_example() -> None:
+    from attnbook.ch11 import diagrams
+
+    ex = diagrams.sink_cache_example()
+    (r0, r1), (e0, e1) = ex["recent"], ex["evicted"]
+    assert r1 - r0 + 1 == diagrams.SINK_WINDOW - diagrams.SINK_TOKENS and e0 == diagrams.SINK_TOKENS and e1 == r0 - 1
+    w = ch11.reference_sink_softmax(torch.tensor([[[list(diagrams.SINK_SCORES)]]], dtype=torch.float64),
+                                    torch.tensor([diagrams.SINK_LOGIT], dtype=torch.float64)).flatten().tolist()
+    assert w == pytest.approx(ex["weights"]) and sum(w) + ex["sink_weight"] == pytest.approx(1.0)
