@@ -400,7 +400,7 @@ def sink_cache_diagram() -> Diagram:
            f"{SINK_LOGIT:g}; the keys get {w[0]:.3f} and {w[1]:.3f} of the weight, and the sink's extra term in the "
            f"denominator takes the remaining {ws:.3f}, attached to a value of zero.")
     d = Diagram("ch11_sink_cache", 440, 362, title="Attention sinks: a StreamingLLM cache and a sink logit", alt=alt)
-    d.text(20, 26, f"a cache of {SINK_WINDOW} at token {SINK_QUERY}: {SINK_TOKENS} sinks + {n_recent} recent",
+    d.text(20, 26, f"window {SINK_WINDOW} at token {SINK_QUERY}: {SINK_TOKENS} sinks + {n_recent} recent",
            size=14, anchor="start", weight="bold")
     y = 56
     d.text(20, y - 8, "tokens", size=14, anchor="start", color=MUTED)
