@@ -863,3 +863,95 @@ def test_int8_and_sink_computed_in_float32_on_float64_are_refused_by_the_dtype_r
     # upcasting stays right: float64 inside for a 16-bit input, cast back to its dtype
     assert ch11.check_int8_per_token(lambda x: _probe2_int8(x.double()).to(x.dtype)).passed
     assert ch11.check_sink_softmax(lambda sc, sink: _probe2_sink(sc.double(), sink.double()).to(sc.dtype)).passed
+
+
+def _shifted_by_sink(scores, sink):
+    e = torch.exp(scores - sink.view(-1, 1, 1))  # safe only while the sink is at least the scores
+    return e / (e.sum(-1, keepdim=True) + 1)
+
+
+def test_sink_checker_refuses_a_shift_by_the_sink() -> None:
+    # right wherever the sink is near the scores, so only a case with the sink far below them tells it apart
+    scores, sink = ch11.checkers._sink_case(*ch11.SINK_CASES[1])
+    assert torch.allclose(_shifted_by_sink(scores, sink), ch11.reference_sink_softmax(scores, sink))
+    fb = ch11.check_sink_softmax(_shifted_by_sink)
+    assert fb.status == "wrong" and "not by the sink" in fb.message and "float64" in fb.message, fb
+
+    def by_sink_in_float16(scores, sink):  # right in float64; shifts by the sink in 16 bits
+        if scores.dtype == torch.float64:
+            return ch11.reference_sink_softmax(scores, sink)
+        return _shifted_by_sink(scores, sink)
+
+    fb = ch11.check_sink_softmax(by_sink_in_float16)
+    assert fb.status == "wrong" and "not by the sink" in fb.message and "float16" in fb.message, fb
+
+
+def _int8_with(x, scale):
+    return torch.round(x / scale).clamp(-127, 127) * scale
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda p, n, b, s: p // b + math.ceil(n / b) - s // b, "rounded the prompt's blocks down"),
+    (lambda p, n, b, s: (p + n - 1) // b - s // b, "INDEX of the block"),
+    (lambda p, n, b, s: math.ceil((p + n) / b) - (s // b + 1), "not one more"),
+    (lambda p, n, b, s: math.ceil((p + n) / b) - round(s / b), "round(shared_prefix / block_size)"),
+])
+def test_blocks_checker_names_the_off_by_one_slips(fn, words: str) -> None:
+    fb = ch11.check_blocks_needed(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+def _cow_copy_unowned(table, length, b, free, n):  # every write into an entry held at the fork copies
+    shared, table, free = len(table), list(table), sorted(free)
+    for p in range(length, length + n):
+        i = p // b
+        if i == len(table):
+            table.append(free.pop(0))
+        elif i < shared:
+            table[i] = free.pop(0)
+    return table
+
+
+def _cow_min_kept(table, length, b, free, n):  # min(free) handed out and never removed
+    table, own = list(table), set()
+    for p in range(length, length + n):
+        i = p // b
+        if i == len(table) or i not in own:
+            table[i:i + 1] = [min(free)]
+            own.add(i)
+    return table
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_cow_copy_unowned, "Decide by ownership"),
+    (_cow_min_kept, "handed out more than once"),
+])
+def test_cow_checker_names_copies_and_the_free_list(fn, words: str) -> None:
+    fb = ch11.check_cow_table(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda x: _int8_with(x, x.abs().amax(-1, keepdim=True) / 127 + 1e-8), "Do not add an epsilon to the scale"),
+    (lambda x: _int8_with(x, x.abs().amax(0, keepdim=True) / 127), "batch axis B"),
+    (lambda x: _int8_with(x, 127 / x.abs().amax(-1, keepdim=True)), "inverse of the step"),
+])
+def test_int8_checker_names_scale_slips(fn, words: str) -> None:
+    fb = ch11.check_int8_per_token(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+def test_sink_checker_names_scores_scaled_again() -> None:
+    fb = ch11.check_sink_softmax(lambda s, k: ch11.reference_sink_softmax(s / math.sqrt(s.shape[-1]), k))
+    assert fb.status == "wrong" and "already scaled" in fb.message, fb
+
+
+def test_sink_diagram_draws_the_chapter_cache_and_the_exercise_example() -> None:
+    from attnbook.ch11 import diagrams
+
+    ex = diagrams.sink_cache_example()
+    (r0, r1), (e0, e1) = ex["recent"], ex["evicted"]
+    assert r1 - r0 + 1 == diagrams.SINK_WINDOW - diagrams.SINK_TOKENS and e0 == diagrams.SINK_TOKENS and e1 == r0 - 1
+    w = ch11.reference_sink_softmax(torch.tensor([[[list(diagrams.SINK_SCORES)]]], dtype=torch.float64),
+                                    torch.tensor([diagrams.SINK_LOGIT], dtype=torch.float64)).flatten().tolist()
+    assert w == pytest.approx(ex["weights"]) and sum(w) + ex["sink_weight"] == pytest.approx(1.0)

@@ -30,9 +30,10 @@ def reference_blocks_needed(prompt_len: int, new_tokens: int, block_size: int, s
 # agrees with the floor-division mistake when the last block's fill is at most the prefix's remainder
 # (the first case) and with the answer when it is larger (the third): the cases together tell all three apart.
 # The fourth tells round() from prefix tokens; the fifth (a prefix of whole blocks) and sixth (no prefix)
-# catch a prefix counted off by one; the seventh (one position past a large block) an approximate ceil.
+# catch a prefix counted off by one; the seventh (one position past a large block) an approximate ceil; the
+# eighth tells round() from a prompt rounded down and the new tokens rounded up separately.
 BLOCKS_CASES = ((100, 30, 16, 40), (250, 38, 32, 200), (61, 17, 8, 19), (100, 38, 16, 44),
-                (64, 10, 16, 32), (20, 5, 8, 0), (100, 29, 128, 0))
+                (64, 10, 16, 32), (20, 5, 8, 0), (100, 29, 128, 0), (42, 1, 8, 16))
 BLOCKS_MISTAKES = (
     Mistake("floor division", lambda p, n, b, s: (p + n) // b - s // b,
             "a partly filled last block still has to be allocated: round the block count up, -(-(p + n) // b)."),
@@ -82,6 +83,19 @@ BLOCKS_MISTAKES = (
             "you added one block to the rounded-up count: -(-(prompt_len + new_tokens) // block_size) already "
             "includes the partly filled last block, and a paged cache keeps no spare empty block (it takes a new "
             "block only when a write finds the last one full)."),
+    Mistake("prompt floored, new tokens rounded up", lambda p, n, b, s: p // b + -(-n // b) - s // b,
+            "you rounded the prompt's blocks down (prompt_len // block_size) and the new tokens' up, separately: the "
+            "generated tokens continue in the prompt's partly filled last block, so add the positions first and "
+            "round up once, -(-(prompt_len + new_tokens) // block_size)."),
+    Mistake("one block too few", lambda p, n, b, s: (p + n - 1) // b - s // b,
+            "one block too few: (prompt_len + new_tokens - 1) // block_size is the INDEX of the block holding the "
+            "last position, counted from 0, not the number of blocks (add 1, or round up with -(-x // b)); and if "
+            "you subtracted shared_prefix // block_size + 1, the prefix shares exactly shared_prefix // block_size "
+            "full blocks, not one more."),
+    Mistake("prefix blocks rounded to nearest", lambda p, n, b, s: -(-(p + n) // b) - round(s / b),
+            "round(shared_prefix / block_size) counts a prefix block filled more than half as shared: only FULL "
+            "blocks are shared (a partly filled block's hash would cover tokens the prefix does not have), so "
+            "round the prefix down, shared_prefix // block_size."),
     Mistake("generated tokens only", lambda p, n, b, s: -(-n // b),
             "the prompt's positions need blocks too, and the cached prefix is part of the prompt: count "
             "prompt_len + new_tokens positions, then subtract the prefix's full blocks."),
@@ -187,6 +201,14 @@ INT8_MISTAKES = (
             "your max runs over the head axis H_kv (dim=1 of [B, H_kv, S, D_k]), so each channel of a position gets a "
             "scale from the same channel of the other heads: the scale's group is a position's D_k numbers, "
             "x.abs().amax(dim=-1, keepdim=True)."),
+    Mistake("max over the batch", lambda x: torch.round(x / _axes_scale(x, (-4,))).clamp(-127, 127) * _axes_scale(x, (-4,)),
+            "your max runs over the batch axis B (amax(dim=0) of [B, H_kv, S, D_k]): each number then shares a scale "
+            "with the same head, position and channel of the other sequences. One scale per position and head "
+            "covers its D_k numbers: x.abs().amax(dim=-1, keepdim=True)."),
+    Mistake("scale inverted", lambda x: torch.round(x * _int8_scale(x)).clamp(-127, 127) / _int8_scale(x),
+            "your scale is 127 / max|x|, the inverse of the step: with it, x / scale shrinks the numbers instead of "
+            "spreading them over -127..127. The scale is the size of one step, s = max|x| / 127, and the codes are "
+            "round(x / s)."),
     Mistake("per head", lambda x: torch.round(x / (x.abs().amax((-2, -1), keepdim=True) / 127)) * (x.abs().amax((-2, -1), keepdim=True) / 127),
             "that is one scale per head, over all its positions and channels: per token, take the max |x| over "
             "D_k alone, amax(dim=-1, keepdim=True)."),
@@ -254,6 +276,34 @@ _INT8_HALF_OVERFLOW = (
     "cases were right): {dtype} holds at most {max:,.0f}, and x * 127 exceeds it before the division brings it "
     "back. Divide by the scale instead, x / (amax / 127), whose codes never exceed 127."
 )
+
+
+_INT8_EPSILON = (
+    "you added a small epsilon to every scale (such as max|x| / 127 + 1e-8): that changes the scale of every "
+    "position, not only of the positions of zeros, so every value comes back slightly off. Do not add an epsilon to "
+    "the scale; guard only the zero positions: scale = torch.where(scale > 0, scale, torch.ones_like(scale))."
+)
+
+#: Epsilons a reader may add to the scale. Such an answer is within the shared tolerance of the right one (its
+#: codes move by at most 127 x epsilon), so it cannot be a row of INT8_MISTAKES, which are told apart at ATOL: it
+#: is recognised to float64's precision instead, before the dtype rule would blame a float32 cast.
+_EPSILONS = (1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10)
+
+
+def _epsilon_in_scale(got: Any, x: Tensor) -> bool:
+    """True when ``got`` (float64) is the dequantised cache with an epsilon of :data:`_EPSILONS` added to every
+    scale (after or before the division by 127) and not the right one to float64's precision."""
+    if not (isinstance(got, Tensor) and got.dtype == torch.float64 and x.dtype == torch.float64
+            and tuple(got.shape) == tuple(x.shape)):
+        return False
+    if close(got, reference_int8_per_token(x), atol=1e-12, rtol=1e-10):
+        return False
+    amax = x.abs().amax(-1, keepdim=True)  # [..., S, 1]
+    for eps in _EPSILONS:
+        for scale in (amax / 127 + eps, (amax + eps) / 127):
+            if close(got, torch.round(x / scale).clamp(-127, 127) * scale, atol=1e-12, rtol=1e-10):
+                return True
+    return False
 
 
 def _nan_only_at_zeros(got: Any, x: Tensor) -> bool:
@@ -330,6 +380,8 @@ def _int8_one(fn: Callable[[Tensor], Any], x: Tensor, got: Any = None) -> Feedba
         if close(got.to(x.dtype), expected):
             return wrong(f"the input is {x.dtype} and you return {got.dtype}: return the dequantised cache in "
                          "the input's dtype (multiply the codes by the scale without casting, or .to(x.dtype)).")
+    if _epsilon_in_scale(got, x):  # before the dtype rule, whose float32 hint it would otherwise earn
+        return wrong(_INT8_EPSILON)
     if x.dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused even where it fits ATOL
         narrower = computed_narrower(got, expected, reference_int8_per_token(x.float()).double(),
                                      name="your dequantised cache")
@@ -352,19 +404,43 @@ def reference_sink_softmax(scores: Tensor, sink: Tensor) -> Tensor:
     return torch.exp(scores - lse)
 
 
-SINK_CASES = ((2, 3, 4, 0.0, 1), (4, 2, 9, 800.0, 2))  # (H, S_q, S_k, shift, seed); exp(800) overflows float64
+#: (H, S_q, S_k, shift, seed[, dtype, sink centre]): scores near ``shift``, sinks near the sink centre (default:
+#: ``shift`` too). exp(800) overflows float64. The third case puts the sinks near 0, far below scores near 800:
+#: shifting by the sink alone, exp(scores - sink), overflows there, as it does not where the two are close.
+SINK_CASES = ((2, 3, 4, 0.0, 1), (4, 2, 9, 800.0, 2), (3, 3, 5, 800.0, 5, torch.float64, 0.0))
 #: 16-bit cases, tried after those. float16: scores near 8 (up to about 14), where exp already overflows
-#: (65,504 = e^11.1), as attention scores often do. bfloat16 has float32's range but 8 significant bits: its
+#: (65,504 = e^11.1), as attention scores often do; the second float16 case has sinks near -4, far below the
+#: scores, where exp(scores - sink) overflows float16. bfloat16 has float32's range but 8 significant bits: its
 #: scores stay near 0, because near 14 its numbers are 1/16 apart and exp(s - lse) would be 3% off.
-HALF_SINK_CASES = ((3, 2, 6, 8.0, 3, torch.float16), (2, 4, 5, 0.0, 4, torch.bfloat16))
+HALF_SINK_CASES = ((3, 2, 6, 8.0, 3, torch.float16), (2, 3, 4, 8.0, 6, torch.float16, -4.0),
+                   (2, 4, 5, 0.0, 4, torch.bfloat16))
 
 
-def _sink_case(H: int, S_q: int, S_k: int, shift: float, seed: int,
-               dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
+def _sink_case(H: int, S_q: int, S_k: int, shift: float, seed: int, dtype: torch.dtype = torch.float64,
+               sink_at: float | None = None) -> tuple[Tensor, Tensor]:
     gen = torch.Generator().manual_seed(seed)
     scores = torch.randn(1, H, S_q, S_k, generator=gen, dtype=torch.float64) * 2 + shift
-    sink = torch.randn(H, generator=gen, dtype=torch.float64) + shift
+    sink = torch.randn(H, generator=gen, dtype=torch.float64) + (shift if sink_at is None else sink_at)
     return scores.to(dtype), sink.to(dtype)
+
+
+_SINK_SHIFTED_BY_SINK = (
+    "inf or NaN where the sink logit lies far below the scores (scores near {scores:.0f}, sinks near {sink:.0f}, "
+    "{dtype}): you shifted the exponents by the sink, exp(scores - sink), which is safe only while the sink is at "
+    "least as large as the scores. Shift by the larger of the row's max and the sink, m = torch.maximum(scores.amax(-1, "
+    "keepdim=True), sink.view(-1, 1, 1)), so every exponent is at most 0 (or use torch.logaddexp of the row's "
+    "logsumexp and the sink), not by the sink."
+)
+
+
+def _by_sink_overflows(got: Any, scores: Tensor, sink: Tensor) -> bool:
+    """True when ``got`` is inf or NaN exactly where shifting by the sink, exp(scores - sink), overflows in the
+    scores' dtype, and that shift does overflow there."""
+    if not (isinstance(got, Tensor) and got.is_floating_point() and tuple(got.shape) == tuple(scores.shape)):
+        return False
+    e = torch.exp(scores - sink.view(-1, 1, 1))  # in the scores' dtype, as the reader's code runs
+    bad = ~torch.isfinite(e / (e.sum(-1, keepdim=True) + 1))
+    return bool(bad.any()) and bool((bad == ~torch.isfinite(got.detach())).all())
 
 
 def _sink_lse(s: Tensor, k: Tensor) -> Tensor:
@@ -403,6 +479,15 @@ def _unshifted_sink(s: Tensor, k: Tensor) -> Tensor:
     if not torch.isfinite(sink).all():
         raise ValueError("exp(sink) overflows on this case")
     return e / (e.sum(-1, keepdim=True) + sink)
+
+
+def _scaled_again(s: Tensor, k: Tensor) -> Tensor:
+    """The scores divided by sqrt(S_k) once more; where that leaves every weight negligible (a sink far above the
+    shrunken scores), other mistakes that vanish too would look the same, and the first case names it."""
+    out = reference_sink_softmax(s / math.sqrt(s.shape[-1]), k)
+    if close(out, torch.zeros_like(out)):
+        raise ValueError("every weight is negligible on this case")
+    return out
 
 
 _SINK_WITHOUT_EXP = (
@@ -474,6 +559,9 @@ SINK_MISTAKES = (
     Mistake("logsumexp over the queries", lambda s, k: torch.exp(s - torch.logaddexp(torch.logsumexp(s, -2, keepdim=True), k.view(-1, 1, 1))),
             "your logsumexp runs over the queries (dim=-2): each query's row has its own denominator, a sum over "
             "its keys, so take torch.logsumexp(scores, -1, keepdim=True)."),
+    Mistake("scores scaled again", lambda s, k: _scaled_again(s, k),
+            "you divided the scores by sqrt of their last size: they are already scaled, q . k / sqrt(D_k), before "
+            "they reach this function (and their last axis is the keys, S_k, not D_k). Use them as they are."),
     Mistake("sinks in the wrong head order", lambda s, k: reference_sink_softmax(s, k.flip(0)),
             "each head uses another head's sink logit: sink[h] belongs to head h, the axis -3 of the scores. Reshape "
             "it with sink.view(-1, 1, 1) (not reversed, not transposed) so that it lines up with the heads in order."),
@@ -492,8 +580,8 @@ def _solution_sink(scores: Tensor, sink: Tensor) -> Tensor:
 @exercise(solution=_solution_sink,
           tables=(MistakeTable(SINK_MISTAKES, lambda: [_sink_case(*c) for c in SINK_CASES], reference_sink_softmax),))
 def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
-    """Check ``fn(scores [1, H, S_q, S_k], sink [H]) -> weights`` on two cases, the second with scores near 800,
-    then in float16 and bfloat16 (:data:`HALF_SINK_CASES`)."""
+    """Check ``fn(scores [1, H, S_q, S_k], sink [H]) -> weights`` on three cases, the second with scores near 800,
+    the third with scores near 800 and sinks near 0, then in float16 and bfloat16 (:data:`HALF_SINK_CASES`)."""
     for case in SINK_CASES + HALF_SINK_CASES:
         scores, sink = _sink_case(*case)
         half = scores.dtype in (torch.float16, torch.bfloat16)
@@ -519,6 +607,8 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
         if half:  # the right weights of these 16-bit scores, computed in float64
             expected = reference_sink_softmax(scores.double(), sink.double())
             dtype = scores.dtype
+            if _by_sink_overflows(got, scores, sink):
+                return wrong(_SINK_SHIFTED_BY_SINK.format(scores=case[3], sink=case[6] if len(case) > 6 else case[3], dtype=dtype))
             if isinstance(got, Tensor) and got.shape == expected.shape and not torch.isfinite(got).all():
                 return wrong(f"inf or NaN with {dtype} scores near {case[3]:.0f} (the float64 cases were right): "
                              f"{dtype} holds at most {torch.finfo(dtype).max:,.0f} = e^{math.log(torch.finfo(dtype).max):.1f}, "
@@ -530,6 +620,8 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
             return diagnose(got, SINK_MISTAKES, scores, sink) or wrong(
                 f"your weights are right in float64 but not with {dtype} scores (compared to {tol:g}): compute them "
                 "in the scores' dtype or wider, without constants that do not fit in 16 bits.")
+        if _by_sink_overflows(got, scores, sink):
+            return wrong(_SINK_SHIFTED_BY_SINK.format(scores=case[3], sink=case[6] if len(case) > 6 else case[3], dtype=scores.dtype))
         if isinstance(got, Tensor) and got.shape == expected.shape and not torch.isfinite(got).all():
             return wrong(f"inf or NaN with scores near {case[3]:.0f}: exp overflows. Combine the row's logsumexp and the "
                          "sink with torch.logaddexp, then take exp(scores - lse).")
@@ -578,9 +670,13 @@ def reference_cow_table(table: list[int], length: int, block_size: int, free: li
 
 
 def _cow(table, length, b, free, n, *, copy=True, copy_all=False, every_write=False, pick=0, shift=0,
-         copy_last=False, unsorted=False, fresh_owned=True, fresh_copied=False):
+         copy_last=False, unsorted=False, fresh_owned=True, fresh_copied=False, copy_never_owned=False,
+         min_kept=False):
     """The reference with one thing changed, for the table of mistakes."""
     table, free, owned = list(table), list(free) if unsorted else sorted(free), set()
+    shared = len(table)  # entries below this held the fork's shared blocks
+    if min_kept:  # min(free) read but never removed: every new block is the same one
+        free = _KeptMin(free)
     if copy_all:
         table, owned = [free.pop(0) for _ in table], set(range(len(table)))
     if copy_last and length % b == 0 and table:
@@ -593,10 +689,17 @@ def _cow(table, length, b, free, n, *, copy=True, copy_all=False, every_write=Fa
                 table[i] = free.pop(pick)
             if fresh_owned:
                 owned.add(i)
-        elif copy and (every_write or i not in owned):
+        elif copy and (every_write or i not in owned or (copy_never_owned and i < shared)):
             table[i] = free.pop(pick)
             owned.add(i)
     return table
+
+
+class _KeptMin(list):
+    """A free list whose pop returns the block without removing it (``min(free)`` with no ``remove``)."""
+
+    def pop(self, index: int = -1) -> int:
+        return min(self) if index == 0 else self[index]
 
 
 # (table, positions held, block size, free blocks, tokens written). The first has a partly filled shared
@@ -616,6 +719,14 @@ COW_MISTAKES = (
     Mistake("copy at every write", lambda *c: _cow(*c, every_write=True),
             "after the first copy the block is this sample's own (reference count 1): later writes into it go in "
             "place. Copy a shared block once, then remember that it is owned."),
+    Mistake("copy never marked as the sample's own", lambda *c: _cow(*c, copy_never_owned=True),
+            "every write into an entry that held a shared block made a new copy: after the first copy the entry holds "
+            "this sample's own block (reference count 1), so mark it as owned and let later writes go in place. "
+            "Decide by ownership, not by whether the entry was in the table at the fork."),
+    Mistake("lowest free block never removed", lambda *c: _cow(*c, min_kept=True),
+            "the same block was handed out more than once: you read min(free) but left it in the free list, so "
+            "every copy and every new block got that number. Take it out as you hand it over (free.remove(b), or "
+            "pop(0) from a sorted copy of free)."),
     Mistake("highest free block", lambda *c: _cow(*c, pick=-1),
             "the pool hands out the LOWEST-numbered free block first (free.pop(0) on the sorted list), not the last one."),
     Mistake("free list taken in its order", lambda *c: _cow(*c, unsorted=True),

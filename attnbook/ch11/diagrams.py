@@ -366,3 +366,64 @@ def chunked_prefill_diagram() -> Diagram:
     d.text(20, base + 96, f"{CHUNK_NEW}'s first token: after {first:.0f} ms, or {first_c:.0f} with chunks", size=14,
            anchor="start")
     return d
+
+
+#: the sink picture: the StreamingLLM cache of section 11.6 (4 sinks + 28 recent, a window of 32) at query
+#: token 100, and exercise 11.4's worked example (scores 2 and 0, a sink logit of 1)
+SINK_TOKENS, SINK_WINDOW, SINK_QUERY = 4, 32, 100
+SINK_SCORES, SINK_LOGIT = (2.0, 0.0), 1.0
+
+
+def sink_cache_example() -> dict[str, object]:
+    """Which tokens a StreamingLLM cache keeps at query ``SINK_QUERY``, and the weights of the softmax example.
+
+    The recent tokens are the last ``SINK_WINDOW - SINK_TOKENS``, the query's own included, as in
+    :func:`stream_loss`; the weights are ``softmax([scores, sink])``: the keys' and the sink's.
+    """
+    start = SINK_QUERY - (SINK_WINDOW - SINK_TOKENS) + 1  # the oldest recent token kept
+    w = torch.softmax(torch.tensor([*SINK_SCORES, SINK_LOGIT], dtype=torch.float64), 0).tolist()
+    return {"sinks": (0, SINK_TOKENS - 1), "evicted": (SINK_TOKENS, start - 1), "recent": (start, SINK_QUERY),
+            "weights": w[:-1], "sink_weight": w[-1]}
+
+
+@diagram
+def sink_cache_diagram() -> Diagram:
+    ex = sink_cache_example()
+    (s0, s1), (e0, e1), (r0, r1) = ex["sinks"], ex["evicted"], ex["recent"]
+    n_recent = r1 - r0 + 1
+    w, ws = ex["weights"], ex["sink_weight"]
+    alt = (f"A StreamingLLM cache at query token {SINK_QUERY} with a window of {SINK_WINDOW}: tokens {s0} to {s1} are "
+           f"kept as sinks, tokens {e0} to {e1} are evicted, and tokens {r0} to {r1} are kept as the {n_recent} recent "
+           f"ones. Positions are given by cache slot: the sinks take slots 0 to {SINK_TOKENS - 1} and the recent tokens "
+           f"slots {SINK_TOKENS} to {SINK_WINDOW - 1}, so no distance exceeds {SINK_WINDOW - 1}. Below, a softmax with "
+           f"a learned sink logit: two keys with scores {SINK_SCORES[0]:g} and {SINK_SCORES[1]:g} and a sink logit of "
+           f"{SINK_LOGIT:g}; the keys get {w[0]:.3f} and {w[1]:.3f} of the weight, and the sink's extra term in the "
+           f"denominator takes the remaining {ws:.3f}, attached to a value of zero.")
+    d = Diagram("ch11_sink_cache", 440, 362, title="Attention sinks: a StreamingLLM cache and a sink logit", alt=alt)
+    d.text(20, 26, f"window {SINK_WINDOW} at token {SINK_QUERY}: {SINK_TOKENS} sinks + {n_recent} recent",
+           size=14, anchor="start", weight="bold")
+    y = 56
+    d.text(20, y - 8, "tokens", size=14, anchor="start", color=MUTED)
+    d.box(20, y, 90, 40, f"{s0}-{s1}", sub="sinks", color="orange", size=16)
+    d.box(120, y, 130, 40, f"{e0}-{e1}", sub="evicted", color="grey", size=16, dash=True)
+    d.box(260, y, 160, 40, f"{r0}-{r1}", sub="recent", color="blue", size=16)
+    y2 = 150
+    d.text(20, y2 - 8, "cache slots (the positions the model sees)", size=14, anchor="start", color=MUTED)
+    d.box(20, y2, 90, 32, f"0-{SINK_TOKENS - 1}", color="orange", size=15)
+    d.box(120, y2, 300, 32, f"{SINK_TOKENS}-{SINK_WINDOW - 1}", color="blue", size=15)
+    d.arrow(65, y + 42, 65, y2 - 22, color="orange")
+    d.arrow(340, y + 42, 270, y2 - 22, color="blue")
+    y3 = 228
+    d.text(20, y3 - 10, f"a sink logit: scores {SINK_SCORES[0]:g}, {SINK_SCORES[1]:g}; sink {SINK_LOGIT:g}",
+           size=14, anchor="start", weight="bold")
+    x, width = 20, 400
+    for i, (share, colour) in enumerate(((w[0], "blue"), (w[1], "sky"), (ws, "grey"))):
+        seg = width * share
+        d.rect(x, y3, seg, 30, fill=colour, tint=True, stroke=colour, rx=0, width=2, dash=i == 2)
+        d.text(x + seg / 2, y3 + 20, f"{share:.2f}", size=14)
+        x += seg
+    d.text(20, y3 + 52, "key 1, key 2, and the sink's term (value 0):", size=14, anchor="start")
+    d.text(20, y3 + 74, "weight of key j = exp(s_j) /", size=14, anchor="start")
+    d.text(60, y3 + 96, "(exp(sink) + sum over k of exp(s_k))", size=14, anchor="start")
+    d.text(20, y3 + 120, "the keys' weights sum to less than 1", size=14, anchor="start", color=MUTED)
+    return d

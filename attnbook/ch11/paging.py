@@ -133,7 +133,8 @@ class PrefixCache:
         """Register a request's prompt; returns how many of its leading tokens need no computing.
 
         A whole prompt found in the cache still computes its last token: that token's query gives the
-        first output token's logits (vLLM recomputes it too).
+        first output token's logits. (vLLM's V1 engine leaves the last token out of its search too, but
+        reuses whole blocks only, so it recomputes the whole block that holds the last token.)
         """
         hashes = block_hashes(tokens, self.block_size)
         hits = 0
