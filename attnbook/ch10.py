@@ -560,11 +560,14 @@ _FILLED_WHERE_TRUE = (
 
 
 def _dtype_hint(got: Any, expected: Tensor) -> Feedback | None:
-    """A specific hint when ``got`` has the right shape and values but not the inputs' dtype."""
+    """A specific hint when ``got`` has the right shape and values but a dtype narrower than the inputs'
+    (or not a floating dtype); a floating output at least as wide as the inputs is fine."""
     if (isinstance(got, Tensor) and tuple(got.shape) == tuple(expected.shape) and got.dtype != expected.dtype
             and close(got, expected, atol=1e-4, rtol=1e-4)):
-        return wrong(f"your output is {got.dtype}, but the inputs are {expected.dtype}: return it in the inputs' dtype "
-                     "(leave out .float() or .to(...) casts; a float64 input should give a float64 output).")
+        if got.is_floating_point() and got.element_size() >= expected.element_size():
+            return None  # computed and returned wider than the inputs: allowed
+        return wrong(f"your output is {got.dtype}, narrower than the inputs' {expected.dtype}: compute and return it "
+                     "in the inputs' dtype or wider (leave out the .float(), .half() or .to(...) cast that narrows it).")
     return None
 
 

@@ -738,3 +738,15 @@ def test_merge_computed_in_float32_on_float64_is_refused_by_the_dtype_rule() -> 
 def test_chunked_decoding_equals_one_causal_pass_with_padding_and_a_window(size, pad, window) -> None:
     assert ch10.chunked_decoding_error(*size, seed=1, pad=pad, window=window) < 1e-6
     assert ch10.chunked_decoding_error(*size, seed=1, pad=pad, window=window, dtype=torch.float64) < 1e-12
+
+
+# ---- the expert reading of December 2026 ----
+
+
+def test_append_accepts_an_output_wider_than_the_inputs() -> None:
+    """'Compute in the inputs' dtype or wider': a float64 output of float32 inputs is right."""
+    def wide(q, kc, vc, kn, vn):
+        out, keys, values = ch10.reference_append_and_attend(q.double(), kc.double(), vc.double(), kn.double(), vn.double())
+        return out, keys.to(kc.dtype), values.to(vc.dtype)
+
+    assert ch10.check_append_and_attend(wide).passed
