@@ -397,9 +397,12 @@ def _generation_panel(step: int, window: int | None) -> tuple[Panel, str]:
     first = 0 if window is None else max(0, step - window)  # the oldest position it may see
     hidden = np.array([i < first or i >= step for i in range(S)])[None]  # [1, S]
     name = "full cache" if window is None else f"window W = {window}"
+    span = lambda a, b: f"position {a}" if a == b else f"positions {a}-{b}"  # never "positions 0-0"
+    held = row.numel() - 1
     caption = (
-        f"{name[0].upper() + name[1:]}: the cache held {row.numel() - 1} positions before this step, afterwards positions {first}-{step - 1}"
-        + (f" (positions 0-{first - 1} have left the rolling buffer)." if first else ".")
+        f"{name[0].upper() + name[1:]}: the cache held {held} position{'' if held == 1 else 's'} before this step, "
+        f"afterwards {span(first, step - 1)}"
+        + (f" ({span(0, first - 1)} {'has' if first == 1 else 'have'} left the rolling buffer)." if first else ".")
     )
     title = f"{name}: weights of the newest query (hatched: not generated yet" + ("" if window is None else ", or outside the window") + ")"
     return Panel(weights, [GENERATION_TOKENS[step - 1]], GENERATION_TOKENS, title=title, vmin=0.0, vmax=1.0, masked=hidden), caption
@@ -1656,4 +1659,61 @@ def flash_decoding_diagram() -> Diagram:
         d.arrow(cx, 208, 220, 250)
     d.box(50, 252, 340, 64, "merge:  lse = log Σ exp(lse_i)", sub="O = Σ exp(lse_i - lse) · O_i", color="grey",
           size=16)
+    return d
+
+
+#: the left-padded batch of section 10.1: sequence 0 has this many pads on the left of a 4-token prompt
+PADS = 3
+
+
+@diagram
+def padded_batch_diagram() -> Diagram:
+    """The attention_mask of a left-padded batch grows by one column per decode step; the pads stay hidden."""
+    steps = [("prefill", PROMPT_TOKENS), ("step 1", PROMPT_TOKENS + 1), ("step 2", PROMPT_TOKENS + 2)]
+    d = Diagram("ch10_padded_batch", 440, 360, title="A left-padded batch: the attention_mask grows each step",
+                alt=f"The attention_mask of a batch of two sequences at three moments. After the prefill it has "
+                    f"{PROMPT_TOKENS} columns: sequence 0 has {PADS} pads (0, grey) on the left and one real "
+                    f"token (1, green); sequence 1 has {PROMPT_TOKENS} real tokens. Each decode step appends one "
+                    "column of 1s (outlined), one new token per sequence, so the mask covers every cached and new position and "
+                    "the pads stay hidden from every later query. The new tokens of both sequences share a column.")
+    cell, x0, top = 30, 150, 46
+    for k, (name, S) in enumerate(steps):
+        y = top + k * 100
+        d.text(16, y + cell + 4, name, size=15, anchor="start", weight="bold")
+        fills = [["grey" if (b == 0 and j < PADS) else "green" for j in range(S)] for b in range(2)]
+        labels = [["0" if (b == 0 and j < PADS) else "1" for j in range(S)] for b in range(2)]
+        d.grid(x0, y, fills, cell=cell, labels=labels, size=14, row_labels=["seq 0", "seq 1"])
+        if k:  # the column this step appended
+            d.rect(x0 + (S - 1) * cell, y, cell, 2 * cell, stroke="orange", width=3, rx=0)
+        d.text(x0 + S * cell + 10, y + cell + 5, f"[2, {S}]", size=14, anchor="start", color=MUTED)
+    d.text(16, top + 282, "0 = pad (hidden), 1 = token", size=14, anchor="start")
+    d.text(16, top + 282 + 20, "outlined: the column this step appended", size=14, anchor="start", color="orange")
+    return d
+
+
+@diagram
+def alignment_diagram() -> Diagram:
+    """Bottom-right against top-left alignment of a causal mask with 3 cached and 2 new positions."""
+    S_past, S_new = 3, 2
+    S_k = S_past + S_new
+    right = [["green" if j <= S_past + i else "grey" for j in range(S_k)] for i in range(S_new)]
+    left = [["green" if j <= i else "grey" for j in range(S_k)] for i in range(S_new)]
+    d = Diagram("ch10_alignment", 440, 300, title="Bottom-right against top-left alignment",
+                alt=f"Two masks of {S_new} new queries (rows) against {S_k} keys (columns: {S_past} cached, "
+                    f"then the {S_new} new ones). Bottom-right, as causal_mask(S_new, S_k=S_k) builds it: the "
+                    f"diagonal ends in the bottom-right corner, so the first new query sees keys 0 to {S_past} "
+                    f"and the second all {S_k}. Top-left, as is_causal=True builds it: the diagonal starts in the "
+                    f"top-left corner, so the first new query sees only key 0 and the second keys 0 and 1, "
+                    "though the cached keys are all in their past.")
+    cell = 30
+    for k, (name, sub, fills) in enumerate((("bottom-right", "causal_mask: right", right),
+                                            ("top-left", "is_causal=True: wrong", left))):
+        x, y = 70, 70 + k * 120
+        d.text(16, y - 30, f"{name} ({sub})", size=15, anchor="start", weight="bold")
+        d.grid(x, y, fills, cell=cell, size=14, labels=[["1" if f == "green" else "0" for f in r] for r in fills],
+               row_labels=[f"q{S_past + i}" for i in range(S_new)])
+        off = S_past if k == 0 else 0  # where the diagonal starts
+        d.line(x + off * cell, y, x + (off + S_new) * cell, y + S_new * cell, color="orange", width=3)
+        d.text(x + S_k * cell + 12, y + 20, f"keys 0..{S_k - 1}:", size=14, anchor="start", color=MUTED)
+        d.text(x + S_k * cell + 12, y + 40, f"{S_past} cached, {S_new} new", size=14, anchor="start", color=MUTED)
     return d
