@@ -34,11 +34,13 @@ from attnlib import (
 from .feedback import (
     ATOL,
     HALF_TOL,
+    RTOL,
     Feedback,
     Mistake,
     MistakeTable,
     call_reader,
     check_number_cases,
+    as_cpu_float64,
     as_number,
     close,
     computed_narrower,
@@ -395,9 +397,12 @@ def _generation_panel(step: int, window: int | None) -> tuple[Panel, str]:
     first = 0 if window is None else max(0, step - window)  # the oldest position it may see
     hidden = np.array([i < first or i >= step for i in range(S)])[None]  # [1, S]
     name = "full cache" if window is None else f"window W = {window}"
+    span = lambda a, b: f"position {a}" if a == b else f"positions {a}-{b}"  # never "positions 0-0"
+    held = row.numel() - 1
     caption = (
-        f"{name[0].upper() + name[1:]}: the cache held {row.numel() - 1} positions before this step, afterwards positions {first}-{step - 1}"
-        + (f" (positions 0-{first - 1} have left the rolling buffer)." if first else ".")
+        f"{name[0].upper() + name[1:]}: the cache held {held} position{'' if held == 1 else 's'} before this step, "
+        f"afterwards {span(first, step - 1)}"
+        + (f" ({span(0, first - 1)} {'has' if first == 1 else 'have'} left the rolling buffer)." if first else ".")
     )
     title = f"{name}: weights of the newest query (hatched: not generated yet" + ("" if window is None else ", or outside the window") + ")"
     return Panel(weights, [GENERATION_TOKENS[step - 1]], GENERATION_TOKENS, title=title, vmin=0.0, vmax=1.0, masked=hidden), caption
@@ -461,6 +466,11 @@ def _cat(*case: Tensor) -> tuple[Tensor, Tensor]:
 
 
 #: Outputs of the usual wrong answers on the checker's case, each with its hint.
+_SOFTMAX_OVER_HEADS = (
+    "your softmax runs over the heads axis (dim=1 of the scores [B, H, S_new, S_k]): each query's weights "
+    "must sum to 1 over the keys, the last axis (softmax(dim=-1)).")
+
+
 APPEND_MISTAKES = (
     Mistake("top-left alignment", lambda *c: _attend(c[0], *_cat(*c), is_causal=True),
             "your mask is aligned top-left (is_causal=True, or tril without the offset): the first new query then sees "
@@ -528,7 +538,33 @@ APPEND_MISTAKES = (
             "your mask was turned into numbers (.to(q.dtype), .float()): a float attn_mask is ADDED to the scores, so "
             "a 1 where a query may attend and a 0 elsewhere masks nothing. Pass the boolean mask as it is (True = "
             "may attend), or an additive one with 0 and float('-inf')."),
+    Mistake("mask after the softmax, not renormalised", lambda *c: _manual_attend(c, mask_after=True),
+            "you masked the weights after the softmax (zeroing the hidden keys) without renormalising: each row then "
+            "sums to less than 1. Mask the scores BEFORE the softmax (fill with float('-inf')), so the softmax spreads "
+            "each row's weight over the keys the query may see."),
+    Mistake("cache plus only itself", lambda *c: _attend(c[0], *_cat(*c), attn_mask=_cache_and_self(c)),
+            "each new query sees the cache and only itself among the new tokens: a new query also sees the new tokens "
+            "BEFORE it (they come earlier in the text). The mask over the new keys is a lower triangle, not the "
+            "diagonal: causal_mask(S_new, S_k=S_k)."),
+    Mistake("heads merged to [B, S_new, H * D_k]", lambda *c: _merged_heads(reference_append_and_attend(*c)[0]),
+            "your output has the heads merged, [B, S_new, H * D_k], as a layer returns it before W_O: return the "
+            "attention's output per head, [B, H, S_new, D_k], without the transpose and reshape."),
+    Mistake("softmax over the heads axis", lambda *c: _manual_attend(c, softmax_dim=1, fill=-1e9),
+            _SOFTMAX_OVER_HEADS),
 )
+
+
+def _cache_and_self(case: tuple[Tensor, ...]) -> Tensor:
+    """Every cached key plus only the query's own new key: [S_new, S_k]."""
+    S_new, S_past = case[0].shape[2], case[1].shape[2]
+    if S_new == 1:
+        raise ValueError("with one new token this is the right mask")
+    return torch.cat([torch.ones(S_new, S_past, dtype=torch.bool), torch.eye(S_new, dtype=torch.bool)], 1)
+
+
+def _merged_heads(out: Tensor) -> Tensor:
+    B, H, S, D = out.shape
+    return out.transpose(1, 2).reshape(B, S, H * D)  # [B, S_new, H * D_k]
 
 
 def _reshaped_as_transposed(out: Tensor) -> Tensor:
@@ -543,12 +579,16 @@ def _bottom_right(case: tuple[Tensor, ...], shift: int = 0) -> Tensor:
     return torch.ones(S_new, S_k, dtype=torch.bool).tril(S_k - S_new + shift)  # [S_new, S_k]
 
 
-def _manual_attend(case: tuple[Tensor, ...], softmax_dim: int = -1) -> Tensor:
+def _manual_attend(case: tuple[Tensor, ...], softmax_dim: int = -1, mask_after: bool = False,
+                   fill: float | None = None) -> Tensor:
     q, (keys, values) = case[0], _cat(*case)
     H = q.shape[1]
     scores = q @ repeat_kv(keys, H).transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, H, S_new, S_k]
-    scores = scores.masked_fill(~_bottom_right(case), float("-inf"))
-    return scores.softmax(dim=softmax_dim).nan_to_num(0.0) @ repeat_kv(values, H)
+    if mask_after:  # softmax over all keys, then the hidden weights zeroed: rows sum to less than 1
+        return (scores.softmax(-1) * _bottom_right(case)) @ repeat_kv(values, H)
+    scores = scores.masked_fill(~_bottom_right(case), float("-inf") if fill is None else fill)
+    weights = scores.softmax(dim=softmax_dim)
+    return (weights if fill is not None else weights.nan_to_num(0.0)) @ repeat_kv(values, H)
 
 
 _FILLED_WHERE_TRUE = (
@@ -560,11 +600,14 @@ _FILLED_WHERE_TRUE = (
 
 
 def _dtype_hint(got: Any, expected: Tensor) -> Feedback | None:
-    """A specific hint when ``got`` has the right shape and values but not the inputs' dtype."""
+    """A specific hint when ``got`` has the right shape and values but a dtype narrower than the inputs'
+    (or not a floating dtype); a floating output at least as wide as the inputs is fine."""
     if (isinstance(got, Tensor) and tuple(got.shape) == tuple(expected.shape) and got.dtype != expected.dtype
             and close(got, expected, atol=1e-4, rtol=1e-4)):
-        return wrong(f"your output is {got.dtype}, but the inputs are {expected.dtype}: return it in the inputs' dtype "
-                     "(leave out .float() or .to(...) casts; a float64 input should give a float64 output).")
+        if got.is_floating_point() and got.element_size() >= expected.element_size():
+            return None  # computed and returned wider than the inputs: allowed
+        return wrong(f"your output is {got.dtype}, narrower than the inputs' {expected.dtype}: compute and return it "
+                     "in the inputs' dtype or wider (leave out the .float(), .half() or .to(...) cast that narrows it).")
     return None
 
 
@@ -602,6 +645,14 @@ _MASK_WIDTH = (
     "the mask does not fit the scores ({error}): the scores are [B, H, S_new, S_k], here S_new = {S_new} and "
     "S_k = {S_k}, one column per cached or new key, so the mask must be [S_new, S_k], not square. Build it with "
     "causal_mask(S_new, S_k=S_k), which also aligns its diagonal bottom-right."
+)
+
+
+_MASK_NEW_ONLY = (
+    "the mask does not fit the scores ({error}): your mask is [S_new, S_new], as torch.tril(torch.ones(S_new, "
+    "S_new)) builds, one column per NEW key only. The scores are [B, H, S_new, S_k], here S_new = {S_new} and "
+    "S_k = {S_k}: the mask needs a column for every cached key too (all visible) before the lower triangle of the "
+    "new ones, aligned bottom-right: causal_mask(S_new, S_k=S_k)."
 )
 
 
@@ -652,6 +703,8 @@ def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | 
             return wrong(_NO_REPEAT.format(error=error, H=H, H_kv=H_kv))
         if "dimension 2" in fb.message and sizes == {S_new, S_k}:  # a square [S_k, S_k] mask against S_new queries
             return wrong(_MASK_SQUARE.format(error=error, S_new=S_new, S_k=S_k))
+        if "dimension 3" in fb.message and sizes == {S_new, S_k}:  # a square [S_new, S_new] mask, tril(S_new)
+            return wrong(_MASK_NEW_ONLY.format(error=error, S_new=S_new, S_k=S_k))
         if "dimension 3" in fb.message:  # the key axis of the scores: a mask of the wrong width
             return wrong(_MASK_WIDTH.format(error=error, S_new=S_new, S_k=S_k))
     cat_dim = re.search(r"must match except in dimension (-?\d+)", fb.message) if fb is not None else None
@@ -719,6 +772,10 @@ def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | 
         row_nan = out.isnan().any(-1)  # [B, H, S_new]
         if bool(row_nan[..., -1].all()):
             return wrong(_FILLED_WHERE_TRUE)
+        over_heads = _manual_attend(case, softmax_dim=1, fill=float("-inf"))  # NaN where a row had a masked key
+        if tuple(out.shape) == tuple(over_heads.shape) and bool(torch.allclose(
+                as_cpu_float64(out), as_cpu_float64(over_heads), atol=ATOL, rtol=RTOL, equal_nan=True)):
+            return wrong(_SOFTMAX_OVER_HEADS)
     hint = diagnose(out, APPEND_MISTAKES, *case)
     if hint is not None:
         return hint
@@ -762,7 +819,8 @@ def full_causal_pass(case: tuple[Tensor, ...]) -> Tensor:
 
 # ---- exercise 2: a windowed cache's size ----------------------------------------------------------
 
-_WINDOW_MODEL = dict(layers=24, heads=16, kv_heads=4, head_dim=96, window=2048, dtype_bytes=2)
+#: 12 query heads, not 16: with 16 the group size H / H_kv = 4 would equal H_kv and hide that confusion
+_WINDOW_MODEL = dict(layers=24, heads=12, kv_heads=4, head_dim=96, window=2048, dtype_bytes=2)
 
 
 def reference_window_cache_bytes(seq_len: int) -> int:
@@ -772,23 +830,35 @@ def reference_window_cache_bytes(seq_len: int) -> int:
     return 2 * m["layers"] * m["kv_heads"] * m["head_dim"] * kept * m["dtype_bytes"]
 
 
-def _bytes(kept: Callable[[int], int], heads: str = "kv_heads", factor: int = 2, layers: bool = True) -> Callable[[int], int]:
+def _bytes(kept: Callable[[int], int], heads: str | int = "kv_heads", factor: int = 2, layers: bool = True) -> Callable[[int], int]:
     m = _WINDOW_MODEL
     n_layers = m["layers"] if layers else 1
-    return lambda S: factor * n_layers * m[heads] * m["head_dim"] * kept(S) * m["dtype_bytes"]
+    n_heads = m[heads] if isinstance(heads, str) else heads
+    return lambda S: factor * n_layers * n_heads * m["head_dim"] * kept(S) * m["dtype_bytes"]
 
 
 _W = _WINDOW_MODEL["window"]
+_H, _H_KV = _WINDOW_MODEL["heads"], _WINDOW_MODEL["kv_heads"]
 WINDOW_MISTAKES = (
     Mistake("window + 1", _bytes(lambda S: min(S, _W + 1)),
             "off by one: a query sees the last `window` positions itself included, so the rolling buffer keeps "
             "window = 2048 positions, not window + 1 (the paper's 'i - W to i' would be W + 1)."),
     Mistake("window - 1", _bytes(lambda S: min(S, _W - 1)),
             "off by one: the buffer keeps window = 2048 positions; the newest token is one of them."),
+    Mistake("min(seq_len - 1, window)", _bytes(lambda S: min(S - 1, _W)),
+            "you kept seq_len - 1 positions: the cache also holds the newest token's key and value (they are "
+            "written before its query attends), so a sequence of seq_len tokens caches min(seq_len, window) positions."),
     Mistake("no window", _bytes(lambda S: S),
             "beyond 2048 tokens the cache stops growing: it keeps only the last window positions (min(seq_len, window))."),
     Mistake("query heads", _bytes(lambda S: min(S, _W), heads="heads"),
-            "you cached the 16 query heads: only the 4 key/value heads are stored; grouped-query attention repeats them at compute time."),
+            f"you cached the {_H} query heads: only the {_H_KV} key/value heads are stored; grouped-query attention "
+            "repeats them at compute time."),
+    Mistake("query heads per key/value head", _bytes(lambda S: min(S, _W), heads=_H // _H_KV),
+            f"you counted H / H_kv = {_H // _H_KV} heads, the query heads that share each key/value head (the group "
+            f"size): the cache stores every key/value head, H_kv = {_H_KV} of them."),
+    Mistake("float32 and query heads", _bytes(lambda S: min(S, _W), heads="heads", factor=4),
+            f"two slips at once: you cached the {_H} query heads (only the {_H_KV} key/value heads are stored), and "
+            "you counted 4 bytes per number, as for float32 (a bfloat16 number takes 2 bytes)."),
     # In this model a number takes 2 bytes, so "K only" and "numbers, not bytes" give the same answer:
     # one entry names both.
     Mistake("half: K only, or numbers", _bytes(lambda S: min(S, _W), factor=1),
@@ -817,13 +887,15 @@ WINDOW_MISTAKES = (
             "window is one-sided, so each query sees the last window = 2048 positions, and the cache keeps all 2048."),
     Mistake("MiB", lambda S: reference_window_cache_bytes(S) / 2**20,
             "those are MiB (you divided by 2**20): the function returns bytes."),
+    Mistake("KiB", lambda S: reference_window_cache_bytes(S) / 2**10,
+            "those are KiB (you divided by 2**10 = 1024): the function returns bytes."),
     Mistake("GiB", lambda S: reference_window_cache_bytes(S) / 2**30,
             "those are GiB (you divided by 2**30): the function returns bytes."),
     Mistake("seq_len % window", _bytes(lambda S: S % _W),
             "you counted seq_len % window positions: that is the slot of the rolling buffer the next token is written "
             "to, not how many positions the buffer holds. A buffer that has wrapped around is full, and stays full."),
     Mistake("query heads and no window", _bytes(lambda S: S, heads="heads"),
-            "two slips at once: you cached the 16 query heads (only the 4 key/value heads are stored; grouped-query "
+            f"two slips at once: you cached the {_H} query heads (only the {_H_KV} key/value heads are stored; grouped-query "
             "attention repeats them at compute time), and the cache keeps growing past the window (it keeps only the "
             "last window positions)."),
 )
@@ -915,6 +987,12 @@ def reference_decode_intensity(D: int, H: int, H_kv: int, S: int, batch: int) ->
     return flops / (weights + batch * 2 * H_kv * d_k * S * 2)
 
 
+def _intensity_ceiling(D: int, H: int, H_kv: int, S: int) -> float:
+    """The limit of :func:`reference_decode_intensity` as the batch grows: one sequence's FLOPs over
+    its cache bytes (the weight reads, shared by the batch, no longer count)."""
+    return layer_flops(D, H, H_kv, 1, S) / (2 * H_kv * (D // H) * S * 2)
+
+
 def _intensity(weights_per_seq: bool = False, cache_once: bool = False, nbytes: int = 2, cache_heads: str = "kv",
                kv: int = 2, mha_weights: bool = False, activations: bool = False, flops_batch: bool = True,
                cache_bytes: bool = True, prefill: bool = False, weights_kv: str = "D H_kv d_k",
@@ -962,8 +1040,31 @@ INTENSITY_MISTAKES = (
             "you counted the weights' bytes only: each sequence also reads its own key/value cache, "
             "batch x 2 x H_kv x d_k x S numbers of 2 bytes."),
     Mistake("four bytes per number", _intensity(nbytes=4),
-            "you counted 4 bytes per number, as for float32: the step is in 16-bit, so each weight and cached number "
-            "takes 2 bytes."),
+            "half the right intensity: either you counted 4 bytes per number, as for float32 (the step is in 16-bit, "
+            "so each weight and cached number takes 2 bytes), or you counted a multiply-add as 1 FLOP (it is 2, as "
+            "layer_flops counts)."),
+    Mistake("cache of S + 1 positions", lambda D, H, H_kv, S, batch: (
+        batch * layer_flops(D, H, H_kv, 1, S)
+        / ((2 * D * D + 2 * D * H_kv * (D // H)) * 2 + batch * 2 * H_kv * (D // H) * (S + 1) * 2)),
+            "S already includes the new token: each sequence's cache holds S positions, so count S, not S + 1."),
+    Mistake("S + 1 positions", lambda D, H, H_kv, S, batch: reference_decode_intensity(D, H, H_kv, S + 1, batch),
+            "S already includes the new token: the step attends over S positions and reads a cache of S positions, "
+            "so do not add 1."),
+    Mistake("FLOPs with H_kv = H", lambda D, H, H_kv, S, batch: (
+        batch * layer_flops(D, H, H, 1, S)
+        / ((2 * D * D + 2 * D * H_kv * (D // H)) * 2 + batch * 2 * H_kv * (D // H) * S * 2)),
+            "your FLOPs project keys and values for all H heads, as in multi-head attention: here the key and value "
+            "projections produce H_kv heads, so pass H_kv to layer_flops(D, H, H_kv, 1, S), not H."),
+    Mistake("W_O left out", lambda D, H, H_kv, S, batch: (
+        batch * (layer_flops(D, H, H_kv, 1, S) - 2 * D * D)
+        / ((D * D + 2 * D * H_kv * (D // H)) * 2 + batch * 2 * H_kv * (D // H) * S * 2)),
+            "you left out the output projection W_O: the sublayer ends with a D x D matmul, D^2 weights read once "
+            "per step and 2 D^2 FLOPs per sequence."),
+    Mistake("W_O left out of the weights", lambda D, H, H_kv, S, batch: (
+        batch * layer_flops(D, H, H_kv, 1, S)
+        / ((D * D + 2 * D * H_kv * (D // H)) * 2 + batch * 2 * H_kv * (D // H) * S * 2)),
+            "your weights leave out the output projection W_O, D x D: the weights are W_Q and W_O (D^2 each) plus "
+            "W_K and W_V (D x H_kv D_k each), 2 D^2 + 2 D H_kv D_k numbers."),
     Mistake("integer division", lambda D, H, H_kv, S, batch: float(batch * layer_flops(D, H, H_kv, 1, S)
                                                                     // ((2 * D * D + 2 * D * H_kv * (D // H)) * 2
                                                                         + batch * 2 * H_kv * (D // H) * S * 2)),
@@ -1041,7 +1142,11 @@ def check_decode_intensity(fn: Callable[..., Any]) -> Feedback:
     return check_number_cases(
         fn, INTENSITY_CASES, reference_decode_intensity, INTENSITY_MISTAKES,
         done="the batch shares the weight reads but not the caches, so the intensity rises with B towards a ceiling "
-             "set by the cache, about H / H_kv FLOPs per byte.",
+             "set by the cache: one sequence's FLOPs over its cache bytes, "
+             + " and ".join(f"{_intensity_ceiling(*c[:4]):.2f}" for c in INTENSITY_CASES)
+             + " FLOPs per byte on these two cases. Attention's own part of it is H / H_kv (here "
+             + " and ".join(f"{c[1] // c[2]}" for c in INTENSITY_CASES)
+             + "); the projections add their FLOPs, spread over each sequence's cache.",
         generic="FLOPs: B x layer_flops(D, H, H_kv, 1, S). Bytes: the weights (2 D^2 + 2 D H_kv D_k numbers) once, plus "
                 "B caches of 2 x H_kv x D_k x S numbers, 2 bytes each.",
         what="FLOPs per byte")
@@ -1078,6 +1183,12 @@ MLA_MISTAKES = (
     Mistake("heads rounded down", lambda l, L, r, d: (float((L + r) * l * 2), float((L + r) // (2 * d))),
             "your equivalent heads are rounded down (// is floor division): the ratio is a fraction, "
             "(latent + rope) / (2 x head_dim); use /."),
+    Mistake("heads rounded with round()", lambda l, L, r, d: (float((L + r) * l * 2), float(round((L + r) / (2 * d)))),
+            "you rounded the equivalent heads with round(): it is a ratio of bytes, (latent + rope) / (2 head_dim), and "
+            "stays fractional; return it unrounded."),
+    Mistake("rotary key once for all layers", lambda l, L, r, d: (float((L * l + r) * 2), (L + r) / (2 * d)),
+            "your bytes count the rotary key once for the whole model: like the latent, every layer computes and "
+            "caches its own rotary key, so per token there are layers x (latent + rope) numbers."),
     Mistake("heads rounded up", lambda l, L, r, d: (float((L + r) * l * 2), float(math.ceil((L + r) / (2 * d)))),
             "your equivalent heads are rounded up: the ratio is a fraction, (latent + rope) / (2 x head_dim); "
             "leave it unrounded."),
@@ -1211,6 +1322,13 @@ MERGE_CASES = ((2, 3, 5, (7, 4, 9), 0.0, 1), (1, 4, 6, (3, 11), 1000.0, 2))
 #: (e^11.1). bfloat16's scores stay near 0: it keeps 8 significant bits, so near 8 its lse values are 1/32 apart.
 HALF_MERGE_CASES = ((2, 2, 4, (5, 8, 3), 6.0, 3, torch.float16), (1, 3, 4, (6, 2), 0.0, 4, torch.bfloat16))
 MERGE_MISTAKES = (
+    Mistake("logsumexp with keepdim=True", lambda outs, lses: _merge_keepdim(outs, lses),
+            "your result is [1, B, H, 1, D_v], one axis too many: logsumexp(torch.stack(lses), 0, keepdim=True) keeps "
+            "the chunk axis as a 1, so lse is [1, B, H, 1] and every weight exp(lse_i - lse) broadcasts the partial "
+            "outputs to [1, B, H, 1, D_v]. Drop the chunk axis: logsumexp(torch.stack(lses), dim=0), without keepdim."),
+    Mistake("mean over the chunks", lambda outs, lses: reference_merge_partials(outs, lses) / len(outs),
+            "your weighted chunks are averaged (.mean(0), or / len(outs)): the weights exp(lse_i - lse) already sum "
+            "to 1 over the chunks, so add the weighted outputs up (.sum(0), or sum(...))."),
     Mistake("plain average", lambda outs, lses: sum(outs) / len(outs),
             "a plain average gives every chunk the same weight; a chunk's weight is its share of the softmax "
             "denominator, exp(lse_i - lse) with lse = logsumexp of all the lse_i."),
@@ -1285,6 +1403,12 @@ def _merge_weights(outs: list[Tensor], lses: list[Tensor], log_w: Callable[[Tens
     """Sum of ``outs`` weighted by ``exp(log_w(torch.stack(lses)))``."""
     w = torch.exp(log_w(torch.stack(lses)))  # [chunks, B, H, 1]
     return sum(w[i][..., None] * o for i, o in enumerate(outs))
+
+
+def _merge_keepdim(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
+    """The merge with lse = logsumexp(stack(lses), 0, keepdim=True): right values, shape [1, B, H, 1, D_v]."""
+    lse = torch.logsumexp(torch.stack(lses), 0, keepdim=True)  # [1, B, H, 1]
+    return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses))  # [1, B, H, 1, D_v]
 
 
 def _merge_lse_last_axis(outs: list[Tensor], lses: list[Tensor]) -> Tensor:
@@ -1535,4 +1659,61 @@ def flash_decoding_diagram() -> Diagram:
         d.arrow(cx, 208, 220, 250)
     d.box(50, 252, 340, 64, "merge:  lse = log Σ exp(lse_i)", sub="O = Σ exp(lse_i - lse) · O_i", color="grey",
           size=16)
+    return d
+
+
+#: the left-padded batch of section 10.1: sequence 0 has this many pads on the left of a 4-token prompt
+PADS = 3
+
+
+@diagram
+def padded_batch_diagram() -> Diagram:
+    """The attention_mask of a left-padded batch grows by one column per decode step; the pads stay hidden."""
+    steps = [("prefill", PROMPT_TOKENS), ("step 1", PROMPT_TOKENS + 1), ("step 2", PROMPT_TOKENS + 2)]
+    d = Diagram("ch10_padded_batch", 440, 360, title="A left-padded batch: the attention_mask grows each step",
+                alt=f"The attention_mask of a batch of two sequences at three moments. After the prefill it has "
+                    f"{PROMPT_TOKENS} columns: sequence 0 has {PADS} pads (0, grey) on the left and one real "
+                    f"token (1, green); sequence 1 has {PROMPT_TOKENS} real tokens. Each decode step appends one "
+                    "column of 1s (outlined), one new token per sequence, so the mask covers every cached and new position and "
+                    "the pads stay hidden from every later query. The new tokens of both sequences share a column.")
+    cell, x0, top = 30, 150, 46
+    for k, (name, S) in enumerate(steps):
+        y = top + k * 100
+        d.text(16, y + cell + 4, name, size=15, anchor="start", weight="bold")
+        fills = [["grey" if (b == 0 and j < PADS) else "green" for j in range(S)] for b in range(2)]
+        labels = [["0" if (b == 0 and j < PADS) else "1" for j in range(S)] for b in range(2)]
+        d.grid(x0, y, fills, cell=cell, labels=labels, size=14, row_labels=["seq 0", "seq 1"])
+        if k:  # the column this step appended
+            d.rect(x0 + (S - 1) * cell, y, cell, 2 * cell, stroke="orange", width=3, rx=0)
+        d.text(x0 + S * cell + 10, y + cell + 5, f"[2, {S}]", size=14, anchor="start", color=MUTED)
+    d.text(16, top + 282, "0 = pad (hidden), 1 = token", size=14, anchor="start")
+    d.text(16, top + 282 + 20, "outlined: the column this step appended", size=14, anchor="start", color="orange")
+    return d
+
+
+@diagram
+def alignment_diagram() -> Diagram:
+    """Bottom-right against top-left alignment of a causal mask with 3 cached and 2 new positions."""
+    S_past, S_new = 3, 2
+    S_k = S_past + S_new
+    right = [["green" if j <= S_past + i else "grey" for j in range(S_k)] for i in range(S_new)]
+    left = [["green" if j <= i else "grey" for j in range(S_k)] for i in range(S_new)]
+    d = Diagram("ch10_alignment", 440, 300, title="Bottom-right against top-left alignment",
+                alt=f"Two masks of {S_new} new queries (rows) against {S_k} keys (columns: {S_past} cached, "
+                    f"then the {S_new} new ones). Bottom-right, as causal_mask(S_new, S_k=S_k) builds it: the "
+                    f"diagonal ends in the bottom-right corner, so the first new query sees keys 0 to {S_past} "
+                    f"and the second all {S_k}. Top-left, as is_causal=True builds it: the diagonal starts in the "
+                    f"top-left corner, so the first new query sees only key 0 and the second keys 0 and 1, "
+                    "though the cached keys are all in their past.")
+    cell = 30
+    for k, (name, sub, fills) in enumerate((("bottom-right", "causal_mask: right", right),
+                                            ("top-left", "is_causal=True: wrong", left))):
+        x, y = 70, 70 + k * 120
+        d.text(16, y - 30, f"{name} ({sub})", size=15, anchor="start", weight="bold")
+        d.grid(x, y, fills, cell=cell, size=14, labels=[["1" if f == "green" else "0" for f in r] for r in fills],
+               row_labels=[f"q{S_past + i}" for i in range(S_new)])
+        off = S_past if k == 0 else 0  # where the diagonal starts
+        d.line(x + off * cell, y, x + (off + S_new) * cell, y + S_new * cell, color="orange", width=3)
+        d.text(x + S_k * cell + 12, y + 20, f"keys 0..{S_k - 1}:", size=14, anchor="start", color=MUTED)
+        d.text(x + S_k * cell + 12, y + 40, f"{S_past} cached, {S_new} new", size=14, anchor="start", color=MUTED)
     return d

@@ -507,7 +507,7 @@ def test_probe_1011_merge_names_the_axis_math_exp_and_the_wrong_totals() -> None
 @pytest.mark.parametrize("fn, words", [
     (lambda seq_len: 2 * 24 * 4 * 96 * min(seq_len, 2048) * 2 / 2**30, "those are GiB"),
     (lambda seq_len: 2 * 24 * 4 * 96 * (seq_len % 2048) * 2, "seq_len % window positions"),
-    (lambda seq_len: 2 * 24 * 16 * 96 * seq_len * 2, "two slips at once: you cached the 16 query heads"),
+    (lambda seq_len: 2 * 24 * 12 * 96 * seq_len * 2, "two slips at once: you cached the 12 query heads"),
 ])
 def test_probe_window_cache_slips_are_named(fn, words: str) -> None:
     fb = ch10.check_window_cache_bytes(fn)
@@ -738,3 +738,127 @@ def test_merge_computed_in_float32_on_float64_is_refused_by_the_dtype_rule() -> 
 def test_chunked_decoding_equals_one_causal_pass_with_padding_and_a_window(size, pad, window) -> None:
     assert ch10.chunked_decoding_error(*size, seed=1, pad=pad, window=window) < 1e-6
     assert ch10.chunked_decoding_error(*size, seed=1, pad=pad, window=window, dtype=torch.float64) < 1e-12
+
+
+# ---- the expert reading of December 2026 ----
+
+
+def test_append_accepts_an_output_wider_than_the_inputs() -> None:
+    """'Compute in the inputs' dtype or wider': a float64 output of float32 inputs is right."""
+    def wide(q, kc, vc, kn, vn):
+        out, keys, values = ch10.reference_append_and_attend(q.double(), kc.double(), vc.double(), kn.double(), vn.double())
+        return out, keys.to(kc.dtype), values.to(vc.dtype)
+
+    assert ch10.check_append_and_attend(wide).passed
+
+
+def test_decode_intensity_success_states_the_real_ceiling() -> None:
+    """The ceiling of the intensity as the batch grows is each sequence's FLOPs over its cache bytes
+    (8.27 and 5.92 on the checker's cases), not H / H_kv = 4, which is attention's part only."""
+    message = ch10.check_decode_intensity(ch10.reference_decode_intensity).message
+    for D, H, H_kv, S, _ in ch10.INTENSITY_CASES:
+        limit = ch10.reference_decode_intensity(D, H, H_kv, S, 10**12)
+        assert f"{limit:.2f}" in message
+    assert "8.27 and 5.92" in message and "about H / H_kv FLOPs per byte" not in message
+
+
+def test_window_case_tells_the_group_size_from_the_kv_heads() -> None:
+    m = ch10._WINDOW_MODEL
+    assert m["heads"] // m["kv_heads"] != m["kv_heads"]  # else the group size passes for H_kv
+    group = lambda seq_len: 2 * 24 * (m["heads"] // m["kv_heads"]) * 96 * min(seq_len, 2048) * 2
+    fb = ch10.check_window_cache_bytes(group)
+    assert fb.status == "wrong" and "H / H_kv" in fb.message, fb
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda seq_len: 2 * 24 * 12 * 96 * min(seq_len, 2048) * 4, "4 bytes per number, as for float32"),
+    (lambda seq_len: 2 * 24 * 4 * 96 * min(seq_len - 1, 2048) * 2, "seq_len - 1 positions"),
+    (lambda seq_len: 2 * 24 * 4 * 96 * min(seq_len, 2048) * 2 / 1024, "those are KiB"),
+])
+def test_window_slips_of_the_expert_reading_are_named(fn, words: str) -> None:
+    fb = ch10.check_window_cache_bytes(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+def _intensity_of(flops_scale=1.0, cache_extra=0, heads_for_flops=None, w_o=True):
+    def fn(D, H, Hk, S, b):
+        d_k = D // H
+        flops = b * (ch10.layer_flops(D, H, heads_for_flops or Hk, 1, S) - (0 if w_o else 2 * D * D))
+        weights = ((2 if w_o else 1) * D * D + 2 * D * Hk * d_k) * 2
+        return flops_scale * flops / (weights + b * 2 * Hk * d_k * (S + cache_extra) * 2)
+    return fn
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_intensity_of(flops_scale=0.5), "a multiply-add as 1 FLOP"),
+    (_intensity_of(cache_extra=1), "not S + 1"),
+    (lambda D, H, Hk, S, b: _intensity_of(heads_for_flops=H)(D, H, Hk, S, b), "pass H_kv to layer_flops"),
+    (_intensity_of(w_o=False), "you left out the output projection W_O"),
+])
+def test_decode_intensity_slips_of_the_expert_reading_are_named(fn, words: str) -> None:
+    fb = ch10.check_decode_intensity(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda layers, latent, rope, head_dim: ((latent + rope) * layers * 2, round((latent + rope) / (2 * head_dim))),
+     "with round()"),
+    (lambda layers, latent, rope, head_dim: ((latent * layers + rope) * 2, (latent + rope) / (2 * head_dim)),
+     "rotary key once for the whole model"),
+])
+def test_mla_slips_of_the_expert_reading_are_named(fn, words: str) -> None:
+    fb = ch10.check_mla_cache(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+def _merge_keepdim(outs, lses):
+    lse = torch.logsumexp(torch.stack(lses), 0, keepdim=True)
+    return sum(torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses))
+
+
+def _merge_mean(outs, lses):
+    lse = torch.logsumexp(torch.stack(lses), 0)
+    return torch.stack([torch.exp(l - lse)[..., None] * o for o, l in zip(outs, lses)]).mean(0)
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_merge_keepdim, "[1, B, H, 1, D_v]"),
+    (_merge_mean, ".mean(0)"),
+])
+def test_merge_slips_of_the_expert_reading_are_named(fn, words: str) -> None:
+    fb = ch10.check_merge_partials(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+def _append_variant(kind):
+    def fn(q, kc, vc, kn, vn):
+        keys, values = torch.cat([kc, kn], 2), torch.cat([vc, vn], 2)
+        H, S_new, S_k = q.shape[1], q.shape[2], keys.shape[2]
+        mask = ch10.causal_mask(S_new, S_k=S_k)
+        scores = q @ ch10.repeat_kv(keys, H).transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if kind == "after":
+            weights = scores.softmax(-1) * mask
+        elif kind == "self":
+            own = torch.cat([torch.ones(S_new, S_k - S_new, dtype=torch.bool), torch.eye(S_new, dtype=torch.bool)], 1)
+            weights = scores.masked_fill(~own, float("-inf")).softmax(-1)
+        elif kind == "tril":
+            weights = scores.masked_fill(~torch.tril(torch.ones(S_new, S_new, dtype=torch.bool)), float("-inf")).softmax(-1)
+        else:
+            weights = scores.masked_fill(~mask, float("-inf")).softmax(1 if kind == "heads" else -1)
+        out = weights @ ch10.repeat_kv(values, H)
+        if kind == "merged":
+            out = out.transpose(1, 2).reshape(q.shape[0], S_new, -1)
+        return out, keys, values
+    return fn
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("after", "after the softmax"),
+    ("self", "only itself"),
+    ("tril", "torch.tril(torch.ones(S_new, S_new))"),
+    ("merged", "[B, S_new, H * D_k]"),
+    ("heads", "over the heads axis"),
+])
+def test_append_slips_of_the_expert_reading_are_named(kind, words: str) -> None:
+    fb = ch10.check_append_and_attend(_append_variant(kind))
+    assert fb.status == "wrong" and words in fb.message, fb
