@@ -31,6 +31,7 @@ from attnlib.multihead import MultiHeadSelfAttention
 
 from .diagrams import MUTED, Diagram, diagram
 from .examples import THEY_SENTENCE
+from .measure import interleaved_median_ms
 from .feedback import (
     Feedback,
     Mistake,
@@ -49,7 +50,7 @@ from .feedback import (
 
 __all__ = [
     "relation_subspaces", "relation_batch", "best_single_head_error", "two_head_module", "relative_error",
-    "softmax_attention", "core_paths", "softmax_block",
+    "softmax_attention", "core_paths", "softmax_block", "interleaved_min_ms",
     "check_param_count", "PARAM_MISTAKES", "check_per_head_loop", "LOOP_MISTAKES",
     "check_weights_bytes", "BYTES_MISTAKES",
 ]
@@ -153,6 +154,19 @@ def core_paths() -> dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]]:
         "torch.softmax": softmax_attention,
         "fused SDPA": F.scaled_dot_product_attention,
     }
+
+
+def interleaved_min_ms(fns: dict[str, Callable[[], Any]], *, repeats: int = 31,
+                       device: torch.device | str | None = None) -> dict[str, float]:
+    """The fastest of ``repeats`` interleaved runs of each callable, in milliseconds (after one warm-up round).
+
+    Each round calls every callable once (:func:`attnbook.measure.interleaved_median_ms` with one
+    repeat), so load from other programs hits them alike; the minimum over the rounds is the run that
+    other programs disturbed least, steadier on a shared machine than the median. A measurement:
+    print it with the book's ``~``.
+    """
+    rounds = [interleaved_median_ms(fns, repeats=1, warmup=1 if r == 0 else 0, device=device) for r in range(repeats)]
+    return {name: min(r[name] for r in rounds) for name in fns}
 
 
 # --- exercise 1: the parameter count ---------------------------------------------------------
@@ -308,7 +322,9 @@ LOOP_MISTAKES: tuple[Mistake, ...] = (
             "you scaled by 1/sqrt(D); each head scales by 1/sqrt(D_k), D_k = D / H."),
     Mistake("scaled by sqrt(H)", lambda m, x: _loop(m, x, scale=1.0 / math.sqrt(m.num_heads)),
             "you scaled by 1/sqrt(H), the number of heads; each head scales by 1/sqrt(D_k), its own width."),
-    Mistake("not scaled", lambda m, x: _loop(m, x, scale=1.0), "the scores are not scaled: divide q_h k_h^T by sqrt(D_k)."),
+    Mistake("not scaled", lambda m, x: _loop(m, x, scale=1.0),
+            "the scores are not scaled: divide q_h k_h^T by sqrt(D_k). (Dividing by int(math.sqrt(D_k)) or "
+            "math.isqrt(D_k) rounds the root down, to 1 for D_k = 3: use math.sqrt(D_k) itself.)"),
     Mistake("divided by D_k", lambda m, x: _loop(m, x, scale=1.0 / m.d_k),
             "your scores are divided by D_k (as dividing by D_k, or scaling both q and k by 1/sqrt(D_k), does): "
             "divide q_h k_h^T by sqrt(D_k) once."),
@@ -393,11 +409,12 @@ class _AllHeadsSpy(TorchDispatchMode):  # type: ignore[misc, valid-type]
     (``"torch.float16"``), and the H heads' ``[B, S, D_k]`` outputs concatenated on another axis than the
     last (``"cat dim 0"``, ``"cat dim 1"``)."""
 
-    def __init__(self, shape: tuple[int, ...], used: set[str]) -> None:
+    def __init__(self, shape: tuple[int, ...], used: set[str], d_k: int = 0) -> None:
         super().__init__()
         self.shape, self.used = shape, used
         B, H, S, _ = shape
         self.num_heads, self.head_out = H, (B, S)  # each head's output is [B, S, D_k]
+        self.d_k = d_k
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -411,6 +428,8 @@ class _AllHeadsSpy(TorchDispatchMode):  # type: ignore[misc, valid-type]
             dim = args[1] if len(args) > 1 else (kwargs or {}).get("dim", 0)
             if (len(parts) == self.num_heads and all(isinstance(p, Tensor) and p.dim() == 3 for p in parts)
                     and len({tuple(p.shape) for p in parts}) == 1 and tuple(parts[0].shape[:2]) == self.head_out):
+                if parts[0].shape[2] != self.d_k:
+                    self.used.add(f"head width {parts[0].shape[2]}")
                 dim = dim % 3
                 if dim != 2:
                     self.used.add(f"cat dim {dim}")
@@ -418,7 +437,7 @@ class _AllHeadsSpy(TorchDispatchMode):  # type: ignore[misc, valid-type]
 
 
 @contextmanager
-def _loop_guard(all_heads_shape: tuple[int, ...] = ()) -> Iterator[set[str]]:
+def _loop_guard(all_heads_shape: tuple[int, ...] = (), d_k: int = 0) -> Iterator[set[str]]:
     """While the reader's loop runs: refuse the module's own forward however it is reached (also
     ``MultiHeadSelfAttention.forward(module, x)``), and record calls of F.scaled_dot_product_attention,
     of ``split_heads`` (however it was imported: its code object is watched) and any tensor of shape
@@ -443,7 +462,7 @@ def _loop_guard(all_heads_shape: tuple[int, ...] = ()) -> Iterator[set[str]]:
     sys.setprofile(profile)
     try:
         if all_heads_shape:
-            with _AllHeadsSpy(all_heads_shape, used):
+            with _AllHeadsSpy(all_heads_shape, used, d_k):
                 yield used
         else:
             yield used
@@ -451,6 +470,19 @@ def _loop_guard(all_heads_shape: tuple[int, ...] = ()) -> Iterator[set[str]]:
         sys.setprofile(old_profile)
         MultiHeadSelfAttention.forward = forward  # type: ignore[method-assign]
         F.scaled_dot_product_attention = sdpa
+
+
+def _slice_width_hint(width: int, d_k: int) -> str:
+    return (f"each head's output has {width} features, not D_k = {d_k}: each head's slice must hold D_k rows of "
+            "each weight and bias. The end of h*d_k:(h+1)*d_k is exclusive, so slice(h * d_k, (h + 1) * d_k) "
+            "already stops at row (h+1)·D_k - 1; a - 1 (or + 1) at the end makes it one row short (or long).")
+
+
+def _hard_coded_hint(case: int) -> str:
+    D, H = LOOP_CASES[case][:2]
+    return (f"your loop is right for the first module (D = {LOOP_CASES[0][0]}, H = {LOOP_CASES[0][1]}) but not for "
+            f"this one (D = {D}, H = {H}, D_k = {D // H}): did you hard-code D_k or H? Use module.d_k and "
+            "module.num_heads, so the loop fits any module.")
 
 
 def _loop_one(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor], case: int) -> Feedback | None:
@@ -462,12 +494,17 @@ def _loop_one(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor], case: int)
     with torch.no_grad():
         expected = ref(x).hidden_states  # [B, S, D]
     B, S = x.shape[:2]
-    with _loop_guard((B, H, S, S)) as used:
+    with _loop_guard((B, H, S, S), D // H) as used:
         got, fb = run_reader_code(fn, x.clone(), module)
     for dim in (0, 1):
         if f"cat dim {dim}" in used and (fb is not None or not close(got, expected)):
             return wrong(_CAT_AXIS[dim])
+    width = next((w for w in used if w.startswith("head width ")), None)
+    if width is not None and (fb is not None or not close(got, expected)):
+        return wrong(_slice_width_hint(int(width.rsplit(" ", 1)[1]), D // H))
     if fb is not None:
+        if case > 0 and fb.status == "wrong" and fb.message.startswith("your code raised"):
+            return wrong(_hard_coded_hint(case))
         return fb
     if "scaled_dot_product_attention" in used:
         return wrong(_NO_SDPA)
@@ -478,6 +515,8 @@ def _loop_one(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor], case: int)
     if not isinstance(got, Tensor):
         return wrong(f"return a torch.Tensor of shape [B, S, D] = {tuple(expected.shape)}, got {describe(got)}.")
     if tuple(got.shape) != tuple(expected.shape):
+        if case > 0 and got.dim() == 3:
+            return wrong(_hard_coded_hint(case))
         if got.dim() == 4:
             return wrong(f"your result has shape {tuple(got.shape)}: concatenate the heads' outputs along the "
                          "last axis (torch.cat(heads, dim=-1)) and apply w_o.")
@@ -511,6 +550,8 @@ def _loop_one(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor], case: int)
         return hint
     if got.is_complex() or not torch.isfinite(got.detach()).all():
         return wrong("your result contains NaN or inf (or is not real).")
+    if case > 0:  # right on the first module, wrong here
+        return wrong(_hard_coded_hint(case))
     worst = float((got.detach().cpu().to(torch.float64) - expected.to(torch.float64)).abs().max())
     return wrong(
         f"the shape is right but the numbers differ (largest difference {worst:.3g}, for D = {D}, H = {H}). Compare "
@@ -606,6 +647,8 @@ BYTES_MISTAKES: tuple[Mistake, ...] = (
     Mistake("whole GiB", lambda B, H, S, dt: round(B * H * S * S * _size(dt) / 2**30),
             "Those are whole GiB (/ 2**30, then rounded or floored): the function returns the exact number of "
             "bytes, an int, with no conversion and no rounding."),
+    Mistake("MB", lambda B, H, S, dt: B * H * S * S * _size(dt) / 1e6,
+            "Those are MB (you divided by 1e6; a MiB is 2**20 bytes): the function returns bytes, with no conversion."),
     Mistake("KiB", lambda B, H, S, dt: B * H * S * S * _size(dt) / 2**10,
             "Those are KiB (you divided by 2**10 = 1024): the function returns bytes."),
     Mistake("causal triangle", lambda B, H, S, dt: B * H * (S * (S + 1) // 2) * _size(dt),
@@ -614,6 +657,51 @@ BYTES_MISTAKES: tuple[Mistake, ...] = (
     Mistake("scores and weights", lambda B, H, S, dt: 2 * B * H * S * S * _size(dt),
             "That is twice the weights: the scores and the weights together. The question asks for the weights alone."),
 )
+
+
+_ALLOCATED = (
+    "your function allocates the [B, H, S, S] tensor (torch.empty, zeros, ones, rand... with that many elements; "
+    "for B = 3, H = 32, S = 4096 in float16 that is 3 GiB): the exercise asks for its size without allocating it. "
+    "Multiply the numbers of elements, B·H·S·S, by the bytes per element; if you want a tensor to ask, "
+    "create it on the meta device (device=\"meta\"), which records the shape and allocates nothing."
+)
+
+_FACTORIES = frozenset({"empty", "empty_strided", "zeros", "ones", "full", "rand", "randn", "randint", "randperm",
+                        "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "empty_like",
+                        "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like", "arange"})
+
+
+class _NoAllocation(TorchDispatchMode):  # type: ignore[misc, valid-type]
+    """Refuse, before it allocates, a tensor factory call (``torch.empty``, ``zeros``, ``ones``, ``full``,
+    ``rand*``, ``new_*``, ``*_like``) whose result would have at least ``limit`` elements on a device other
+    than ``meta``; the refusal is recorded in ``used``."""
+
+    def __init__(self, limit: int, used: set[str]) -> None:
+        super().__init__()
+        self.limit, self.used = limit, used
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name in _FACTORIES:
+            like = args[0] if args and isinstance(args[0], Tensor) else None
+            size = None
+            if name.endswith("_like"):
+                size = like.shape if like is not None else None
+            elif name.startswith("new_"):
+                size = args[1] if len(args) > 1 else kwargs.get("size")
+            elif name in ("full", "randint"):
+                size = next((a for a in args if isinstance(a, (list, tuple))), kwargs.get("size"))
+            elif name not in ("randperm", "arange"):
+                size = args[0] if args else kwargs.get("size")
+            numel = math.prod(int(n) for n in size) if isinstance(size, (list, tuple, torch.Size)) else 0
+            if name in ("randperm", "arange"):
+                numel = int(args[0]) if args and isinstance(args[0], (int, float)) and name == "randperm" else 0
+            device = kwargs.get("device") or (like.device if like is not None else None)
+            if numel >= self.limit and (device is None or torch.device(device).type != "meta"):
+                self.used.add("allocated")
+                raise MemoryError(_ALLOCATED)
+        return func(*args, **kwargs)
 
 
 def _bytes_vector(f: Callable[[int, int, int, torch.dtype], Any]) -> tuple[Any, ...]:
@@ -641,8 +729,16 @@ def check_weights_bytes(fn: Callable[[int, int, int, torch.dtype], int]) -> Feed
     """
     answers, expected = [], []
     for B, H, S, dtype in BYTES_CONFIGS:
-        got, fb = run_reader_code(fn, B, H, S, dtype)
+        used: set[str] = set()
+        with _NoAllocation(B * H * S * S, used):
+            got, fb = run_reader_code(fn, B, H, S, dtype)
+        if "allocated" in used:
+            return wrong(_ALLOCATED)
         if fb is not None:
+            if fb.status == "wrong" and fb.message.startswith("your code raised KeyError") and str(dtype) in fb.message:
+                return wrong(f"your code raised KeyError for {dtype}: a table of bytes per dtype misses it. Read the "
+                             "size from the dtype itself, torch.empty((), dtype=dtype).element_size() (or "
+                             "dtype.itemsize), which knows every dtype (float32, float16, bfloat16, float64, ...).")
             return fb
         right = torch.empty(B, H, S, S, dtype=dtype, device="meta").nbytes
         assert right == attention_weights_bytes(B, H, S, dtype)

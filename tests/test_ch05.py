@@ -525,3 +525,52 @@ def test_per_head_loop_names_the_concatenation_axis(merge, hint: str) -> None:  
 def test_weights_bytes_names_rounded_and_floored_units(fn, hint: str) -> None:  # type: ignore[no-untyped-def]
     fb = check_weights_bytes(fn)
     assert fb.status == "wrong" and hint in fb.message and "exact number of bytes" in fb.message, fb.message
+
+
+def _loop_with(x: Tensor, module: MultiHeadSelfAttention, *, d_k: int | None = None, heads: int | None = None,
+               end: int = 0, root=math.sqrt) -> Tensor:  # type: ignore[no-untyped-def]
+    """The per-head loop with D_k or H hard-coded, the slice end moved by ``end`` rows, or another square root."""
+    d_k = module.d_k if d_k is None else d_k
+    outs = []
+    for h in range(module.num_heads if heads is None else heads):
+        rows = slice(h * d_k, (h + 1) * d_k + end)
+        q, k, v = (x @ lin.weight[rows].T + lin.bias[rows] for lin in (module.w_q, module.w_k, module.w_v))
+        outs.append(torch.softmax(q @ k.transpose(-2, -1) / root(d_k), dim=-1) @ v)
+    return module.w_o(torch.cat(outs, dim=-1))
+
+
+def test_per_head_loop_names_a_slice_one_row_short() -> None:
+    fb = check_per_head_loop(lambda x, m: _loop_with(x, m, end=-1))
+    assert not fb.passed and "must hold D_k rows" in fb.message and "exclusive" in fb.message
+
+
+@pytest.mark.parametrize("kwargs", [dict(d_k=4), dict(d_k=4, heads=3), dict(heads=3)])
+def test_per_head_loop_names_a_hard_coded_width_or_head_count(kwargs: dict) -> None:
+    fb = check_per_head_loop(lambda x, m: _loop_with(x, m, **kwargs))
+    assert not fb.passed and "hard-code D_k or H" in fb.message and "module.d_k" in fb.message
+
+
+def test_per_head_loop_names_a_rounded_square_root() -> None:
+    fb = check_per_head_loop(lambda x, m: _loop_with(x, m, root=lambda d: int(math.sqrt(d))))
+    assert not fb.passed and "int(math.sqrt(D_k))" in fb.message
+
+
+@pytest.mark.parametrize("make", [
+    lambda B, H, S, dt: torch.empty(B, H, S, S, dtype=dt),
+    lambda B, H, S, dt: torch.zeros((B, H, S, S), dtype=dt),
+    lambda B, H, S, dt: torch.ones(B * H * S * S, dtype=dt),
+    lambda B, H, S, dt: torch.randn(B, H, S, S).to(dt),
+    lambda B, H, S, dt: torch.empty(1, dtype=dt).new_empty((B, H, S, S)),
+])
+def test_weights_bytes_refuses_allocating_the_weights(make) -> None:  # type: ignore[no-untyped-def]
+    fb = check_weights_bytes(lambda B, H, S, dt: make(B, H, S, dt).nbytes)
+    assert not fb.passed and "without allocating it" in fb.message
+
+
+def test_weights_bytes_accepts_a_meta_tensor_and_names_mb_and_a_missing_dtype() -> None:
+    assert check_weights_bytes(lambda B, H, S, dt: torch.empty(B, H, S, S, dtype=dt, device="meta").nbytes).passed
+    fb = check_weights_bytes(lambda B, H, S, dt: B * H * S * S * dt.itemsize / 1e6)
+    assert not fb.passed and "MB" in fb.message and "1e6" in fb.message
+    sizes = {torch.float32: 4, torch.float16: 2, torch.float64: 8}
+    fb = check_weights_bytes(lambda B, H, S, dt: B * H * S * S * sizes[dt])
+    assert not fb.passed and "KeyError for torch.bfloat16" in fb.message and "element_size" in fb.message
