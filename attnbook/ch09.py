@@ -1224,6 +1224,9 @@ def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, 
     from attnlib import causal_mask
     import torch.nn.functional as F
 
+    problem = _ignores_window(visible, first_key)
+    if problem is not None:
+        return problem
     for rows, cols, window in _visible_cases():
         problem = _visible_one(visible, rows, cols, window)
         if problem is not None:
@@ -1272,6 +1275,43 @@ def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, 
     return correct(f"the windowed kernel ran {where} and equals SDPA with the same mask. It computed {computed} "
                    f"tiles where a causal kernel computes {causal_tiles}: a window makes the work per query block "
                    "constant, so the cost grows like S, not S^2." + lambda_note + (_ROUNDED_NOTE if rounded else ""))
+
+
+#: Where the checker probes whether ``visible`` and ``first_key`` use their ``window`` argument: a tile of
+#: 1,024 queries and keys (wider than the notebook's global ``W = 256``), a block far from the start, and two
+#: windows to compare.
+_PROBE_S, _PROBE_Q0, _PROBE_WINDOWS = 1024, 5000, (10, 100)
+
+_IGNORES_WINDOW = (
+    "your `{name}` gives the same answer for window = {w1} and window = {w2}, that of a window of {fixed} keys: "
+    "it ignores its `window` argument (does it read a global, such as the W = 256 the FlexAttention cell sets?). "
+    "Use the `window` it is given: the checker, like the kernel, passes different windows."
+)
+
+
+def _ignores_window(visible: Callable[..., Any], first_key: Callable[[int, int], Any]) -> Feedback | None:
+    """The hint for a ``visible`` or ``first_key`` that answers as a sliding window of one fixed size (a global
+    ``W``, say) whatever ``window`` it is given; ``None`` otherwise. The causal mask alone, a ``visible`` that
+    is True everywhere and a ``first_key`` of 0 or ``q_start`` keep their own hints from the mistake tables."""
+    w1, w2 = _PROBE_WINDOWS
+    rows, cols = torch.arange(_PROBE_S)[:, None], torch.arange(_PROBE_S)[None, :]
+    try:
+        a, b = visible(rows, cols, w1), visible(rows, cols, w2)
+        if isinstance(a, Tensor) and isinstance(b, Tensor) and a.dtype == b.dtype == torch.bool \
+                and a.shape == b.shape == (_PROBE_S, _PROBE_S) and torch.equal(a, b):
+            fixed = int(a[-1].sum())  # the keys the last query sees
+            if 0 < fixed < _PROBE_S and fixed not in (w1, w2) and torch.equal(a, reference_visible(rows, cols, fixed)):
+                return wrong(_IGNORES_WINDOW.format(name="visible", w1=w1, w2=w2, fixed=fixed))
+    except Exception:  # crashes and odd answers are named by the checks that follow
+        pass
+    try:
+        x, y = (as_index(_first_key_value(first_key(_PROBE_Q0, w))) for w in (w1, w2))
+        fixed = _PROBE_Q0 - x + 1
+        if x == y and 1 < fixed <= _PROBE_Q0 and fixed not in (w1, w2):
+            return wrong(_IGNORES_WINDOW.format(name="first_key", w1=w1, w2=w2, fixed=fixed))
+    except Exception:
+        pass
+    return None
 
 
 def _first_key_value(got: Any) -> Any:
