@@ -837,3 +837,11 @@ def test_sliding_window_names_a_first_key_that_ignores_its_window_argument() -> 
     assert fb.status == "wrong"
     assert "`first_key`" in fb.message and "ignores its `window` argument" in fb.message, fb
     assert fb.message != FIRST_KEY_MISTAKES[0].hint
+
+
+def test_serial_cap_names_two_exponentials_per_score_in_the_one_matmul_hint() -> None:
+    """Two exponentials per score give the same share as 2 d FLOPs with one: the hint names both readings."""
+    from attnbook.ch09 import check_serial_cap
+
+    fb = check_serial_cap(lambda d, mf, e: (4 * d / mf) / (4 * d / mf + 2 / e))
+    assert fb.status == "wrong" and "two exponentials per score" in fb.message, fb
