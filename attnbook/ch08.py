@@ -996,15 +996,18 @@ def online_softmax_diagram() -> Diagram:
     s = ONLINE_SCORES
     out = [x / second["l"] for x in second["a"]]
     m1, m2, r = _num(first["m_new"]), _num(second["m_new"]), _num(second["rescale"])
+    def pair(xs: Sequence[float]) -> str:  # a vector in the alt text, which cannot hold square brackets
+        return "(" + ", ".join(_num(x) for x in xs) + ")"
+
     d = Diagram(
         "ch08_online_softmax", 358, 560, title="The online softmax on two blocks of keys",
         alt=(f"One query's six scores, {', '.join(_num(x) for x in s)}, in two blocks of {ONLINE_BLOCK}. "
              f"Block 1: the maximum goes from minus infinity to {m1}; the exponentials e^(s \u2212 {m1}) are "
-             f"{', '.join(_num(x) for x in first['p'])}, so \u2113 = {_num(first['l'])} and a = {_vec(first['a'])}. "
+             f"{', '.join(_num(x) for x in first['p'])}, so \u2113 = {_num(first['l'])} and a = {pair(first['a'])}. "
              f"Block 2 holds a {m2}: the maximum goes from {m1} to {m2}, so the old \u2113 and a are multiplied by "
              f"e^({m1} \u2212 {m2}) = {r}, and the new exponentials e^(s \u2212 {m2}) = "
              f"{', '.join(_num(x) for x in second['p'])} are added: \u2113 = {_num(second['l'])}, "
-             f"a = {_vec(second['a'])}. The output a / \u2113 = {_vec(out)} equals softmax(s) @ v."))
+             f"a = {pair(second['a'])}. The output a / \u2113 = {pair(out)} equals softmax(s) @ v."))
     d.text(179, 28, "The online softmax, block by block", size=16, weight="bold")
     d.text(179, 50, f"one query, {len(s)} scores s, blocks of {ONLINE_BLOCK} keys", size=14, color=MUTED)
     cell, gap, y0 = 44, 14, 76
