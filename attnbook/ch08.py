@@ -426,13 +426,16 @@ _ACC_NOT_MATMUL = (
 )
 
 
-def _square_first_tile(fn: Callable[..., Any]) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor], tuple[Any, ...]] | None:
-    """``fn`` on a first tile whose key count equals D_v, where some wrong shapes still broadcast:
-    ``(s, (m0, l0, acc0), result)``, or ``None`` when it raises or does not return three tensors."""
+def _square_first_tile(fn: Callable[..., Any], S_q: int = 3, n: int = 2
+                       ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor], tuple[Any, ...]] | None:
+    """``fn`` on a first tile whose key count equals D_v (both ``n``), where some wrong shapes still broadcast
+    (with ``S_q = n`` too, an elementwise ``p * v.T`` does): ``(s, (m0, l0, acc0), result)``, or ``None`` when
+    it raises or does not return three tensors."""
     gen = torch.Generator().manual_seed(5)
-    s = torch.randn(3, 2, generator=gen, dtype=torch.float64)  # [S_q, S_blk]
-    v = torch.randn(2, 2, generator=gen, dtype=torch.float64)  # [S_blk, D_v], S_blk = D_v
-    m0, l0, acc0 = torch.full((3, 1), float("-inf"), dtype=s.dtype), torch.zeros(3, 1, dtype=s.dtype), torch.zeros(3, 2, dtype=s.dtype)
+    s = torch.randn(S_q, n, generator=gen, dtype=torch.float64)  # [S_q, S_blk]
+    v = torch.randn(n, n, generator=gen, dtype=torch.float64)  # [S_blk, D_v], S_blk = D_v
+    m0, l0 = torch.full((S_q, 1), float("-inf"), dtype=s.dtype), torch.zeros(S_q, 1, dtype=s.dtype)
+    acc0 = torch.zeros(S_q, n, dtype=s.dtype)
     result, fb = run_reader_code(fn, m0, l0, acc0, s.clone(), v.clone())
     if fb is not None or _triple(result) is not None:
         return None
@@ -442,12 +445,16 @@ def _square_first_tile(fn: Callable[..., Any]) -> tuple[Tensor, tuple[Tensor, Te
 def _acc_not_matmul(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` gets m_new and l_new right on a first tile whose key count equals D_v (where a
     wrong acc_new product still broadcasts), so that its shape error lies in acc_new."""
-    run = _square_first_tile(fn)
-    if run is None:
-        return False
-    s, state, (*result, v) = run
-    ref = reference_online_update(*state, s, v)
-    return all(tuple(g.shape) == tuple(e.shape) and close(g, e) for g, e in zip(result[:2], ref[:2])) and not close(result[2], ref[2])
+    for S_q, n in ((3, 2), (3, 3)):  # the second also lets p * v.T broadcast: [S_q, S_blk] * [D_v, S_blk]
+        run = _square_first_tile(fn, S_q, n)
+        if run is None:
+            continue
+        s, state, (*result, v) = run
+        ref = reference_online_update(*state, s, v)
+        if all(tuple(g.shape) == tuple(e.shape) and close(g, e) for g, e in zip(result[:2], ref[:2])) \
+                and not close(result[2], ref[2]):
+            return True
+    return False
 
 
 def _first_tile_hint(result: tuple[Tensor, Tensor, Tensor], ref: tuple[Tensor, Tensor, Tensor], s: Tensor,
@@ -752,6 +759,9 @@ _TILE_MISTAKES = (
             "is): that keeps exp from overflowing but does not normalise. Subtract the whole row's logsumexp "
             "instead, exp(s - lse[:, None]), which both keeps every weight at most 1 and divides by the "
             "row's full softmax denominator."),
+    Mistake("scale applied again", lambda s, lse: torch.exp(s / 8 - lse[:, None]),
+            "you divided the scores by 8, the 1/sqrt(D_k) scale of the chapter's heads, again: s_tile already "
+            "holds the scaled scores, the same ones whose logsumexp lse is, so use them as they are."),
 )
 
 _OVERFLOW = (
@@ -937,4 +947,103 @@ def backward_loop_diagram() -> Diagram:
                                  "dK\u2c7c += dZ\u1d40 Q\u1d62 \u00b7 scale", "dQ\u1d62 += dZ K\u2c7c \u00b7 scale"))
     d.text(34, top + 236, "dK\u2c7c, dV\u2c7c are complete after the walk;", size=13, anchor="start", color=MUTED)
     d.text(34, top + 256, "dQ\u1d62 sums over all key blocks j", size=13, anchor="start", color=MUTED)
+    return d
+
+
+# ---- diagram: the online softmax's worked example ----------------------------------------------
+
+#: Section 8.3's worked example: one query's six scores and their values (two features each), in two
+#: blocks of three keys. The notebook's cell and :func:`online_softmax_diagram` both use these.
+ONLINE_SCORES: tuple[float, ...] = (1.0, 3.0, 0.5, 4.0, 2.0, -1.0)
+ONLINE_VALUES: tuple[tuple[float, float], ...] = ((1.0, 0.0), (0.0, 1.0), (1.0, 1.0), (2.0, 0.0), (0.0, 2.0),
+                                                  (1.0, -1.0))
+ONLINE_BLOCK = 3
+
+
+def _online_steps() -> list[dict[str, Any]]:
+    """The running statistics after each block of the worked example, in float64 as in the notebook."""
+    s = torch.tensor(ONLINE_SCORES, dtype=torch.float64)
+    v = torch.tensor(ONLINE_VALUES, dtype=torch.float64)
+    m, l, a, steps = float("-inf"), 0.0, torch.zeros(v.shape[1], dtype=torch.float64), []
+    for start in range(0, len(ONLINE_SCORES), ONLINE_BLOCK):
+        blk = slice(start, start + ONLINE_BLOCK)
+        m_new = max(m, s[blk].max().item())
+        rescale = math.exp(m - m_new)
+        p = torch.exp(s[blk] - m_new)
+        l_old, a_old = l, a
+        l, a = l * rescale + p.sum().item(), a * rescale + p @ v[blk]
+        steps.append(dict(m_old=m, m_new=m_new, rescale=rescale, p=p.tolist(), l_old=l_old,
+                          a_old=a_old.tolist(), l=l, a=a.tolist()))
+        m = m_new
+    return steps
+
+
+def _num(x: float) -> str:
+    """A number as the notebook prints it (``round(x, 4)``), minus written as a minus sign."""
+    r = round(x, 4)
+    return (str(int(r)) if r == int(r) else str(r)).replace("-", "\u2212")
+
+
+def _vec(xs: Sequence[float]) -> str:
+    return "[" + ", ".join(_num(x) for x in xs) + "]"
+
+
+@diagram
+def online_softmax_diagram() -> Diagram:
+    """Section 8.3's worked example: the two blocks, the maximum going from 3 to 4, the rescale factor
+    applied to what was summed, and the new block's terms taken against the new maximum."""
+    first, second = _online_steps()
+    s = ONLINE_SCORES
+    out = [x / second["l"] for x in second["a"]]
+    m1, m2, r = _num(first["m_new"]), _num(second["m_new"]), _num(second["rescale"])
+    def pair(xs: Sequence[float]) -> str:  # a vector in the alt text, which cannot hold square brackets
+        return "(" + ", ".join(_num(x) for x in xs) + ")"
+
+    d = Diagram(
+        "ch08_online_softmax", 358, 560, title="The online softmax on two blocks of keys",
+        alt=(f"One query's six scores, {', '.join(_num(x) for x in s)}, in two blocks of {ONLINE_BLOCK}. "
+             f"Block 1: the maximum goes from minus infinity to {m1}; the exponentials e^(s \u2212 {m1}) are "
+             f"{', '.join(_num(x) for x in first['p'])}, so \u2113 = {_num(first['l'])} and a = {pair(first['a'])}. "
+             f"Block 2 holds a {m2}: the maximum goes from {m1} to {m2}, so the old \u2113 and a are multiplied by "
+             f"e^({m1} \u2212 {m2}) = {r}, and the new exponentials e^(s \u2212 {m2}) = "
+             f"{', '.join(_num(x) for x in second['p'])} are added: \u2113 = {_num(second['l'])}, "
+             f"a = {pair(second['a'])}. The output a / \u2113 = {pair(out)} equals softmax(s) @ v."))
+    d.text(179, 28, "The online softmax, block by block", size=16, weight="bold")
+    d.text(179, 50, f"one query, {len(s)} scores s, blocks of {ONLINE_BLOCK} keys", size=14, color=MUTED)
+    cell, gap, y0 = 44, 14, 76
+    x0 = (358 - 6 * cell - gap) / 2
+    for k, x in enumerate(s):
+        colour = "sky" if k < ONLINE_BLOCK else "orange"
+        cx = x0 + k * cell + (gap if k >= ONLINE_BLOCK else 0)
+        d.rect(cx, y0, cell, cell, fill=colour, tint=True, stroke=INK, rx=0, width=1)
+        d.text(cx + cell / 2, y0 + cell / 2 + 5, _num(x), size=15)
+    d.text(x0 + 1.5 * cell, y0 + cell + 20, "block 1", size=14, color=MUTED)
+    d.text(x0 + 4.5 * cell + gap, y0 + cell + 20, "block 2", size=14, color=MUTED)
+
+    def lines(y: float, rows: tuple[str, ...]) -> None:
+        for k, line in enumerate(rows):
+            d.text(22, y + 23 * k, line, size=14, anchor="start")
+
+    top = y0 + cell + 34
+    d.rect(10, top, 338, 104, fill="sky", tint=True, stroke="blue", width=2)
+    d.text(22, top + 22, f"block 1: m = \u2212\u221e \u2192 {m1}", size=14, anchor="start", weight="bold")
+    lines(top + 46, (f"e^{{s \u2212 {m1}}} = {', '.join(_num(x) for x in first['p'])}",
+                     f"\u2113 = {_num(first['l'])}",
+                     f"a = \u03a3 e^{{s \u2212 {m1}}} v = {_vec(first['a'])}"))
+    mid = top + 104
+    d.arrow(50, mid + 4, 50, mid + 34, color="vermillion")
+    d.text(64, mid + 24, f"max grows: \u00d7 e^{{{m1} \u2212 {m2}}} = {r}", size=14, anchor="start",
+           color="vermillion")
+    top2 = mid + 40
+    d.rect(10, top2, 338, 196, fill="orange", tint=True, stroke="orange", width=2)
+    d.text(22, top2 + 22, f"block 2: m = {m1} \u2192 {m2}", size=14, anchor="start", weight="bold")
+    lines(top2 + 46, (f"e^{{s \u2212 {m2}}} = {', '.join(_num(x) for x in second['p'])}",
+                      f"\u2113 = {_num(second['l_old'])} \u00b7 {r} + \u03a3 e^{{s \u2212 {m2}}}",
+                      f"   = {_num(second['l'])}",
+                      f"a = {_vec(second['a_old'])} \u00b7 {r}",
+                      f"      + \u03a3 e^{{s \u2212 {m2}}} v",
+                      f"   = {_vec(second['a'])}",
+                      ))
+    d.text(179, top2 + 226, f"o = a / \u2113 = {_vec(out)}", size=15, weight="bold")
+    d.text(179, top2 + 248, "= softmax(s) @ v, exactly", size=14, color=MUTED)
     return d

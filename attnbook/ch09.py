@@ -155,7 +155,7 @@ DIAGRAM_GPU = "A100 SXM4 80GB"
 def memory_hierarchy_diagram() -> Diagram:
     """The A100's memory levels, fast and small on top, large and slow below, with datasheet sizes and bandwidths."""
     g = GPUS[DIAGRAM_GPU]
-    name = DIAGRAM_GPU.split()[0]
+    name = " ".join(DIAGRAM_GPU.split()[:2]).replace("SXM4", "SXM")  # "A100 SXM": the figures are the SXM card's
     sram_tb, hbm_tb = sram_bytes_per_s(g) / 1e12, g["hbm_bytes_per_s"] / 1e12
     d = Diagram(
         "ch09_memory_hierarchy", 380, 430, title=f"The memory levels of an {name}",
@@ -195,7 +195,7 @@ def execution_hierarchy_diagram() -> Diagram:
     """How a kernel runs: a grid of thread blocks, each block on one SM, its threads in warps of 32, and the
     SM's shared memory on the chip against HBM off it (the A100's datasheet numbers)."""
     g = GPUS[DIAGRAM_GPU]
-    name = DIAGRAM_GPU.split()[0]
+    name = " ".join(DIAGRAM_GPU.split()[:2]).replace("SXM4", "SXM")  # "A100 SXM": the figures are the SXM card's
     warps = MAX_BLOCK_THREADS // WARP_THREADS
     d = Diagram(
         "ch09_execution_hierarchy", 380, 560, title=f"How a kernel runs on an {name}",
@@ -698,8 +698,9 @@ CAP_CASES: tuple[tuple[int, float, float], ...] = (
 CAP_MISTAKES = (
     Mistake("one matmul", _cap(flops_per_score=2),
             "you counted 2 d FLOPs per score: either one matmul only, or both with a multiply-add counted as one "
-            "FLOP. The forward pass runs two matmuls per score, Q K^T and P V, each a dot product of length d, and "
-            "a multiply-add is 2 FLOPs (a multiply and an add): 4 d FLOPs per score."),
+            "FLOP, or (the same share) two exponentials per score where the forward pass runs one. The forward "
+            "pass runs two matmuls per score, Q K^T and P V, each a dot product of length d, and a multiply-add is "
+            "2 FLOPs (a multiply and an add): 4 d FLOPs per score, and one exponential."),
     Mistake("d FLOPs per score", _cap(flops_per_score=1),
             "you counted d FLOPs per score: a dot product of length d is d multiplies and d adds, 2 d FLOPs, and "
             "the forward pass runs two matmuls per score, Q K^T and P V, so 4 d FLOPs per score."),
@@ -1224,6 +1225,9 @@ def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, 
     from attnlib import causal_mask
     import torch.nn.functional as F
 
+    problem = _ignores_window(visible, first_key)
+    if problem is not None:
+        return problem
     for rows, cols, window in _visible_cases():
         problem = _visible_one(visible, rows, cols, window)
         if problem is not None:
@@ -1272,6 +1276,43 @@ def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, 
     return correct(f"the windowed kernel ran {where} and equals SDPA with the same mask. It computed {computed} "
                    f"tiles where a causal kernel computes {causal_tiles}: a window makes the work per query block "
                    "constant, so the cost grows like S, not S^2." + lambda_note + (_ROUNDED_NOTE if rounded else ""))
+
+
+#: Where the checker probes whether ``visible`` and ``first_key`` use their ``window`` argument: a tile of
+#: 1,024 queries and keys (wider than the notebook's global ``W = 256``), a block far from the start, and two
+#: windows to compare.
+_PROBE_S, _PROBE_Q0, _PROBE_WINDOWS = 1024, 5000, (10, 100)
+
+_IGNORES_WINDOW = (
+    "your `{name}` gives the same answer for window = {w1} and window = {w2}, that of a window of {fixed} keys: "
+    "it ignores its `window` argument (does it read a global, such as the W = 256 the FlexAttention cell sets?). "
+    "Use the `window` it is given: the checker, like the kernel, passes different windows."
+)
+
+
+def _ignores_window(visible: Callable[..., Any], first_key: Callable[[int, int], Any]) -> Feedback | None:
+    """The hint for a ``visible`` or ``first_key`` that answers as a sliding window of one fixed size (a global
+    ``W``, say) whatever ``window`` it is given; ``None`` otherwise. The causal mask alone, a ``visible`` that
+    is True everywhere and a ``first_key`` of 0 or ``q_start`` keep their own hints from the mistake tables."""
+    w1, w2 = _PROBE_WINDOWS
+    rows, cols = torch.arange(_PROBE_S)[:, None], torch.arange(_PROBE_S)[None, :]
+    try:
+        a, b = visible(rows, cols, w1), visible(rows, cols, w2)
+        if isinstance(a, Tensor) and isinstance(b, Tensor) and a.dtype == b.dtype == torch.bool \
+                and a.shape == b.shape == (_PROBE_S, _PROBE_S) and torch.equal(a, b):
+            fixed = int(a[-1].sum())  # the keys the last query sees
+            if 0 < fixed < _PROBE_S and fixed not in (w1, w2) and torch.equal(a, reference_visible(rows, cols, fixed)):
+                return wrong(_IGNORES_WINDOW.format(name="visible", w1=w1, w2=w2, fixed=fixed))
+    except Exception:  # crashes and odd answers are named by the checks that follow
+        pass
+    try:
+        x, y = (as_index(_first_key_value(first_key(_PROBE_Q0, w))) for w in (w1, w2))
+        fixed = _PROBE_Q0 - x + 1
+        if x == y and 1 < fixed <= _PROBE_Q0 and fixed not in (w1, w2):
+            return wrong(_IGNORES_WINDOW.format(name="first_key", w1=w1, w2=w2, fixed=fixed))
+    except Exception:
+        pass
+    return None
 
 
 def _first_key_value(got: Any) -> Any:
@@ -1474,4 +1515,44 @@ def window_block_mask_diagram() -> Diagram:
         d.text(50, y + 15, text, size=13, anchor="start")
     d.text(190, y0 + n * cell + 148, f"{count['full'] + count['partial']} of {n * n} tiles computed", size=14,
            weight="bold")
+    return d
+
+
+# ---- diagram: merging partial results through their logsumexps ----------------------------------
+
+@diagram
+def lse_merge_diagram() -> Diagram:
+    """Section 9.7's merge: two partial results over disjoint keys, each an output normalised over its own
+    keys and the logsumexp of its scores, combined with weights exp(lse_i - lse). The split is that of
+    exercise 9.3's first case (:data:`MERGE_CASES`)."""
+    S_k, split = MERGE_CASES[0][2], MERGE_CASES[0][3]
+    a_keys, b_keys = f"keys 0..{split - 1}", f"keys {split}..{S_k - 1}"
+    d = Diagram(
+        "ch09_lse_merge", 358, 490, title="Merging two partial results through their logsumexps",
+        alt=(f"One query's keys split into two parts, {a_keys} and {b_keys}. Each part gives an output normalised "
+             "over its own keys, O_a or O_b, and the logsumexp of its scores, lse_a or lse_b, the log of its share "
+             "of the softmax denominator. The merge adds the shares, lse = log(e^lse_a + e^lse_b), computed as "
+             "max + log(e^(lse_a \u2212 max) + e^(lse_b \u2212 max)) so that nothing overflows; each part's weight "
+             "is its share of the whole, w_a = e^(lse_a \u2212 lse) and w_b = e^(lse_b \u2212 lse), which sum to 1; "
+             "and O = w_a O_a + w_b O_b equals attention over all the keys."))
+    d.text(179, 28, "Merging two partial results", size=16, weight="bold")
+    d.text(179, 50, f"one query, {S_k} keys in two parts", size=14, color=MUTED)
+    d.box(10, 66, 164, 74, "part a", sub=a_keys, color="sky")
+    d.box(184, 66, 164, 74, "part b", sub=b_keys, color="orange")
+    d.text(92, 164, "O_{a}, lse_{a}", size=15)
+    d.text(266, 164, "O_{b}, lse_{b}", size=15)
+    d.arrow(92, 174, 150, 214)
+    d.arrow(266, 174, 208, 214)
+    d.rect(10, 218, 338, 204, fill="green", tint=True, stroke="green", width=2)
+    rows = ("lse = log(e^{lse_a} + e^{lse_b})",
+            "w_{a} = e^{lse_a \u2212 lse}",
+            "w_{b} = e^{lse_b \u2212 lse}",
+            "w_{a} + w_{b} = 1",
+            "O = w_{a} O_{a} + w_{b} O_{b}")
+    d.text(22, 242, "merge, per query row:", size=14, anchor="start", color=MUTED)
+    for k, row in enumerate(rows):
+        d.text(22, 270 + 28 * k, row, size=15, anchor="start")
+    d.text(22, 410, "(lse from the max first: no overflow)", size=13, anchor="start", color=MUTED)
+    d.text(179, 450, "O and lse equal attention over", size=14)
+    d.text(179, 470, f"all {S_k} keys, whatever the split", size=14)
     return d

@@ -788,3 +788,44 @@ def test_probe2_online_update_names_keepdim_dropped_sums_and_a_changed_signature
     fb = check_online_softmax_update(fn)
     assert fb.status == "wrong" and words in fb.message, fb
     assert absent is None or absent not in fb.message, fb
+
+
+def test_quiz_names_6D_typed_for_the_whole_layer_crossover() -> None:
+    """'6D' is read as the number 6, the factor of S = 6D: its feedback asks for S itself, not the default."""
+    import math as _math
+
+    from attnbook.quiz import load_quiz, read_answer
+
+    question = next(q for q in load_quiz("08_attention_cost_and_tiling") if "MLP D -> 4D -> D" in q["question"])
+    value, problem = read_answer(question, "6D")
+    assert problem is None and value == 6
+    matches = [a for a in question["answers"] if a["type"] == "value" and _math.isclose(a["value"], value)]
+    assert len(matches) == 1 and not matches[0]["correct"] and "give S" in matches[0]["feedback"]
+
+
+def test_quiz_speaks_of_main_memory_and_S_before_chapter_9_names_HBM_and_N() -> None:
+    from attnbook.quiz import load_quiz
+
+    text = str(load_quiz("08_attention_cost_and_tiling"))
+    assert "HBM" not in text and "[N, N]" not in text and "N^2" not in text
+
+
+def test_tile_weights_names_the_scale_applied_a_second_time() -> None:
+    from attnbook.ch08 import check_tile_weights
+
+    fb = check_tile_weights(lambda s, lse: torch.exp(s / 8 - lse[:, None]))
+    assert fb.status == "wrong" and "again" in fb.message and "scaled scores" in fb.message, fb
+
+
+def test_online_update_names_an_elementwise_acc_product_not_the_reductions_of_m_and_l() -> None:
+    """m and l right, acc built as (p * v.T).sum(-1, keepdim=True): the hint is about acc's product."""
+    from attnbook.ch08 import check_online_softmax_update
+
+    def update(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p, alpha = torch.exp(s - m_new), torch.exp(m - m_new)
+        return m_new, l * alpha + p.sum(-1, keepdim=True), acc * alpha + (p * v.T).sum(-1, keepdim=True)
+
+    fb = check_online_softmax_update(update)
+    assert fb.status == "wrong" and "m_new and l_new are right" in fb.message and "p @ v" in fb.message, fb
+    assert "keepdim" not in fb.message

@@ -812,3 +812,36 @@ def test_execution_hierarchy_diagram_draws_the_a100() -> None:
     d = execution_hierarchy_diagram()
     assert "108 SMs" in d.alt and "warps of 32 threads" in d.alt and "164 KB of shared memory" in d.alt, d.alt
     d.svg()  # legible on a phone
+
+
+W_GLOBAL = 256  # the notebook's FlexAttention cell sets a global W = 256 that a reader may pick up
+
+
+def _visible_with_global_window(rows, cols, window):
+    return (cols <= rows) & (rows - cols < W_GLOBAL)
+
+
+def _first_key_with_global_window(q_start, window):
+    return q_start - W_GLOBAL + 1
+
+
+def test_sliding_window_names_a_visible_that_ignores_its_window_argument() -> None:
+    fb = check_sliding_window(_visible_with_global_window, reference_first_key)
+    assert fb.status == "wrong"
+    assert "ignores its `window` argument" in fb.message and "a window of 256 keys" in fb.message, fb
+    assert fb.message != VISIBLE_MISTAKES[0].hint
+
+
+def test_sliding_window_names_a_first_key_that_ignores_its_window_argument() -> None:
+    fb = check_sliding_window(reference_visible, _first_key_with_global_window)
+    assert fb.status == "wrong"
+    assert "`first_key`" in fb.message and "ignores its `window` argument" in fb.message, fb
+    assert fb.message != FIRST_KEY_MISTAKES[0].hint
+
+
+def test_serial_cap_names_two_exponentials_per_score_in_the_one_matmul_hint() -> None:
+    """Two exponentials per score give the same share as 2 d FLOPs with one: the hint names both readings."""
+    from attnbook.ch09 import check_serial_cap
+
+    fb = check_serial_cap(lambda d, mf, e: (4 * d / mf) / (4 * d / mf + 2 / e))
+    assert fb.status == "wrong" and "two exponentials per score" in fb.message, fb
