@@ -166,6 +166,9 @@ WEIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("queries from x_kv", lambda xq, xk, wq, wk, wv: _cross_only(_sm((xk @ wq) @ (xk @ wk).mT / math.sqrt(wq.shape[-1])), xq, xk),
             "your weights have shape [S_k, S_k]: you took the queries from x_kv. Queries come from x_q, so "
             "the weights are [S_q, S_k]."),
+    Mistake("x_q and x_kv swapped", lambda xq, xk, wq, wk, wv: _cross_only(_sm((xk @ wq) @ (xq @ wk).mT / math.sqrt(wq.shape[-1])), xq, xk),
+            "your weights have shape [S_k, S_q]: you swapped the two sequences, taking the queries from x_kv and the "
+            "keys and values from x_q. Queries come from x_q, keys and values from x_kv, so the weights are [S_q, S_k]."),
     Mistake("raw scores", lambda xq, xk, wq, wk, wv: _scores(xq, xk, wq, wk) / math.sqrt(wq.shape[-1]),
             "your weights are the raw scores: apply softmax over each row (dim=-1) so that every row sums to 1."),
     Mistake("unscaled raw scores", lambda xq, xk, wq, wk, wv: _scores(xq, xk, wq, wk),

@@ -544,3 +544,13 @@ def test_errors_outside_the_score_product_are_not_blamed_on_it(fn, hint: str) ->
     fb = check_self_attention(fn)
     assert fb.status == "wrong" and hint in fb.message, fb
     assert "score product" not in fb.message and "last two axes of k" not in fb.message, fb
+
+
+def test_cross_attention_names_the_two_sequences_swapped() -> None:
+    def swapped(x_q, x_kv, w_q, w_k, w_v):
+        q, k, v = x_kv @ w_q, x_q @ w_k, x_q @ w_v
+        weights = torch.softmax(q @ k.T / math.sqrt(k.shape[-1]), dim=-1)
+        return weights @ v, weights
+
+    fb = check_cross_attention(swapped)
+    assert fb.status == "wrong" and "you swapped the two sequences" in fb.message, fb
