@@ -46,7 +46,7 @@ __all__ = [
     "layers_until_linked", "check_reach", "REACH_SRC", "REACH_DST", "sinusoidal_code", "position_code_figure", "reach_answer", "REACH_MISTAKES", "encoder_layer_figure", "residual_gradient_norms",
     "MINILM_ARE", "are_row_from_model", "HEAD_B", "HEAD_D", "draw_head_path", "one_head_diagram",
     "TOY_QUERY", "TOY_KEYS", "soft_lookup_diagram", "lost_precision", "rounded_like_half", "not_finite", "reach_rows", "reach_diagram",
-    "rope", "MHA_B", "MHA_D", "MHA_H", "layout_diagram", "SHUFFLE_TOKENS", "SHUFFLE", "equivariance_diagram",
+    "rope", "MHA_B", "MHA_D", "MHA_H", "layout_diagram", "SHUFFLE_TOKENS", "SHUFFLE", "equivariance_diagram", "GROWTH_S", "weights_growth_diagram",
 ]
 
 
@@ -1076,4 +1076,38 @@ def equivariance_diagram() -> Diagram:
         d.text(x1 + (x2 - x1) / 2 + (-8 if side == "end" else 8), (y1 + y2) / 2 + 5, label, size=14, anchor=side)
     d.text(180, 440, "=", size=22, weight="bold")
     d.text(180, 506, "the same rows, with the same values", size=14)
+    return d
+
+
+# ---------------------------------------------------------------- section 1.5: the weights grow with S^2
+
+#: The sequence lengths the growth diagram draws, each twice the last.
+GROWTH_S: tuple[int, ...] = (2, 4, 8)
+
+
+@diagram
+def weights_growth_diagram() -> Diagram:
+    """Chapter 1, section 1.5: the [B, H, S, S] weights, one S x S block per sequence and head, growing with S^2."""
+    H = MHA_H
+    sizes = GROWTH_S
+    counts = ", ".join(f"S = {s}: {H} x {s} x {s} = {H * s * s} numbers" for s in sizes)
+    alt = (f"The weights a layer can return, shape (B, H, S, S), for one sequence (B = 1) and H = {H} heads: a stack "
+           f"of {H} square blocks, one per head, each with one cell per (query, key) pair. Three stacks, for S = "
+           f"{', '.join(str(s) for s in sizes)}: each time S doubles, every block gets twice as many rows and twice as "
+           f"many columns, so four times as many numbers. {counts}.")
+    d = Diagram("ch01_weights_growth", 360, 300, title="The weights [B, H, S, S] grow with S squared", alt=alt)
+    cell, x = 14, 30
+    base = 226
+    for s in sizes:
+        side = s * cell
+        for back in (2, 1):  # the other heads, stacked behind the first
+            d.rect(x + 6 * back, base - side - 6 * back, side, side, fill="grey", stroke="grey", rx=0, tint=True)
+        fills = [["orange"] * s for _ in range(s)]
+        d.grid(x, base - side, fills, cell=cell, size=13)
+        d.text(x + side / 2 + 6, base + 22, f"S = {s}", size=14)
+        d.text(x + side / 2 + 6, base + 42, f"{H * s * s:,} numbers", size=13, color=MUTED)
+        x += side + 48
+    d.text(180, 22, f"one block per head (H = {H}),", size=13, color=MUTED)
+    d.text(180, 40, "one cell per (query, key) pair", size=13, color=MUTED)
+    d.text(180, 292, "S twice as long: 4x the numbers", size=14)
     return d
