@@ -43,10 +43,10 @@ from .feedback import (
 __all__ = [
     "soft_lookup_inputs", "check_soft_lookup", "SOFT_LOOKUP_MISTAKES", "SOFT_LOOKUP_CASES",
     "reference_shapes", "check_attention_shapes", "SHAPE_KEYS", "SHAPE_MISTAKES", "SHAPE_CONFIGS",
-    "layers_until_linked", "check_reach", "sinusoidal_code", "position_code_figure", "reach_answer", "REACH_MISTAKES", "encoder_layer_figure", "residual_gradient_norms",
+    "layers_until_linked", "check_reach", "REACH_SRC", "REACH_DST", "sinusoidal_code", "position_code_figure", "reach_answer", "REACH_MISTAKES", "encoder_layer_figure", "residual_gradient_norms",
     "MINILM_ARE", "are_row_from_model", "HEAD_B", "HEAD_D", "draw_head_path", "one_head_diagram",
     "TOY_QUERY", "TOY_KEYS", "soft_lookup_diagram", "lost_precision", "rounded_like_half", "not_finite", "reach_rows", "reach_diagram",
-    "rope", "MHA_B", "MHA_D", "MHA_H", "layout_diagram",
+    "rope", "MHA_B", "MHA_D", "MHA_H", "layout_diagram", "SHUFFLE_TOKENS", "SHUFFLE", "equivariance_diagram", "GROWTH_S", "weights_growth_diagram",
 ]
 
 
@@ -98,11 +98,14 @@ def _cosine(q: Tensor, k: Tensor) -> Tensor:
     return _s(q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True))  # [M, N], in [-1, 1]
 
 
-def _sqrt_count(n: int) -> float:
+def _sqrt_count(n: int, keys: int = 0) -> float:
     """sqrt(n) for the "divided by sqrt(M)" mistake; on a case where it is 2 (M = 4) that mistake is the
-    fixed temperature 2, so it does not apply there (the first case, M = 3, tells the two apart)."""
+    fixed temperature 2, and where M = N (the keepdim probe) the sqrt(N) one, so it does not apply there (the
+    first case, M = 3, tells them apart)."""
     if n == 4:
         raise ValueError("sqrt(M) = 2 here: the fixed-temperature mistake")
+    if n == keys:
+        raise ValueError("M = N here: the sqrt(N) mistake")
     return math.sqrt(n)
 
 
@@ -111,6 +114,12 @@ def _sqrt_keys(k: Tensor) -> float:
     if k.shape[0] == k.shape[1]:
         raise ValueError("N = D here: the sqrt(D) mistake")
     return math.sqrt(k.shape[0])
+
+
+def _sum_without_keepdim(q: Tensor, k: Tensor) -> Tensor:
+    """``e / e.sum(dim=-1)``: the row sums lost their axis; it runs only where M = N (the second probe)."""
+    e = torch.exp(_s(q, k))  # [M, N]
+    return e / e.sum(dim=-1)  # [M, N] / [M]: the sums lined up with the keys' axis
 
 
 #: Known wrong answers of the soft-lookup exercise, tried in this order.
@@ -130,8 +139,8 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
             "do not add up to 1 (the mix is scaled up or down). softmax is exp(s) divided by the row's total: "
             "exp(s) / exp(s).sum(dim=-1, keepdim=True), which is what torch.softmax(s, dim=-1) computes."),
     Mistake("equal average", lambda q, k, v: v.mean(dim=0).expand(q.shape[0], -1),
-            "you averaged all rows equally. The weights must depend on how well each key matches the query: "
-            "softmax(queries @ keys.T)."),
+            "you averaged all rows equally. The weights must depend on how well each key matches the query, "
+            "through its score."),
     Mistake("softmax over the queries", lambda q, k, v: torch.softmax(_s(q, k), dim=0) @ v,
             "your softmax ran over the queries (dim=0), so each key's column sums to 1. Each query spreads its "
             "own attention over the keys: softmax over the last axis, dim=-1."),
@@ -141,21 +150,20 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
             "you mixed the keys. Keys are only for matching; what is handed over is the values: weights @ values."),
     Mistake("divided by sqrt(D)", lambda q, k, v: torch.softmax(_s(q, k) / math.sqrt(q.shape[1]), dim=-1) @ v,
             "you divided the scores by sqrt(D). This exercise leaves that scaling out (chapter 3 explains it); "
-            "it asks for the plain lookup softmax(queries @ keys.T) @ values."),
+            "it asks for the plain lookup, with the dot products themselves as scores."),
     Mistake("divided by D", lambda q, k, v: torch.softmax(_s(q, k) / q.shape[1], dim=-1) @ v,
-            "you divided the scores by D. This exercise asks for the plain lookup softmax(queries @ keys.T) @ values, "
-            "with no scaling."),
+            "you divided the scores by D. This exercise asks for the plain lookup, with no scaling."),
     Mistake("divided by sqrt(N)", lambda q, k, v: torch.softmax(_s(q, k) / _sqrt_keys(k), dim=-1) @ v,
             "you divided the scores by the square root of N, the number of keys (keys.shape[0]). This exercise "
             "leaves any scaling out; the one chapter 3 explains uses the width sqrt(D_k), shape[1], not the count "
-            "of rows: softmax(queries @ keys.T) @ values."),
-    Mistake("divided by sqrt(M)", lambda q, k, v: torch.softmax(_s(q, k) / _sqrt_count(q.shape[0]), dim=-1) @ v,
+            "of rows."),
+    Mistake("divided by sqrt(M)", lambda q, k, v: torch.softmax(_s(q, k) / _sqrt_count(q.shape[0], k.shape[0]), dim=-1) @ v,
             "you divided the scores by the square root of M, the number of queries (queries.shape[0]). This "
             "exercise leaves any scaling out; the one chapter 3 explains uses the width sqrt(D_k), shape[1], not "
-            "a count of rows: softmax(queries @ keys.T) @ values."),
+            "a count of rows."),
     Mistake("fixed temperature", lambda q, k, v: torch.softmax(_s(q, k) / 2, dim=-1) @ v,
-            "you divided the scores by 2 (a fixed temperature). This exercise asks for the plain lookup "
-            "softmax(queries @ keys.T) @ values, with no scaling; chapter 3 is about temperatures."),
+            "you divided the scores by 2 (a fixed temperature). This exercise asks for the plain lookup, with no "
+            "scaling; chapter 3 is about temperatures."),
     Mistake("sigmoid", lambda q, k, v: torch.sigmoid(_s(q, k)) @ v,
             "you used sigmoid: it squashes each score on its own, so the weights do not sum to 1. softmax "
             "normalises them together: exp(s) / exp(s).sum()."),
@@ -168,8 +176,8 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
             "you returned the weights, one number per query and row. Finish the lookup by mixing the values "
             "with them: weights @ values."),
     Mistake("returned the scores", lambda q, k, v: _s(q, k),
-            "you returned the scores, one number per query and row. Turn them into weights with softmax and "
-            "mix the values: softmax(queries @ keys.T) @ values."),
+            "you returned the scores, one number per query and row: the lookup does not stop there. Turn them "
+            "into weights, then mix the values with them."),
     Mistake("weighted rows not summed", lambda q, k, v: _w(q, k)[..., None] * v,
             "you returned one weighted row per query and key, shape [M, N, D_v]: add them up over the keys "
             "(weights @ values), so the result has shape [M, D_v]."),
@@ -201,6 +209,11 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
             "as the columns of the weights, so weights [M, N] @ values [N, D_v] = [M, D_v] needs no transpose "
             "(weights @ values.T only runs when N == D_v, and then mixes the wrong numbers; your code raised an "
             "error when N != D_v)."),
+    Mistake("softmax sum without keepdim", lambda q, k, v: _sum_without_keepdim(q, k) @ v,
+            "your hand-written softmax divides by exp(s).sum(dim=-1), which drops the summed axis: the M row sums, "
+            "shape [M], are then lined up with the keys' axis, so each column is divided by another query's sum (and "
+            "with M != N the division raised an error). Keep the axis, exp(s).sum(dim=-1, keepdim=True), shape "
+            "[M, 1], or use torch.softmax(s, dim=-1)."),
     Mistake("queries @ keys", lambda q, k, v: torch.softmax(q @ k, dim=-1) @ v,
             "queries @ keys only runs when N == D: keys is [N, D] with one row per entry, so compare the "
             "queries with keys.T, [M, D] @ [D, N] = [M, N] (your code raised an error when N != D)."),
@@ -249,22 +262,46 @@ def _sqrt_d_v(fn: Callable[..., Any]) -> Feedback | None:
     result, feedback = run_reader_code(fn, q.clone(), k.clone(), v.clone())
     if feedback is None and close(result, torch.softmax(_s(q, k) / math.sqrt(v.shape[1]), dim=-1) @ v):
         return wrong("you divided the scores by sqrt(D_v), the square root of the values' width. This exercise "
-                     "leaves any scaling out (chapter 3 explains the one by sqrt(D_k)): softmax(queries @ keys.T) @ values.")
+                     "leaves any scaling out (chapter 3 explains the one by sqrt(D_k)).")
     return None
 
 
+def _float32_scores(result: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Feedback | None:
+    """The hint for float64 inputs whose scores were built as a float32 tensor (``torch.tensor([[float(qi @ kj) ...]])``:
+    torch.tensor of Python floats is float32) and whose mix with the values then ran in float64 again (``weights[..., None]
+    * values`` promotes, or ``weights.to(values.dtype) @ values``). ``None`` when that is not what happened."""
+    s32 = _s(q, k).float()  # [M, N], rounded to float32
+    variants = (torch.softmax(s32.double(), dim=-1) @ v, torch.softmax(s32, dim=-1).double() @ v)
+    if not any(close(result, r, atol=1e-13, rtol=1e-11) for r in variants):
+        return None
+    return wrong("your scores are float32 though the inputs are torch.float64: torch.tensor(...) of Python floats "
+                 "(float(q_i @ k_j) for each pair) makes a float32 tensor, its default dtype, so every score keeps only "
+                 "7 significant digits, and the mix with the values cannot bring them back. Compute in the inputs' "
+                 "dtype or wider; don't narrow it: build the scores with tensor operations (a matrix product), or pass "
+                 "dtype=queries.dtype to torch.tensor.")
+
+
 def _soft_lookup_cases() -> list[tuple[Tensor, Tensor, Tensor]]:
-    return [soft_lookup_inputs(*c) for c in SOFT_LOOKUP_CASES] + [soft_lookup_inputs(3, 7, 7)]
+    return [soft_lookup_inputs(*c) for c in SOFT_LOOKUP_CASES] + list(_probes())
 
 
-def _lookup_one(fn: Callable[..., Any], inputs: tuple[Tensor, Tensor, Tensor], square: tuple[Tensor, Tensor, Tensor]) -> Feedback | None:
+def _probes() -> tuple[tuple[Tensor, Tensor, Tensor], ...]:
+    """Where a slip that raises on the checker's cases runs: ``N = D`` (a product without the transpose, or with
+    values.T) and ``M = N`` (row sums without keepdim)."""
+    return soft_lookup_inputs(3, 7, 7), soft_lookup_inputs(5, 5, 6)
+
+
+def _lookup_one(fn: Callable[..., Any], inputs: tuple[Tensor, Tensor, Tensor],
+                probes: tuple[tuple[Tensor, Tensor, Tensor], ...]) -> Feedback | None:
     """``None`` when ``fn`` is right on ``inputs``, else the feedback (a known mistake's hint when it is one)."""
     result, feedback = run_reader_code(fn, *(t.clone() for t in inputs))
     if feedback is not None:
-        if feedback.status == "wrong" and feedback.message.startswith("your code raised"):  # maybe a product that only runs for square inputs
-            result2, feedback2 = run_reader_code(fn, *(t.clone() for t in square))
-            if feedback2 is None:
-                return diagnose(result2, SOFT_LOOKUP_MISTAKES, *square) or feedback
+        if feedback.status == "wrong" and feedback.message.startswith("your code raised"):  # maybe a slip that runs on a probe
+            for probe in probes:
+                result2, feedback2 = run_reader_code(fn, *(t.clone() for t in probe))
+                hint = diagnose(result2, SOFT_LOOKUP_MISTAKES, *probe) if feedback2 is None else None
+                if hint is not None:
+                    return hint
         return feedback
     if not isinstance(result, Tensor):
         return wrong(f"return a torch.Tensor of shape [M, D_v], got {describe(result)}.")
@@ -273,6 +310,9 @@ def _lookup_one(fn: Callable[..., Any], inputs: tuple[Tensor, Tensor, Tensor], s
     if lost is not None:
         return lost
     if inputs[0].dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused even where it fits ATOL
+        scores32 = _float32_scores(result, *inputs)
+        if scores32 is not None:
+            return scores32
         narrower = computed_narrower(result, expected, _lookup(*(t.float() for t in inputs)).double())
         if narrower is not None:
             return narrower
@@ -281,6 +321,13 @@ def _lookup_one(fn: Callable[..., Any], inputs: tuple[Tensor, Tensor, Tensor], s
     hint = diagnose(result, SOFT_LOOKUP_MISTAKES, *inputs) or rounded_like_half(result, expected) or not_finite(result)
     if hint is not None:
         return hint
+    if result.shape == expected.shape and result.dim() == 2:
+        empty = [i for i in range(result.shape[0]) if bool((result[i] == 0).all())]
+        if empty and len(empty) < result.shape[0]:
+            return wrong(f"row {empty[0]} of your result was never filled: it is all 0, as in the zeros you started "
+                         f"from, while other rows hold a mix. Your loop over the queries stops early or starts late "
+                         f"(range(M - 1), range(1, M)): query {empty[0]} of the M = {result.shape[0]} queries was skipped, "
+                         "and every query needs its own row.")
     N, D_v = inputs[2].shape
     M, D = inputs[0].shape
     if tuple(result.shape) == (D_v, M):
@@ -304,9 +351,9 @@ def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Feedbac
     :data:`SOFT_LOOKUP_CASES`. When the reader's code raises, it is tried once more on a square
     case (``N = D``), where a product without the transpose runs and can be recognised.
     """
-    square = soft_lookup_inputs(3, 7, 7)
+    probes = _probes()
     for c, case in enumerate(SOFT_LOOKUP_CASES):
-        problem = _lookup_one(fn, soft_lookup_inputs(*case), square)
+        problem = _lookup_one(fn, soft_lookup_inputs(*case), probes)
         if problem is not None and c == 0 and problem.message == _SQRT_D.hint:
             hint = _sqrt_d_v(fn)  # the first case has D_v = D: which square root was it?
             if hint is not None:
@@ -516,9 +563,14 @@ REACH_PARTS: tuple[str, ...] = ("the first number, the dilated kernel-3 layers",
                                 "the third number, the self-attention layers")
 
 
+#: The pair of positions the reach exercise asks about: "books" (1) and "." (7), six positions apart. Neither this
+#: distance nor its counts are printed in the chapter (section 1.6 measures "books" to "are" and "The" to ".").
+REACH_SRC, REACH_DST = 1, 7
+
+
 def reach_answer() -> tuple[int, int, int]:
-    """The reach exercise's three counts for "The" (position 0) to "." (position 7), measured with autograd."""
-    return (layers_until_linked(3, 0, 7, dilation_growth=2), layers_until_linked(3, 0, 7), 1)
+    """The reach exercise's three counts for "books" (position 1) to "." (position 7), measured with autograd."""
+    return (layers_until_linked(3, REACH_SRC, REACH_DST, dilation_growth=2), layers_until_linked(3, REACH_SRC, REACH_DST), 1)
 
 
 def _one_off(i: int, value: int) -> Callable[[], tuple[int, ...]]:
@@ -533,28 +585,39 @@ def _one_off(i: int, value: int) -> Callable[[], tuple[int, ...]]:
 #: Per count, the hint for any wrong value of it (``{got}`` is the reader's number).
 REACH_HINTS: tuple[str, ...] = (
     "{part}, is off (you wrote {got}): layer l looks 2^l positions to each side, so L such layers reach "
-    "1 + 2 + ... + 2^(L-1) = 2^L - 1 positions; find the smallest L whose reach covers the distance from 'The' to '.'.",
+    "1 + 2 + ... + 2^(L-1) = 2^L - 1 positions; find the smallest L whose reach covers the distance from 'books' to '.'.",
     "{part}, is off (you wrote {got}): each plain kernel-3 layer widens the reach by one position to each side, "
-    "so count the layers until the reach covers the distance from 'The' (position 0) to '.' (position 7).",
+    "so count the layers until the reach covers the distance from 'books' (position 1) to '.' (position 7).",
     "{part}, is off (you wrote {got}): within one attention layer the output at every position is a direct "
     "function of the input at every position, whatever their distance (section 1.6 measured it with autograd).",
 )
 
 #: Known slips of the reach exercise, each in one count; the checker names the count and the slip.
 REACH_MISTAKES: tuple[Mistake, ...] = (
-    Mistake("floor of log2 7", _one_off(0, 2),
+    Mistake("floor of log2 of the distance", _one_off(0, 2),
             "the first number, the dilated kernel-3 layers, is one short: 2 layers (dilations 1 and 2) reach only "
-            "1 + 2 = 3 positions to each side, short of the distance from 'The' to '.'. L layers reach 2^L - 1 "
-            "positions, so floor(log2 7) rounds the wrong way."),
-    Mistake("two positions per layer", _one_off(1, 4),
-            "the second number, the plain kernel-3 layers, counts two positions per layer towards 'The'. A stack of "
+            "1 + 2 = 3 positions to each side, short of the distance from 'books' to '.'. L layers reach 2^L - 1 "
+            "positions, so taking the floor of log2 of the distance rounds the wrong way."),
+    Mistake("plain stack one short", _one_off(1, REACH_DST - REACH_SRC - 1),
+            "the second number, the plain kernel-3 layers, is one short: after that many layers the reach of "
+            "'.' (position 7) ends one position to the right of 'books' (position 1). Each layer adds one position to "
+            "each side; count until the reach includes position 1 itself."),
+    Mistake("counted tokens, not gaps", _one_off(1, REACH_DST - REACH_SRC + 1),
+            "the second number, the plain kernel-3 layers, is one too many: you counted the tokens from 'books' to "
+            "'.', both ends included, but a layer moves the reach across one gap between neighbours. Count the gaps "
+            "between neighbouring positions, not the tokens."),
+    Mistake("two positions per layer", _one_off(1, 3),
+            "the second number, the plain kernel-3 layers, counts two positions per layer towards 'books'. A stack of "
             "L kernel-3 layers does see a window 2L + 1 positions wide, but that window is centred on '.': it "
-            "grows by one position to the left and one to the right, and only the left side moves towards 'The' "
-            "(position 0). Count the layers until the left side alone covers the distance from position 7 to "
-            "position 0. (Two positions per layer is what the kernel-5 stack of section 1.6 manages.)"),
+            "grows by one position to the left and one to the right, and only the left side moves towards 'books' "
+            "(position 1). Count the layers until the left side alone covers the distance from position 7 to "
+            "position 1. (Two positions per layer is what the kernel-5 stack of section 1.6 manages.)"),
+    Mistake("the pair of section 1.6", _one_off(1, 4),
+            "the second number, the plain kernel-3 layers, is the count section 1.6 measured for 'books' -> 'are', "
+            "four positions apart. '.' (position 7) is further from 'books': count the layers for this pair."),
     Mistake("no attention layer", _one_off(2, 0),
             "the third number, the self-attention layers, cannot be 0: with no layer at all, the output at '.' is "
-            "only its own input. Count the layers needed before it depends on the input at 'The'."),
+            "only its own input. Count the layers needed before it depends on the input at 'books'."),
 )
 
 
@@ -568,11 +631,11 @@ def _reach_ints(answer: object) -> tuple[int, ...] | None:
         return None
 
 
-@exercise(solution=(3, 7, 1), kind="value",
+@exercise(solution=(3, 6, 1), kind="value",
           tables=(MistakeTable(REACH_MISTAKES, lambda: [()], reach_answer),),
           not_generic={"float16": "the counts are whole numbers", "transposed": "three counts have no axes to swap"})
 def check_reach(answer: object) -> Feedback:
-    """Check the reader's ``(dilated, plain, attention)`` layer counts for linking position 0 with position 7.
+    """Check the reader's ``(dilated, plain, attention)`` layer counts for linking position 1 with position 7.
 
     Each wrong count is named, with the hint of its known slip (:data:`REACH_MISTAKES`) when it is one.
     """
@@ -583,7 +646,7 @@ def check_reach(answer: object) -> Feedback:
         return wrong("write each count as a whole number, an int (3, not 3.0): a number of layers has no fraction.")
     if ints is None or len(ints) != 3:
         return wrong("write my_answer as three whole numbers in parentheses, (dilated, plain, attention), such as "
-                     f"(4, 6, 2); got {describe(answer)}.")
+                     f"(5, 9, 2); got {describe(answer)}.")
     right = reach_answer()
     if ints == right:
         return correct(f"{ints}: doubling dilations cover 2^L - 1 positions in L layers, a plain kernel-3 stack one "
@@ -970,4 +1033,81 @@ def layout_diagram() -> Diagram:
     y2 = y1 + B * cell + gap + 30
     d.text(12, y2, "no error: token i attends only to itself and to", size=13, anchor="start")
     d.text(12, y2 + 18, f"token i of the other sequence; weights [{S}, {B}, {B}]", size=13, anchor="start")
+    return d
+
+
+# ---------------------------------------------------------------- section 1.8: the equivariance diagram
+
+#: The four tokens of section 1.8's example, "the books are old", and the shuffle that reads them as
+#: "old books are the": position p of the shuffled sequence holds token ``SHUFFLE[p]``.
+SHUFFLE_TOKENS: tuple[str, ...] = ("the", "books", "are", "old")
+SHUFFLE: tuple[int, ...] = (3, 1, 2, 0)
+
+
+@diagram
+def equivariance_diagram() -> Diagram:
+    """Chapter 1, section 1.8: shuffle, then attend, equals attend, then shuffle."""
+    toks, order = SHUFFLE_TOKENS, SHUFFLE
+    colours = ("orange", "sky", "green", "purple")
+    shuffled = [toks[i] for i in order]
+    alt = (f"Shuffle, then attend, equals attend, then shuffle. Top: the input x, one row per token: "
+           f"{', '.join(toks)}. Left path: shuffle the rows to {', '.join(shuffled)}, then attend, which gives the outputs "
+           f"{', '.join(f'o({t})' for t in shuffled)}. Right path: attend first, which gives "
+           f"{', '.join(f'o({t})' for t in toks)}, then shuffle the same way: "
+           f"{', '.join(f'o({t})' for t in shuffled)}. The two results are equal row for row: shuffling the input "
+           "only shuffles the output, each token's output the same wherever it sits.")
+    d = Diagram("ch01_equivariance", 360, 520, title="Shuffle, then attend = attend, then shuffle", alt=alt)
+    row, w = 26, 150
+
+    def column(x: float, y: float, names: list[str], idx: list[int], caption: str, output: bool) -> None:
+        d.text(x + w / 2, y - 8, caption, size=14, color=MUTED)
+        for r, (name, i) in enumerate(zip(names, idx)):
+            d.box(x, y + r * row, w, row, f"o({name})" if output else name, color=colours[i], size=14, dash=output)
+
+    column(105, 40, list(toks), list(range(4)), "x: one row per token", False)
+    left, right = 12, 198
+    column(left, 212, shuffled, list(order), "shuffled x", False)
+    column(right, 212, [f"{t}" for t in toks], list(range(4)), "attn(x)", True)
+    column(left, 384, shuffled, list(order), "attn(shuffled x)", True)
+    column(right, 384, shuffled, list(order), "shuffled attn(x)", True)
+    for (x1, y1, x2, y2, label, side) in ((150, 146, 90, 188, "shuffle", "end"), (210, 146, 270, 188, "attend", "start"),
+                                          (87, 318, 87, 360, "attend", "start"), (273, 318, 273, 360, "shuffle", "end")):
+        d.arrow(x1, y1, x2, y2)
+        d.text(x1 + (x2 - x1) / 2 + (-8 if side == "end" else 8), (y1 + y2) / 2 + 5, label, size=14, anchor=side)
+    d.text(180, 440, "=", size=22, weight="bold")
+    d.text(180, 506, "the same rows, with the same values", size=14)
+    return d
+
+
+# ---------------------------------------------------------------- section 1.5: the weights grow with S^2
+
+#: The sequence lengths the growth diagram draws, each twice the last.
+GROWTH_S: tuple[int, ...] = (2, 4, 8)
+
+
+@diagram
+def weights_growth_diagram() -> Diagram:
+    """Chapter 1, section 1.5: the [B, H, S, S] weights, one S x S block per sequence and head, growing with S^2."""
+    H = MHA_H
+    sizes = GROWTH_S
+    counts = ", ".join(f"S = {s}: {H} x {s} x {s} = {H * s * s} numbers" for s in sizes)
+    alt = (f"The weights a layer can return, shape (B, H, S, S), for one sequence (B = 1) and H = {H} heads: a stack "
+           f"of {H} square blocks, one per head, each with one cell per (query, key) pair. Three stacks, for S = "
+           f"{', '.join(str(s) for s in sizes)}: each time S doubles, every block gets twice as many rows and twice as "
+           f"many columns, so four times as many numbers. {counts}.")
+    d = Diagram("ch01_weights_growth", 360, 300, title="The weights [B, H, S, S] grow with S squared", alt=alt)
+    cell, x = 14, 30
+    base = 226
+    for s in sizes:
+        side = s * cell
+        for back in (2, 1):  # the other heads, stacked behind the first
+            d.rect(x + 6 * back, base - side - 6 * back, side, side, fill="grey", stroke="grey", rx=0, tint=True)
+        fills = [["orange"] * s for _ in range(s)]
+        d.grid(x, base - side, fills, cell=cell, size=13)
+        d.text(x + side / 2 + 6, base + 22, f"S = {s}", size=14)
+        d.text(x + side / 2 + 6, base + 42, f"{H * s * s:,} numbers", size=13, color=MUTED)
+        x += side + 48
+    d.text(180, 22, f"one block per head (H = {H}),", size=13, color=MUTED)
+    d.text(180, 40, "one cell per (query, key) pair", size=13, color=MUTED)
+    d.text(180, 292, "S twice as long: 4x the numbers", size=14)
     return d

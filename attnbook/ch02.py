@@ -13,6 +13,7 @@ reader's function and checks that the checker answers with its hint.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import re
 import traceback
@@ -165,6 +166,9 @@ WEIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("queries from x_kv", lambda xq, xk, wq, wk, wv: _cross_only(_sm((xk @ wq) @ (xk @ wk).mT / math.sqrt(wq.shape[-1])), xq, xk),
             "your weights have shape [S_k, S_k]: you took the queries from x_kv. Queries come from x_q, so "
             "the weights are [S_q, S_k]."),
+    Mistake("x_q and x_kv swapped", lambda xq, xk, wq, wk, wv: _cross_only(_sm((xk @ wq) @ (xq @ wk).mT / math.sqrt(wq.shape[-1])), xq, xk),
+            "your weights have shape [S_k, S_q]: you swapped the two sequences, taking the queries from x_kv and the "
+            "keys and values from x_q. Queries come from x_q, keys and values from x_kv, so the weights are [S_q, S_k]."),
     Mistake("raw scores", lambda xq, xk, wq, wk, wv: _scores(xq, xk, wq, wk) / math.sqrt(wq.shape[-1]),
             "your weights are the raw scores: apply softmax over each row (dim=-1) so that every row sums to 1."),
     Mistake("unscaled raw scores", lambda xq, xk, wq, wk, wv: _scores(xq, xk, wq, wk),
@@ -277,6 +281,55 @@ OUTPUT_MISTAKES: tuple[Mistake, ...] = (
 )
 
 
+def _with_scale(x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor, divide: float | None,
+                multiply: float | None) -> tuple[Tensor, Tensor]:
+    """The right attention with the scores divided by ``divide`` (or multiplied by ``multiply``) instead of sqrt(D_k)."""
+    scores = _scores(x_q, x_kv, w_q, w_k)
+    weights = _sm(scores / divide if divide is not None else scores * multiply)
+    return weights @ (x_kv @ w_v), weights
+
+
+def _float32_scale(output: Tensor, weights: Tensor, *args: Tensor) -> Feedback | None:
+    """The hint for float64 scores divided by a float32 0-d tensor, ``torch.sqrt(torch.tensor(d_k))`` (torch.sqrt of an
+    int tensor is float32, and so is ``torch.tensor(5.0)``): PyTorch keeps the scores' float64, but the scale itself was
+    rounded to float32's 7 digits, so the answer is right only to about 1e-8. ``None`` when that is not what happened."""
+    d_k = args[2].shape[-1]
+    root32 = torch.sqrt(torch.tensor(float(d_k), dtype=torch.float32))
+    variants = (_with_scale(*args, divide=float(root32), multiply=None),
+                _with_scale(*args, divide=None, multiply=float(torch.rsqrt(torch.tensor(float(d_k), dtype=torch.float32)))),
+                _with_scale(*args, divide=None, multiply=float(1 / root32)))
+    for out, w in variants:
+        if close(output, out, atol=1e-13, rtol=1e-11) and close(weights, w, atol=1e-13, rtol=1e-11):
+            return wrong("your scale is a float32 tensor (torch.sqrt(torch.tensor(d_k)): torch.sqrt of an integer tensor "
+                         "is float32, and so is torch.tensor of a Python float, or one made with dtype=torch.float32). "
+                         "The scores stay float64, but they are divided by a number rounded to float32's 7 digits, so "
+                         "the weights are right only to about 8 significant digits. Compute in the inputs' dtype or wider; don't narrow it: "
+                         "scale by a Python float, math.sqrt(k.shape[-1]) or k.shape[-1] ** 0.5.")
+    return None
+
+
+def _unfilled(weights: Tensor) -> Feedback | None:
+    """The hint for weights of which whole rows are exactly 0, as in the zeros buffer a loop writes into: a sequence
+    of the batch (or a query's row) that the loop never reached. ``None`` when every row holds something."""
+    w = as_cpu_float64(weights)
+    empty = (w == 0).all(dim=-1)  # [B, S] or [S_q]: rows never written
+    if not bool(empty.any()):
+        return None
+    if w.dim() == 3:
+        whole = [b for b in range(w.shape[0]) if bool(empty[b].all())]
+        if whole:
+            return wrong(f"sequence {whole[0]} of the batch was never filled: its weights are all 0, as in the zeros "
+                         f"you started from, while {'the other sequences hold' if w.shape[0] > 2 else 'the other holds'} "
+                         "weights. Your batch loop stops early (or starts late): range(B) runs over every sequence, "
+                         "B = x.shape[0]; or drop the loop, since the matrix products work on the whole batch at once.")
+        b, row = divmod(int(empty.flatten().nonzero()[0]), w.shape[1])
+        return wrong(f"row {row} of sequence {b} was never filled: its weights are all 0, as in the zeros you started "
+                     "from. Your loop over the queries stops early (or starts late): run it over every row, or drop it.")
+    row = int(empty.nonzero()[0])
+    return wrong(f"row {row} of your weights was never filled: it is all 0, as in the zeros you started from. Your loop "
+                 "over the queries stops early (or starts late): run it over every row, or drop it.")
+
+
 def _diagnose(result: object, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor) -> Feedback | None:
     """``None`` when ``result`` is the right ``(output, weights)``, else a hint.
 
@@ -297,6 +350,9 @@ def _diagnose(result: object, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tenso
         if lost is not None:
             return lost
     if x_q.dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused even where it fits ATOL
+        scale32 = _float32_scale(output, weights, *args)
+        if scale32 is not None:
+            return scale32
         narrow = reference_attention(*(a.float() for a in args))
         for name, t, ref, nar in (("output", output, expected_out, narrow[0]), ("weights", weights, expected_w, narrow[1])):
             narrower = computed_narrower(t, ref, nar.double(), name=f"your {name}")
@@ -320,10 +376,14 @@ def _diagnose(result: object, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tenso
         if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4) and torch.allclose(sums, sums.flatten()[0].expand_as(sums), atol=1e-6):
             return wrong(f"your rows sum to {float(sums.flatten()[0]):.4f}, every row alike, not 1: the weights were "
                          "scaled after softmax. Scale the scores before softmax; the weights it returns already sum to 1.")
+        unfilled = _unfilled(weights)
+        if unfilled is not None:
+            return unfilled
         if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
             worst = int((sums - 1).abs().flatten().argmax())
             row = worst % sums.shape[-1]
-            return wrong(f"your rows sum to {float(sums.flatten()[worst]):.4f} (row {row}): apply softmax over the keys, "
+            where = f"sequence {worst // sums.shape[-1]}, row {row}" if sums.dim() == 2 else f"row {row}"
+            return wrong(f"your rows sum to {float(sums.flatten()[worst]):.4f} ({where}): apply softmax over the keys, "
                          "the last axis (dim=-1), so that every row sums to 1.")
         return compare_tensors(weights, expected_w, name="your weight matrix")
     if close(output, expected_out):
@@ -427,7 +487,17 @@ def _tables(self_attention: bool) -> tuple[MistakeTable, ...]:
             MistakeTable(PROBE_MISTAKES, lambda: [_probe_args(self_attention)], _right_weights))
 
 
-_SCORE_PRODUCT = re.compile(r"@|matmul|\bbmm\b|\bmm\b|einsum")
+_PRODUCT = re.compile(r"@|matmul|\bbmm\b|\bmm\b|einsum")
+_QUERY_NAME = re.compile(r"\b(q|queries|query|Q)\w*\b")
+_KEY_NAME = re.compile(r"\b(k|keys|key|K)\w*\b")
+_VALUES_TRANSPOSED = re.compile(r"\b(v|values|value|V)\w*\s*\.\s*(T\b|mT\b|transpose\b|permute\b)")
+
+
+def _score_product(line: str) -> bool:
+    """True for a line that multiplies the queries with the keys (it names both, and a product): where a transpose of
+    the wrong axes raises. A line that mixes the values or projects x is not one."""
+    code = line.split("#")[0]
+    return bool(_PRODUCT.search(code) and _QUERY_NAME.search(code) and _KEY_NAME.search(code))
 
 
 def _failing_line(fn: Callable[..., object], args: tuple[Tensor, ...]) -> str | None:
@@ -447,6 +517,27 @@ _TRANSPOSE_ADVICE = (" (The error is in the score product. With x of shape [B, S
                      "axes of k, k.transpose(-2, -1).)")
 
 
+_VALUES_ADVICE = (" (The error is in the product with the values, which you transposed. V = x @ w_v is already [B, S, D_v], "
+                  "one row per key, in the order of the weights' columns: weights [B, S, S] @ V [B, S, D_v] needs no "
+                  "transpose.)")
+
+_ZEROS_LIKE_ADVICE = (" (Your buffer torch.zeros_like(x) has x's shape, [B, S, D], but each sequence's output weights @ v "
+                      "has the values' width, [S, D_v]: start from torch.zeros(B, S, w_v.shape[1], dtype=x.dtype), or "
+                      "drop the loop.)")
+
+
+def _source(fn: Callable[..., object]) -> str:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return ""
+
+
+_SHAPES_ADVICE = (" (The line that raised is `{line}`. With x of shape [B, S, D]: q = x @ w_q and k are [B, S, D_k], "
+                  "v = x @ w_v is [B, S, D_v] (x comes first: x @ w), the weights are [B, S, S] and the output [B, S, D_v]; "
+                  "write the shape of each tensor on that line next to it.)")
+
+
 @exercise(solution=_solution_self, tables=_tables(True))
 def check_self_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> Feedback:
     """Check ``fn(x [B, S, D], w_q [D, D_k], w_k [D, D_k], w_v [D, D_v]) -> (output [B, S, D_v], weights [B, S, S])``."""
@@ -462,8 +553,14 @@ def check_self_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Te
                     return hint
             t = qkv_inputs()
             line = _failing_line(fn, (t["x_batch"], t["w_q"], t["w_k"], t["w_v"]))
-            if line is None or _SCORE_PRODUCT.search(line):
+            if line is not None and _VALUES_TRANSPOSED.search(line.split("#")[0]) and _PRODUCT.search(line):
+                return wrong(feedback.message + _VALUES_ADVICE)
+            sizes = {int(n) for n in re.findall(r"\b\d+\b", feedback.message)}
+            if line is None or _score_product(line) or D_K in sizes:  # D_k = 5 only as a wrong score product's axis
                 return wrong(feedback.message + _TRANSPOSE_ADVICE)
+            if "zeros_like(x" in line or ("expanded size" in feedback.message and "zeros_like(x" in _source(fn)):
+                return wrong(feedback.message + _ZEROS_LIKE_ADVICE)
+            return wrong(feedback.message + _SHAPES_ADVICE.format(line=line.strip()))
         return feedback
     t = qkv_inputs()
     expected_out, expected_w = reference_attention(t["x_batch"], t["x_batch"], t["w_q"], t["w_k"], t["w_v"])

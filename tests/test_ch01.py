@@ -357,15 +357,18 @@ def test_reach_names_each_mistake_of_its_table(mistake) -> None:
 @pytest.mark.parametrize(
     ("answer", "hint"),
     [
-        ((2, 7, 1), "the first number, the dilated kernel-3 layers, is one short"),
-        ((3, 4, 1), "the second number, the plain kernel-3 layers, counts two positions per layer"),
-        ((3, 7, 0), "the third number, the self-attention layers, cannot be 0"),
-        ((5, 7, 1), "the first number, the dilated kernel-3 layers, is off (you wrote 5)"),
-        ((3, 8, 1), "the second number, the plain kernel-3 layers, is off (you wrote 8)"),
-        ((3, 7, 2), "the third number, the self-attention layers, is off (you wrote 2)"),
+        ((2, 6, 1), "the first number, the dilated kernel-3 layers, is one short"),
+        ((3, 3, 1), "the second number, the plain kernel-3 layers, counts two positions per layer"),
+        ((3, 5, 1), "the second number, the plain kernel-3 layers, is one short"),
+        ((3, 7, 1), "you counted the tokens from 'books' to '.', both ends included"),
+        ((3, 4, 1), "the count section 1.6 measured for 'books' -> 'are'"),
+        ((3, 6, 0), "the third number, the self-attention layers, cannot be 0"),
+        ((5, 6, 1), "the first number, the dilated kernel-3 layers, is off (you wrote 5)"),
+        ((3, 9, 1), "the second number, the plain kernel-3 layers, is off (you wrote 9)"),
+        ((3, 6, 2), "the third number, the self-attention layers, is off (you wrote 2)"),
         (7, "three whole numbers in parentheses"),
-        ((3, 7), "got a tuple of 2 items"),
-        ((3.0, 7, 1), "an int (3, not 3.0)"),
+        ((3, 6), "got a tuple of 2 items"),
+        ((3.0, 6, 1), "an int (3, not 3.0)"),
     ],
 )
 def test_reach_names_the_wrong_count(answer, hint: str) -> None:
@@ -374,10 +377,10 @@ def test_reach_names_the_wrong_count(answer, hint: str) -> None:
 
 
 def test_reach_names_every_wrong_count_and_accepts_the_measured_answer() -> None:
-    fb = check_reach((2, 4, 0))
+    fb = check_reach((2, 9, 0))
     assert all(part in fb.message for part in ("first number", "second number", "third number")), fb
     assert check_reach(None).status == "todo"
-    assert check_reach([3, 7, 1]).passed
+    assert check_reach([3, 6, 1]).passed
 
 
 def test_soft_lookup_computed_in_float32_on_float64_is_refused_by_the_dtype_rule() -> None:
@@ -400,9 +403,18 @@ def test_soft_lookup_upcast_to_float64_inside_is_still_right() -> None:
 
 
 def test_reach_names_the_window_centred_on_the_last_token() -> None:
-    """(3, 4, 1) is ceil(7 / 2): the window's width 2L + 1 taken as its reach towards 'The'."""
-    fb = check_reach((3, 4, 1))
-    assert fb.status == "wrong" and "centred on '.'" in fb.message and "books" not in fb.message, fb
+    """(3, 3, 1) is 6 / 2: the window's width 2L + 1 taken as its reach towards 'books'."""
+    fb = check_reach((3, 3, 1))
+    assert fb.status == "wrong" and "centred on '.'" in fb.message, fb
+
+
+def test_reach_asks_about_a_pair_whose_counts_the_chapter_does_not_print() -> None:
+    """Section 1.6 prints 'books' -> 'are' (4 plain layers) and 'The' -> '.' (7): the exercise's pair is neither."""
+    from attnbook.ch01 import REACH_DST, REACH_SRC, reach_answer
+
+    assert (REACH_SRC, REACH_DST) == (1, 7)
+    assert reach_answer() == (3, 6, 1)
+    assert reach_answer()[1] not in (4, 7)
 
 
 @pytest.mark.parametrize(
@@ -428,3 +440,45 @@ def test_soft_lookup_names_exp_without_the_sum_and_values_transposed(fn, hint: s
 def test_shapes_blame_the_context_not_the_values_the_reader_got_right(fn) -> None:
     fb = check_attention_shapes(fn)
     assert fb.status == "wrong" and fb.message.startswith("'context'"), fb
+
+
+# ---------------------------------------------------------------- the third expert reading
+
+
+def test_soft_lookup_names_scores_built_as_a_float32_tensor() -> None:
+    """torch.tensor of Python floats is float32: on float64 inputs the scores lose digits, named as such (not as a cast)."""
+    def from_python_floats(queries, keys, values):
+        scores = torch.tensor([[float(qi @ kj) for kj in keys] for qi in queries])
+        weights = torch.softmax(scores, dim=-1)
+        return (weights[..., None] * values).sum(dim=1)  # the product promotes back to float64
+
+    fb = check_soft_lookup(from_python_floats)
+    assert fb.status == "wrong" and "torch.tensor(...) of Python floats" in fb.message, fb
+    assert "dtype=queries.dtype" in fb.message and ".float()" not in fb.message, fb
+
+    def with_the_dtype(queries, keys, values):
+        scores = torch.tensor([[float(qi @ kj) for kj in keys] for qi in queries], dtype=queries.dtype)
+        return torch.softmax(scores, dim=-1) @ values
+
+    assert check_soft_lookup(with_the_dtype).passed
+
+
+@pytest.mark.parametrize("stop, start, row", [(1, 0, 2), (0, 1, 0)])
+def test_soft_lookup_names_the_query_a_loop_skipped(stop: int, start: int, row: int) -> None:
+    def loop(queries, keys, values):
+        out = torch.zeros(queries.shape[0], values.shape[1], dtype=values.dtype)
+        for i in range(start, queries.shape[0] - stop):
+            out[i] = torch.softmax(keys @ queries[i], dim=-1) @ values
+        return out
+
+    fb = check_soft_lookup(loop)
+    assert fb.status == "wrong" and f"row {row} of your result was never filled" in fb.message, fb
+
+
+def test_soft_lookup_names_a_softmax_sum_without_keepdim() -> None:
+    def no_keepdim(queries, keys, values):
+        s = queries @ keys.T
+        return (torch.exp(s) / torch.exp(s).sum(dim=-1)) @ values
+
+    fb = check_soft_lookup(no_keepdim)
+    assert fb.status == "wrong" and "drops the summed axis" in fb.message, fb

@@ -450,3 +450,107 @@ def test_a_notebook_global_width_is_named(check, make, width: int, hint: str) ->
     """math.sqrt(D_k) with the notebook's D_k = 4 (or D = 16): the checker's heads have D_k = 5 and 3."""
     fb = check(make(width))
     assert fb.status == "wrong" and hint in fb.message, fb
+
+
+# ---------------------------------------------------------------- the third expert reading
+
+
+def _self_scale(scale):
+    def fn(x, w_q, w_k, w_v):
+        q, k, v = x @ w_q, x @ w_k, x @ w_v
+        weights = torch.softmax(q @ k.transpose(-2, -1) / scale(k.shape[-1]), dim=-1)
+        return weights @ v, weights
+
+    return fn
+
+
+def _cross_scale(scale):
+    def fn(x_q, x_kv, w_q, w_k, w_v):
+        q, k, v = x_q @ w_q, x_kv @ w_k, x_kv @ w_v
+        weights = torch.softmax(q @ k.T / scale(k.shape[-1]), dim=-1)
+        return weights @ v, weights
+
+    return fn
+
+
+@pytest.mark.parametrize("check, make", [(check_self_attention, _self_scale), (check_cross_attention, _cross_scale)])
+@pytest.mark.parametrize("scale", [
+    lambda d_k: torch.sqrt(torch.tensor(d_k)),  # torch.sqrt of an int tensor is float32
+    lambda d_k: torch.sqrt(torch.tensor(d_k, dtype=torch.float32)),
+    lambda d_k: torch.tensor(d_k, dtype=torch.float32) ** 0.5,
+], ids=["sqrt-int-tensor", "sqrt-float32-tensor", "float32-tensor-pow"])
+def test_a_float32_scale_is_named_not_blamed_on_a_cast(check, make, scale) -> None:
+    fb = check(make(scale))
+    assert fb.status == "wrong" and "your scale is a float32 tensor" in fb.message, fb
+    assert ".float()" not in fb.message and "math.sqrt(k.shape[-1])" in fb.message, fb
+
+
+@pytest.mark.parametrize("check, make", [(check_self_attention, _self_scale), (check_cross_attention, _cross_scale)])
+def test_a_float64_scale_tensor_passes(check, make) -> None:
+    assert check(make(lambda d_k: torch.sqrt(torch.tensor(d_k, dtype=torch.float64)))).passed
+
+
+def _batch_loop(first: int, stop_early: int):
+    def fn(x, w_q, w_k, w_v):
+        B, S = x.shape[:2]
+        output = torch.zeros(B, S, w_v.shape[1], dtype=x.dtype)
+        weights = torch.zeros(B, S, S, dtype=x.dtype)
+        for b in range(first, B - stop_early):
+            q, k, v = x[b] @ w_q, x[b] @ w_k, x[b] @ w_v
+            weights[b] = torch.softmax(q @ k.T / math.sqrt(k.shape[-1]), dim=-1)
+            output[b] = weights[b] @ v
+        return output, weights
+
+    return fn
+
+
+@pytest.mark.parametrize("first, stop_early, seq", [(0, 1, 2), (1, 0, 0)])
+def test_a_batch_loop_that_skips_a_sequence_is_named(first: int, stop_early: int, seq: int) -> None:
+    fb = check_self_attention(_batch_loop(first, stop_early))
+    assert fb.status == "wrong" and f"sequence {seq} of the batch was never filled" in fb.message, fb
+    assert "apply softmax" not in fb.message, fb
+
+
+def _zeros_like_x(x, w_q, w_k, w_v):
+    output = torch.zeros_like(x)
+    weights = torch.zeros(x.shape[0], x.shape[1], x.shape[1], dtype=x.dtype)
+    for b in range(x.shape[0]):
+        q, k, v = x[b] @ w_q, x[b] @ w_k, x[b] @ w_v
+        w = torch.softmax(q @ k.T / math.sqrt(k.shape[-1]), dim=-1)
+        weights[b] = w
+        output[b] = w @ v
+    return output, weights
+
+
+def _values_transposed(x, w_q, w_k, w_v):
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1]), dim=-1)
+    return weights @ v.transpose(-2, -1), weights
+
+
+def _projection_reversed(x, w_q, w_k, w_v):
+    q, k = x @ w_q, x @ w_k
+    v = w_v @ x
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1]), dim=-1)
+    return weights @ v, weights
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (_zeros_like_x, "Your buffer torch.zeros_like(x) has x's shape"),
+    (_values_transposed, "The error is in the product with the values, which you transposed"),
+    (_projection_reversed, "The line that raised is `v = w_v @ x`"),
+])
+def test_errors_outside_the_score_product_are_not_blamed_on_it(fn, hint: str) -> None:
+    fb = check_self_attention(fn)
+    assert fb.status == "wrong" and hint in fb.message, fb
+    assert "score product" not in fb.message and "last two axes of k" not in fb.message, fb
+
+
+def test_cross_attention_names_the_two_sequences_swapped() -> None:
+    def swapped(x_q, x_kv, w_q, w_k, w_v):
+        q, k, v = x_kv @ w_q, x_q @ w_k, x_q @ w_v
+        weights = torch.softmax(q @ k.T / math.sqrt(k.shape[-1]), dim=-1)
+        return weights @ v, weights
+
+    fb = check_cross_attention(swapped)
+    assert fb.status == "wrong" and "you swapped the two sequences" in fb.message, fb
