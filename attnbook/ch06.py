@@ -1080,8 +1080,8 @@ def gqa_expand_diagram() -> Diagram:
     d = Diagram(
         "ch06_gqa_expand", 420, 396, title="Grouped-query attention: expand shares, reshape copies",
         alt=(f"Key/value heads for {H} query heads and {H_kv} key/value heads (G = {G}). Top: memory holds "
-             f"{H_kv} blocks, kv 0 and kv 1. Middle: kv[:, :, None].expand(...) is a view with stride 0 on the "
-             f"group axis (stride {expanded.stride()}); query heads 0 to {H - 1} point at blocks "
+             f"{H_kv} blocks, kv 0 and kv 1. Middle: expand on a new group axis right after the head axis is a view "
+             f"with stride 0 on that axis (stride {expanded.stride()}); query heads 0 to {H - 1} point at blocks "
              f"{', '.join(str(r) for r in reads)}, so each block is read {G} times and nothing is copied. "
              f"Bottom: .reshape(B, H, S, D_k) cannot merge the group axis into one stride, so it writes new memory "
              f"holding {', '.join(f'kv {r}' for r in reads)}: {G} copies of each block, {G} times the memory. "
