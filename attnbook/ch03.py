@@ -99,6 +99,9 @@ WEIGHT_MISTAKES: tuple[Mistake, ...] = (
             "you divided by sqrt(S_q), the number of queries; the divisor is sqrt(D_k), the width of q and k."),
     Mistake("softmax over the queries", lambda q, k, t: _sm(_raw(q, k) / math.sqrt(q.shape[-1]) / t, dim=-2),
             "the softmax runs over the wrong axis: each of your columns sums to 1. Normalise over the keys (dim=-1)."),
+    Mistake("softmax over dim 0", lambda q, k, t: _sm(_raw(q, k) / math.sqrt(q.shape[-1]) / t, dim=0),
+            "your softmax runs over dim 0, the batch axis: F.softmax without dim picks dim 0 for 3-D input "
+            "(and so does dim=0). Pass dim=-1, the keys."),
     Mistake("k @ q^T", lambda q, k, t: _sm(_raw(k, q) / math.sqrt(q.shape[-1]) / t),
             "your result is [S_k, S_q]: compute q @ k^T so that each row is one query, not k @ q^T."),
     Mistake("ignores T", lambda q, k, t: _right(q, k, 1.0),
@@ -210,11 +213,24 @@ def check_scaled_weights(fn: Callable[[Tensor, Tensor, float], Tensor]) -> Feedb
 #: that also touches small non-zero weights shows.
 LONG_ROW = 4096
 
+#: The length of the entropy checker's last case, float64 rows compared to :data:`TINY_TOL`: a uniform
+#: row (every weight 1.5e-5), a row whose weights but one lie between 1e-9 and 1e-7, and a row of 256
+#: weights of 1/256 among zeros, so that any epsilon inside the log (even 1e-12) and any clamp or
+#: threshold above 1e-9 shows, and the last row tells the two apart.
+TINY_ROW = 65536
+
+#: How far the last case's entropies may be from the float64 reference, plus a tenth of it times the
+#: entropy: a float64 sum of 65,536 terms, added one by one, is off by up to 2e-11; an epsilon of 1e-12
+#: lowers the last row's entropy by 2.6e-10 and the uniform row's by 6.6e-8.
+TINY_TOL = 1e-10
+
 
 def _weights_for_entropy(case: int = 0) -> tuple[Tensor, Tensor]:
     """Case 0: ``[7, 6]`` float32 (7 rows, so that summing over the wrong axis shows); case 1:
     ``[2, 4, 5]`` float64, with two leading axes and another row length; case 2: ``[2, 4096]``
-    float32, two long rows with no zeros and many weights below 1e-3."""
+    float32, two long rows with no zeros and many weights below 1e-3; case 3: ``[3, 65536]`` float64, a
+    uniform row, a row of tiny weights (1e-9 to 1e-7) and 256 weights of 1/256 among zeros, compared to
+    :data:`TINY_TOL`."""
     if case == 0:
         gen = torch.Generator().manual_seed(4)
         rows = torch.softmax(torch.randn(5, 6, generator=gen) * 1.5, dim=-1)  # [5, 6], no zeros
@@ -223,6 +239,15 @@ def _weights_for_entropy(case: int = 0) -> tuple[Tensor, Tensor]:
         w = torch.cat([rows, one_hot, half])  # [7, 6]
         has_zero = torch.tensor([False] * 5 + [True, True])
         return w, has_zero
+    if case == 3:
+        gen = torch.Generator().manual_seed(7)
+        uniform = torch.full((TINY_ROW,), 1.0 / TINY_ROW, dtype=torch.float64)  # [65536], every weight 1.5e-5
+        # 65,535 weights log-uniform in [1e-9, 1e-7], the rest on one key
+        tiny = 10.0 ** (-9 + 2 * torch.rand(TINY_ROW - 1, generator=gen, dtype=torch.float64))  # [65535]
+        peaked = torch.cat([(1 - tiny.sum()).reshape(1), tiny])  # [65536]
+        few = torch.zeros(TINY_ROW, dtype=torch.float64)  # [65536]: 256 weights of 1/256, zeros elsewhere
+        few[::256] = 1.0 / 256
+        return torch.stack([uniform, peaked, few]), torch.tensor([False, False, True])
     if case == 2:
         gen = torch.Generator().manual_seed(6)
         w = torch.softmax(torch.randn(2, LONG_ROW, generator=gen), dim=-1)  # [2, 4096], most weights below 1e-3
@@ -243,11 +268,11 @@ _EPS_HINT = ("you added a small epsilon inside the log: that shifts every log, n
              "entropy comes out a little too low. Touch only p = 0: clamp (p.clamp_min(tiny)) or "
              "torch.where(p > 0, ...).")
 
-_SMALL_WEIGHTS_HINT = ("right on short rows, but too low on long rows (4,096 keys), where most weights are below "
-                       "1e-3: your fix for the zeros also changes small weights that are not zero (a clamp at a "
+_SMALL_WEIGHTS_HINT = ("right on short rows, but too low on long rows (4,096 or 65,536 keys), where weights are far "
+                       "below 1e-3: your fix for the zeros also changes small weights that are not zero (a clamp at a "
                        "'small' number, or dropping weights under a threshold). Weights of 1e-4 are ordinary in long "
-                       "rows; change only the exact zeros, for example by clamping at the smallest positive number "
-                       "of the dtype, torch.finfo(p.dtype).tiny.")
+                       "rows, and a row can hold weights of 1e-9; change only the exact zeros, for example by "
+                       "clamping at the smallest positive number of the dtype, torch.finfo(p.dtype).tiny.")
 
 #: Known wrong entropies ``compute(weights [7, 6]) -> [7]``; compared on the rows without zeros.
 ENTROPY_MISTAKES: tuple[Mistake, ...] = (
@@ -281,12 +306,14 @@ class _Forbidden(Exception):
 
 @contextlib.contextmanager
 def _without_entr() -> Iterator[None]:
-    """Make ``torch.special.entr`` and the ``xlogy`` functions raise while the reader's code runs."""
+    """Make ``torch.special.entr``, the ``xlogy`` functions and ``Categorical.entropy`` raise while the
+    reader's code runs."""
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise _Forbidden
 
-    saved = [(torch.special, "entr"), (torch.special, "xlogy"), (torch, "xlogy"), (torch.Tensor, "xlogy")]
+    saved = [(torch.special, "entr"), (torch.special, "xlogy"), (torch, "xlogy"), (torch.Tensor, "xlogy"),
+             (torch.distributions.Categorical, "entropy")]
     originals = [getattr(owner, name) for owner, name in saved]
     for owner, name in saved:
         setattr(owner, name, refuse)
@@ -306,12 +333,30 @@ def _entropy_one(fn: Callable[[Tensor], Tensor], w: Tensor, has_zero: Tensor) ->
     got, fb = run_reader_code(guarded, w.clone())  # a refused call comes back as "your code raised _Forbidden"
     if fb is not None and "_Forbidden" in fb.message:
         return wrong(
-            "this exercise asks for torch.log: torch.special.entr and xlogy build the 0 ln 0 = 0 rule in, "
+            "this exercise asks for torch.log: torch.special.entr, xlogy and Categorical(...).entropy() build "
+            "the 0 ln 0 = 0 rule in, "
             "and the point is to handle the zeros yourself (for example with clamp_min or torch.where)."
         )
     if fb is not None:
         return fb
     expected = entropy(w)  # [...]
+    if (w.shape[-1] == TINY_ROW and isinstance(got, Tensor) and tuple(got.shape) == tuple(expected.shape)
+            and not got.is_complex()):  # a tighter look: float64 rows of tiny weights
+        dtype_problem = _kept_dtype(got, w, "entropies")
+        if dtype_problem is not None:
+            return dtype_problem
+        low = expected.to(torch.float64) - as_cpu_float64(got)  # [3], > 0 where the entropy is too low
+        tol = TINY_TOL * (1 + expected.to(torch.float64).abs() / 10)  # [3]: 1e-10 plus 1e-11 relative
+        if bool((low.abs() <= tol).all()):
+            return None
+        if bool((low > tol).any()) and bool((low >= -tol).all()):
+            # An epsilon in the log lowers the last row's entropy by about 256 * eps (its non-zero weights
+            # are all 1/256) and the uniform row's by 65,536 * eps; a clamp or threshold below 1/256 leaves
+            # the last row alone, and one below 1/65,536 the uniform row too (one above it lowers that
+            # row's entropy by ln(c * 65,536), never by as little as 1e-6).
+            eps = bool(low[2] > tol[2]) or (bool(low[0] > tol[0]) and float(low[0]) < 1e-6)
+            return wrong(_EPS_HINT if eps else _SMALL_WEIGHTS_HINT)
+        return compare_tensors(got, expected, name="the entropy", atol=10 * TINY_TOL, rtol=TINY_TOL)
     if close(got, expected):
         return _kept_dtype(got, w, "entropies")
     if not isinstance(got, Tensor):
@@ -335,7 +380,7 @@ def _entropy_one(fn: Callable[[Tensor], Tensor], w: Tensor, has_zero: Tensor) ->
         return wrong("right for rows without zeros, but wrong where a weight is 0: a zero weight contributes nothing (0 ln 0 = 0).")
     on_rows = tuple(Mistake(m.name, lambda x, m=m: m.compute(x)[ok], m.hint) for m in ENTROPY_MISTAKES)
     hint = diagnose(got[ok], on_rows, w)
-    if hint is None and w.shape[-1] >= LONG_ROW and bool((g < expected.to(torch.float64) - 1e-4).all()):
+    if hint is None and w.shape[-1] >= LONG_ROW and w.shape[-1] != TINY_ROW and bool((g < expected.to(torch.float64) - 1e-4).all()):
         return wrong(_SMALL_WEIGHTS_HINT)  # any other threshold: right on the short rows, too low on the long ones
     return hint or compare_tensors(got, expected, name="the entropy")
 
@@ -354,7 +399,7 @@ def _entropy_same(a: Tensor, b: Tensor) -> bool:
 
 
 def _entropy_cases() -> list[tuple[Tensor]]:
-    return [(_weights_for_entropy(c)[0],) for c in range(3)]
+    return [(_weights_for_entropy(c)[0],) for c in range(4)]
 
 
 def _entropy_table() -> MistakeTable:
@@ -362,7 +407,7 @@ def _entropy_table() -> MistakeTable:
     def rows(c: int) -> Tensor:
         return ~_weights_for_entropy(c)[1]
 
-    masks = {c: rows(c) for c in range(3)}
+    masks = {c: rows(c) for c in range(4)}
 
     def pick(t: Tensor) -> Tensor:
         for c, m in masks.items():
@@ -378,10 +423,12 @@ def check_entropy(fn: Callable[[Tensor], Tensor]) -> Feedback:
     """Check ``fn(weights) -> entropy``: ``weights [..., S_k]`` rows summing to 1, result ``[...]`` in nats.
 
     The inputs include a one-hot row (entropy 0), a row with zeros (``0 ln 0`` must count as 0) and long
-    rows of 4,096 keys with many weights below 1e-3 (a clamp or threshold that touches them shows).
-    The exercise asks for ``torch.log``; ``torch.special.entr`` and ``xlogy`` are refused while it runs.
+    rows of 4,096 keys with many weights below 1e-3, and float64 rows of 65,536 keys compared to
+    :data:`TINY_TOL`, one uniform and one with weights from 1e-9 to 1e-7 (an epsilon inside the log, or a
+    clamp or threshold that touches them, shows). The exercise asks for ``torch.log``;
+    ``torch.special.entr``, ``xlogy`` and ``Categorical.entropy`` are refused while it runs.
     """
-    for case in range(3):
+    for case in (0, 1, 3, 2):  # the tight float64 case before the float32 long rows: it tells an epsilon from a clamp
         problem = _entropy_one(fn, *_weights_for_entropy(case))
         if problem is not None:
             return problem

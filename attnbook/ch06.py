@@ -152,6 +152,10 @@ def _split_problem(got: Tensor, x: Tensor, H: int) -> str | None:
             return (f"the result has shape {shape} = [B, S, D_k, H]: you transposed the last two axes of the "
                     "[B, S, H, D_k] view (transpose(2, 3)); the head axis has to move in front of the positions, "
                     "transpose(1, 2).")
+        if shape == (B, d_k, S, H):
+            return (f"the result has shape {shape} = [B, D_k, S, H]: your view swapped the sizes H = {H} and "
+                    f"D_k = {d_k}, view(B, S, D // H, H); each position's D features are H heads of D_k features, "
+                    "view(B, S, H, D_k), then .transpose(1, 2).")
         return f"the result has shape {shape}, expected [B, H, S, D_k] = {(B, H, S, d_k)} for x of shape {tuple(x.shape)} and H = {H}."
     if got.is_complex():
         return f"the result is complex ({got.dtype}); split_heads only moves numbers."
@@ -691,6 +695,9 @@ def _repeat_kv_one(fn: Callable[[Tensor, int], Tensor], case: tuple[int, int, in
     if not isinstance(result, Tensor):
         return wrong(f"the function should return a torch.Tensor, got {describe(result)}.")
     if tuple(result.shape) != (B, H, S, d_k):
+        if tuple(result.shape) == (B, H_kv * H_kv, S, d_k):
+            return wrong(f"the result has {H_kv * H_kv} heads: you repeated each key/value head H_kv = {H_kv} times "
+                         f"(repeat_interleave(H_kv)); the count is the group size G = H // H_kv = {H // H_kv}.")
         if tuple(result.shape) == (B, H_kv * H, S, d_k):
             return wrong(f"the result has {H_kv * H} heads: repeat each key/value head H // H_kv = {H // H_kv} times, not H times.")
         return wrong(f"the result has shape {tuple(result.shape)}, expected [B, H, S, D_k] = {(B, H, S, d_k)} for kv of "
@@ -1052,3 +1059,53 @@ class OpLog(TorchDispatchMode):  # type: ignore[misc, valid-type]
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.ops.append(func.overloadpacket.__name__)
         return func(*args, **(kwargs or {}))
+
+
+#: The grouped-query diagram's heads: H = 4 query heads sharing H_kv = 2 key/value heads (G = 2).
+GQA_HEADS, GQA_KV_HEADS = 4, 2
+
+
+@diagram
+def gqa_expand_diagram() -> Diagram:
+    """Key/value heads for grouped-query attention: expand reads each block G times, reshape writes G copies."""
+    H, H_kv = GQA_HEADS, GQA_KV_HEADS
+    G = H // H_kv
+    kv = torch.arange(H_kv * 3 * 2).view(1, H_kv, 3, 2)  # [B, H_kv, S, D_k], S = 3, D_k = 2
+    expanded = kv[:, :, None].expand(1, H_kv, G, 3, 2)  # [B, H_kv, G, S, D_k], stride 0 on G
+    flat = expanded.reshape(1, H, 3, 2)  # [B, H, S, D_k], a copy
+    mqa = kv[:, :1, None].expand(1, 1, H, 3, 2).reshape(1, H, 3, 2)  # H_kv = 1: still a view
+    assert expanded.stride()[2] == 0 and flat.data_ptr() != kv.data_ptr() and mqa.data_ptr() == kv.data_ptr()
+    reads = [h // G for h in range(H)]  # the key/value head each query head reads
+    colours = ("sky", "orange")
+    d = Diagram(
+        "ch06_gqa_expand", 420, 396, title="Grouped-query attention: expand shares, reshape copies",
+        alt=(f"Key/value heads for {H} query heads and {H_kv} key/value heads (G = {G}). Top: memory holds "
+             f"{H_kv} blocks, kv 0 and kv 1. Middle: expand on a new group axis right after the head axis is a view "
+             f"with stride 0 on that axis (stride {expanded.stride()}); query heads 0 to {H - 1} point at blocks "
+             f"{', '.join(str(r) for r in reads)}, so each block is read {G} times and nothing is copied. "
+             f"Bottom: .reshape(B, H, S, D_k) cannot merge the group axis into one stride, so it writes new memory "
+             f"holding {', '.join(f'kv {r}' for r in reads)}: {G} copies of each block, {G} times the memory. "
+             "With one key/value head (multi-query attention) there is one block, and the reshape stays a view "
+             "with stride 0 on the head axis."))
+    bw, gap = 80, 12
+    x0 = (420 - (H * bw + (H - 1) * gap)) / 2
+
+    def hx(h: int) -> float:
+        return x0 + h * (bw + gap)
+
+    d.text(14, 26, f"kv in memory: {H_kv} blocks", size=15, anchor="start", weight="bold")
+    mem_x = [hx(2 * j) + (bw + gap) / 2 for j in range(H_kv)]  # memory blocks centred over their groups
+    for j in range(H_kv):
+        d.box(mem_x[j], 40, bw, 40, f"kv {j}", color=colours[j])
+    d.text(14, 132, f".expand: {H} heads, stride 0", size=15, anchor="start", weight="bold")
+    for h in range(H):
+        d.rect(hx(h), 150, bw, 36, stroke=colours[reads[h]], dash=True, width=2)
+        d.text(hx(h) + bw / 2, 173, f"head {h}", size=14)
+        d.arrow(hx(h) + bw / 2, 150, mem_x[reads[h]] + bw / 2, 84, color=MUTED)
+    d.text(210, 210, f"each block read {G} times; nothing copied", size=14, color=MUTED)
+    d.text(14, 254, ".reshape(B, H, S, D_k): new memory", size=15, anchor="start", weight="bold")
+    for h in range(H):
+        d.box(hx(h), 268, bw, 40, f"kv {reads[h]}", color=colours[reads[h]])
+    d.text(210, 334, f"{G} copies of each block, {G} times the memory", size=14, color=MUTED)
+    d.text(210, 374, "H_kv = 1: one block, the reshape stays a view", size=14, color=INK)
+    return d

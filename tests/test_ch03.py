@@ -58,6 +58,18 @@ def test_batch_axis_mistakes() -> None:
     assert fb.status == "wrong" and "works with a batch axis but not without one" in fb.message, fb
 
 
+@pytest.mark.parametrize("how", ["no dim", "dim=0"])
+def test_softmax_over_dim_0_is_named(how: str) -> None:
+    import torch.nn.functional as F
+
+    def fn(q: Tensor, k: Tensor, t: float = 1.0) -> Tensor:
+        scores = _raw(q, k) / math.sqrt(q.shape[-1]) / t
+        return F.softmax(scores, dim=0) if how == "dim=0" else F.softmax(scores)  # no dim: dim 0 on 3-D input
+
+    fb = check_scaled_weights(fn)
+    assert fb.status == "wrong" and "F.softmax without dim picks dim 0" in fb.message and "dim=-1" in fb.message, fb
+
+
 def test_weights_fallbacks() -> None:
     assert "torch.Tensor" in check_scaled_weights(lambda q, k, t=1.0: [1.0]).message
     fb = check_scaled_weights(lambda q, k, t=1.0: q @ k)  # shape mismatch inside the reader's code
@@ -242,4 +254,31 @@ def test_a_clamp_or_threshold_that_touches_small_weights_is_named(fn) -> None:
 
 def test_a_clamp_at_the_dtypes_tiny_passes_on_long_rows() -> None:
     assert check_entropy(lambda w: -(w * torch.log(w.clamp_min(torch.finfo(w.dtype).tiny))).sum(-1)).passed
-    assert check_entropy(lambda w: torch.distributions.Categorical(probs=w).entropy()).passed
+    assert check_entropy(lambda w: -(w * torch.log(torch.where(w == 0, torch.ones_like(w), w))).sum(-1)).passed
+    assert check_entropy(lambda w: -(w * torch.log(w)).nan_to_num(0.0).sum(-1)).passed
+
+
+def test_categorical_entropy_is_refused() -> None:
+    fb = check_entropy(lambda w: torch.distributions.Categorical(probs=w).entropy())
+    assert fb.status == "wrong" and "Categorical(...).entropy()" in fb.message, fb
+
+
+@pytest.mark.parametrize("eps", [1e-6, 1e-7, 1e-8, 1e-9, 1e-12])
+def test_a_tiny_epsilon_inside_the_log_is_named(eps: float) -> None:
+    """The float64 rows of 65,536 keys (one uniform, one of weights from 1e-9 to 1e-7) show any epsilon."""
+    fb = check_entropy(lambda w: -(w * torch.log(w + eps)).sum(-1))
+    assert fb.status == "wrong" and "epsilon inside the log" in fb.message, fb
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda w: -(w * torch.log(w.clamp_min(1e-5))).sum(-1),
+        lambda w: -(w * torch.log(w.clamp_min(1e-8))).sum(-1),
+        lambda w: -torch.where(w > 1e-6, w * torch.log(w), 0).sum(-1),
+    ],
+    ids=["clamp_min(1e-5)", "clamp_min(1e-8)", "drop below 1e-6"],
+)
+def test_a_clamp_or_threshold_below_the_long_rows_weights_is_named(fn) -> None:
+    fb = check_entropy(fn)
+    assert fb.status == "wrong" and "1e-4 are ordinary" in fb.message and "1e-9" in fb.message, fb

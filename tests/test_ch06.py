@@ -718,3 +718,17 @@ def _partial_split_test(compare):
 def test_split_test_that_checks_only_part_of_the_result_is_refused(compare, named) -> None:
     fb = check_split_test(_partial_split_test(compare))
     assert fb.status == "wrong" and named in fb.message, fb
+
+
+def test_split_with_h_and_dk_swapped_is_named() -> None:
+    def swapped(x: Tensor, H: int) -> Tensor:
+        B, S, D = x.shape
+        return x.view(B, S, D // H, H).transpose(1, 2)  # [B, D_k, S, H]
+
+    fb = check_split_merge(swapped, merge_heads)
+    assert fb.status == "wrong" and "swapped the sizes H = 4 and D_k = 5" in fb.message, fb
+
+
+def test_repeat_interleave_by_h_kv_is_named() -> None:
+    fb = check_repeat_kv(lambda kv, H: kv.repeat_interleave(kv.shape[1], dim=1))
+    assert fb.status == "wrong" and "repeated each key/value head H_kv = 2 times" in fb.message, fb
