@@ -264,9 +264,11 @@ LINK_CASES: tuple[tuple[str, str, str], ...] = (
     ("The students in the library were quiet.", "were", "students"),
     ("My old friends from school visit us every summer.", "visit", "friends"),
     ("The books on the shelf are old.", "shelf", "books"),
+    ("The cat and the dog saw the bird in the garden.", "dog", "the"),  # the key occurs four times: the first counts
     ("The books on the shelf are old.", "shelf", "the"),  # the key occurs twice: the first counts
     ("The books on the shelf are old.", "old", "."),  # the strongest head's row peaks elsewhere
     ("The books on the shelf are old.", "the", "shelf"),  # the query occurs twice: the first counts
+    ("The books on the shelf are old.", "[CLS]", "are"),  # a softmax applied again picks another head
 )
 
 
@@ -328,6 +330,26 @@ def _last_link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Te
     i, j = len(t) - 1 - t[::-1].index(query), len(t) - 1 - t[::-1].index(key)  # last occurrences
     flat = int(weights[:, :, i, j].flatten().argmax())
     return torch.tensor([flat // weights.shape[1], flat % weights.shape[1]])  # [2]
+
+
+def _all_keys_link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
+    i = list(toks).index(query)
+    js = [n for n, t in enumerate(toks) if t == key]  # every occurrence of the key
+    got = _flat_pair(weights[:, :, i][:, :, js].amax(-1).flatten().argmax(), weights.shape[1])  # [2]
+    if torch.equal(got, _last_link(weights, toks, query, key)) and not torch.equal(got, _link(weights, toks, query, key)):
+        # e.g. shelf -> the: both give (0, 2); the case with four occurrences tells them apart
+        raise ValueError("not told apart from the last occurrence on this case")
+    return got
+
+
+def _all_queries_link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
+    j = list(toks).index(key)
+    iis = [n for n, t in enumerate(toks) if t == query]  # every occurrence of the query
+    return _flat_pair(weights[:, :, iis, j].mean(-1).flatten().argmax(), weights.shape[1])  # [2]
+
+
+def _softmax_again_link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
+    return _link(weights.softmax(-1), toks, query, key)  # [2]
 
 
 def _peak_link(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
@@ -402,6 +424,9 @@ LINK_MISTAKES: tuple[Mistake, ...] = (
             "takes from key j: read the query's row and the key's column."),
     Mistake("swapped", lambda w, t, q, k: _link(w, t, q, k).flip(0),
             "layer and head are swapped: weights is [L, H, S, S], so return (layer, head)."),
+    Mistake("softmax again", _softmax_again_link,
+            "the weights are already a softmax over the keys; don't apply it again: a second softmax changes which "
+            "head has the largest weight on the key. Take the argmax of weights[:, :, i, j] as given."),
     Mistake("key's column", lambda w, t, q, k: _column_link(w, t, k),
             "you found the head whose column for the key is largest in total, over every query: read only the "
             "query's row, weights[:, :, i, j] with i the query's position."),
@@ -409,8 +434,14 @@ LINK_MISTAKES: tuple[Mistake, ...] = (
             "you split the flat index f over L * H heads with the number of layers: the layer is f // H and the "
             "head f % H, with H = weights.shape[1] heads per layer."),
     Mistake("last occurrence", _last_link,
-            "the key (or the query) occurs twice in this sentence and you used its last occurrence: tokens.index(...) "
+            "the key (or the query) occurs more than once in this sentence and you used its last occurrence: tokens.index(...) "
             "gives the first, which is the one asked for."),
+    Mistake("all occurrences of the key", _all_keys_link,
+            "the key occurs more than once in this sentence and you combined its occurrences (a max or a sum over "
+            "them): use the first occurrence only, j = tokens.index(key)."),
+    Mistake("all occurrences of the query", _all_queries_link,
+            "the query occurs more than once in this sentence and you combined its rows (a mean or a sum over "
+            "them): use the first occurrence only, i = tokens.index(query)."),
     Mistake("without [CLS]", lambda w, t, q, k: _link(w, t[1:], q, k),
             "your positions are one too small: find them with tokens.index(...) on the tokens as given, counting "
             "[CLS], which has a row and a column of its own in weights."),
@@ -559,6 +590,15 @@ PREVIOUS_MISTAKES: tuple[Mistake, ...] = (
     Mistake("without [CLS] and [SEP]", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., 1:-1].mean(-1),
             "you left out both [CLS] and [SEP]: even if they act as a sink, they are tokens of the sentence here, "
             "so keep every query i = 1 .. S-1, and the weight of query 1 on [CLS]."),
+    Mistake("two tokens back", lambda w: w.diagonal(offset=-2, dim1=-2, dim2=-1).mean(-1),
+            "that is the weight on the token two places back (i-2, diagonal offset=-2); the previous token is i-1, "
+            "the entries just below the diagonal: diagonal(offset=-1)."),
+    Mistake("max instead of mean", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).amax(-1),
+            "you took the largest of the S - 1 weights on the previous token; the score is their mean over the "
+            "queries i = 1 .. S-1."),
+    Mistake("median instead of mean", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).median(-1).values,
+            "you took the median of the S - 1 weights on the previous token; the score is their mean over the "
+            "queries i = 1 .. S-1."),
     Mistake("every earlier token", lambda w: w.tril(-1).sum(-1)[..., 1:].mean(-1),
             "you averaged the weight on all earlier tokens (everything left of the diagonal); the score counts only "
             "the token just before, i - 1, one entry per row."),
@@ -796,6 +836,12 @@ def check_copy_layer(fn: Callable[[nn.Module, int], Any], layers: Sequence[int] 
     for layer_index in layers:
         result, fb = run_reader_code(fn, model, layer_index)
         if fb is not None:
+            ffn = P.encoder_layers(model)[layer_index].output.dense  # the feed-forward network's output, [D, 4D]
+            if fb.message.startswith("your code raised RuntimeError") and str(ffn.in_features) in fb.message:
+                return wrong(f"a size {ffn.in_features} does not fit a projection of the attention: you probably "
+                             "copied model.encoder.layer[i].output.dense, which belongs to the feed-forward network "
+                             f"({ffn.in_features} -> {ffn.out_features}). The attention's output projection W_O is "
+                             "model.encoder.layer[i].attention.output.dense.")
             if "leaf Variable that requires grad" in fb.message:
                 return wrong("copy_ into a Parameter that requires grad is refused outside torch.no_grad(): "
                              "wrap the copies in `with torch.no_grad():` (the copy is not part of training).")
@@ -1071,11 +1117,13 @@ class SplitHalf(NamedTuple):
         spearman: ``[n]`` rank correlation of the two halves' gap drops over all heads, one per split.
         overlap: ``[n]`` number of heads in the top ``k`` of both halves, one per split.
         in_both: ``[L, H]`` in how many of the ``n`` splits each head is in the top ``k`` of both halves.
+        ranks: ``[n, 2, L, H]`` each head's rank by gap drop in each half of each split (1: the largest drop).
     """
 
     spearman: Tensor
     overlap: Tensor
     in_both: Tensor
+    ranks: Tensor
 
 
 def split_half(ablation: Ablation, n: int = 50, k: int = 5, seed: int = 0) -> SplitHalf:
@@ -1087,7 +1135,7 @@ def split_half(ablation: Ablation, n: int = 50, k: int = 5, seed: int = 0) -> Sp
     gen = torch.Generator().manual_seed(seed)
     para = torch.nonzero(ablation.paraphrase).flatten()  # [P_para]
     unrel = torch.nonzero(ablation.unrelated).flatten()  # [P_unrel]
-    rho, overlap = [], []
+    rho, overlap, ranks = [], [], []
     in_both = torch.zeros(ablation.ablated.shape[:2], dtype=torch.long)  # [L, H]
     for _ in range(n):
         p, u = para[torch.randperm(len(para), generator=gen)], unrel[torch.randperm(len(unrel), generator=gen)]
@@ -1098,7 +1146,14 @@ def split_half(ablation: Ablation, n: int = 50, k: int = 5, seed: int = 0) -> Sp
         rho.append(spearman(d1, d2))
         overlap.append(int(both.sum()))
         in_both += both
-    return SplitHalf(torch.tensor(rho), torch.tensor(overlap), in_both)
+        ranks.append(torch.stack([_ranks(d1), _ranks(d2)]))  # [2, L, H]
+    return SplitHalf(torch.tensor(rho), torch.tensor(overlap), in_both, torch.stack(ranks))
+
+
+def _ranks(drop: Tensor) -> Tensor:
+    """``[L, H]``: each head's rank by ``drop`` (1 for the largest; ties share the better rank)."""
+    flat = drop.flatten()  # [L * H]
+    return ((flat[None, :] > flat[:, None]).sum(-1) + 1).view_as(drop)
 
 
 def spearman(a: Tensor, b: Tensor) -> float:

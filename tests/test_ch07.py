@@ -818,3 +818,61 @@ def test_link_from_the_last_occurrence_of_the_query_is_refused() -> None:
 
     fb = check_strongest_link(last_query)
     assert fb.status == "wrong" and "you used its last occurrence" in fb.message, fb
+
+
+# ---------------------------------------------------------------- mistakes found by a reading
+
+
+def test_strongest_link_refuses_a_softmax_applied_again() -> None:
+    def softmax_again(w, t, q, k):  # type: ignore[no-untyped-def]
+        i, j = t.index(q), t.index(k)
+        return divmod(int(w.softmax(-1)[:, :, i, j].argmax()), w.shape[1])
+
+    fb = check_strongest_link(softmax_again)
+    assert not fb.passed and "already a softmax" in fb.message
+
+
+@pytest.mark.parametrize("reduce", ["amax", "sum"])
+def test_strongest_link_names_all_occurrences_of_the_key(reduce: str) -> None:
+    def all_keys(w, t, q, k):  # type: ignore[no-untyped-def]
+        js = [n for n, x in enumerate(t) if x == k]
+        link = getattr(w[:, :, t.index(q), js], reduce)(-1)  # [L, H]
+        return divmod(int(link.argmax()), w.shape[1])
+
+    fb = check_strongest_link(all_keys)
+    assert not fb.passed and "combined its occurrences" in fb.message and "last occurrence" not in fb.message
+
+
+def test_strongest_link_names_all_occurrences_of_the_query() -> None:
+    def all_queries(w, t, q, k):  # type: ignore[no-untyped-def]
+        rows = [n for n, x in enumerate(t) if x == q]
+        return divmod(int(w[:, :, rows, t.index(k)].mean(-1).argmax()), w.shape[1])
+
+    fb = check_strongest_link(all_queries)
+    assert not fb.passed and "combined its rows" in fb.message
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (lambda w: w.diagonal(offset=-2, dim1=-2, dim2=-1).mean(-1), "two places back"),
+    (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).amax(-1), "the largest of the S - 1"),
+    (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).median(-1).values, "the median"),
+])
+def test_previous_token_score_names_the_offset_and_the_reduction(answer, hint) -> None:  # type: ignore[no-untyped-def]
+    fb = check_previous_token_score(answer)
+    assert not fb.passed and hint in fb.message
+
+
+def test_copy_layer_explains_the_feed_forward_output_dense() -> None:
+    def ffn_output(model, i):  # type: ignore[no-untyped-def]
+        layer = model.encoder.layer[i]
+        attn = layer.attention
+        mine = MultiHeadSelfAttention(384, 12).to(attn.self.query.weight)
+        src = {"w_q": attn.self.query, "w_k": attn.self.key, "w_v": attn.self.value, "w_o": layer.output.dense}
+        with torch.no_grad():
+            for name, theirs in src.items():
+                getattr(mine, name).weight.copy_(theirs.weight)
+                getattr(mine, name).bias.copy_(theirs.bias)
+        return mine
+
+    fb = ch07.check_copy_layer(ffn_output)
+    assert not fb.passed and "feed-forward network" in fb.message and "attention.output.dense" in fb.message
