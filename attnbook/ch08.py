@@ -524,8 +524,8 @@ _ELEMENTWISE_MAX = (
 )
 
 _HALF_INSIDE = (
-    "your values are right to only about 2 or 3 significant digits (off by up to {worst:.2g}), as if computed "
-    "in float16 or bfloat16 and cast back: those keep too few digits for a running sum. Compute in the inputs' "
+    "your values are right to only about {digits} significant digits (off by up to {worst:.2g}), as if computed "
+    "in {narrow} and cast back: those keep too few digits for a running sum. Compute in the inputs' "
     "dtype ({dtype}), without casting down."
 )
 
@@ -561,7 +561,12 @@ def _rounded_inside(result: Sequence[Tensor], ref: Sequence[Tensor]) -> Feedback
     if not all(tuple(g.shape) == tuple(e.shape) and close(g, e, atol=HALF_TOL, rtol=HALF_TOL) for g, e in zip(result, ref)):
         return None
     worst = max(float((as_cpu_float64(g) - as_cpu_float64(e)).abs().max()) for g, e in zip(result, ref))
-    return wrong(_HALF_INSIDE.format(worst=worst, dtype=ref[0].dtype))
+    scale = max(1.0, *(float(as_cpu_float64(e).abs().max()) for e in ref))
+    if ref[0].dtype == torch.float64 and worst <= 1e-4 * scale:  # float32 keeps about 7 digits, float16 about 3
+        narrow, digits = "float32 (a .float() or .to(torch.float32) inside)", "6 or 7"
+    else:
+        narrow, digits = "float16 or bfloat16", "2 or 3"
+    return wrong(_HALF_INSIDE.format(worst=worst, dtype=ref[0].dtype, narrow=narrow, digits=digits))
 
 
 _MATMUL_ORDER = (
@@ -578,6 +583,11 @@ def _online_call(fn: Callable[..., Any], *args: Tensor) -> tuple[Any, Feedback |
         return None, wrong(fb.message.rstrip(".") + "." + _SCALAR_TO_TENSOR)
     if fb is not None and "shapes cannot be multiplied" in fb.message:
         return None, wrong(fb.message.rstrip(".") + "." + _MATMUL_ORDER)
+    if fb is not None and "max() received an invalid combination" in fb.message:
+        return None, wrong("your code called torch.max with two tensors and a dim, which PyTorch refuses (TypeError): "
+                           "torch.max(a, b) of two tensors compares them elementwise and takes no dim. Reduce the "
+                           "tile to its row maxima first, s.amax(-1, keepdim=True), then take "
+                           "torch.maximum(m, those).")
     if fb is not None and "must match the size" in fb.message and _elementwise_max(fn):
         return None, wrong(fb.message.rstrip(".") + "." + _ELEMENTWISE_MAX)
     if fb is not None and "must match the size" in fb.message and _acc_not_matmul(fn):

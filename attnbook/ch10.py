@@ -1039,6 +1039,10 @@ INTENSITY_MISTAKES = (
     Mistake("cache left out", _intensity(cache_bytes=False),
             "you counted the weights' bytes only: each sequence also reads its own key/value cache, "
             "batch x 2 x H_kv x d_k x S numbers of 2 bytes."),
+    Mistake("weights left out", lambda D, H, H_kv, S, batch: (
+        batch * layer_flops(D, H, H_kv, 1, S) / (batch * 2 * H_kv * (D // H) * S * 2)),
+            "you counted the caches' bytes only: the step also reads every weight once, 2 D^2 + 2 D H_kv D_k "
+            "numbers of 2 bytes, shared by the whole batch (that shared read is what batching spreads out)."),
     Mistake("four bytes per number", _intensity(nbytes=4),
             "half the right intensity: either you counted 4 bytes per number, as for float32 (the step is in 16-bit, "
             "so each weight and cached number takes 2 bytes), or you counted a multiply-add as 1 FLOP (it is 2, as "
@@ -1387,6 +1391,10 @@ MERGE_MISTAKES = (
             "you added the partial outputs with weight 1 each: weight chunk i by exp(lse_i - lse), a softmax over the "
             "chunk axis (dim=0 of torch.stack(lses)), not over the last axis, which has a single entry (the one query), "
             "so every weight becomes 1."),
+    Mistake("query axis dropped", lambda outs, lses: reference_merge_partials(outs, lses).squeeze(-2),
+            "your values are right, but the single query axis is gone: [B, H, D_v] instead of [B, H, 1, D_v]. "
+            "Summing the weighted chunks over their axis (.sum(dim)) removed it along with the chunk axis: keep "
+            "the query axis (keepdim=True on a sum over an axis that held it, or sum over the chunk axis only)."),
 )
 
 _MERGE_SIZES: dict[int, tuple[int, ...]] = {}

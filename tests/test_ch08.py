@@ -829,3 +829,26 @@ def test_online_update_names_an_elementwise_acc_product_not_the_reductions_of_m_
     fb = check_online_softmax_update(update)
     assert fb.status == "wrong" and "m_new and l_new are right" in fb.message and "p @ v" in fb.message, fb
     assert "keepdim" not in fb.message
+
+
+def test_online_update_float32_inside_cast_back_is_named_float32() -> None:
+    """A step computed in float32 on the float64 case and cast back is told float32, not float16 or bfloat16
+    (a learner probe's .float() answer was told it had used a 16-bit type)."""
+
+    def fn(m, l, acc, s, v):
+        return tuple(t.to(s.dtype) for t in reference_online_update(*(t.float() for t in (m, l, acc, s, v))))
+
+    fb = check_online_softmax_update(fn)
+    assert fb.status == "wrong"
+    assert "float32" in fb.message and "float16 or bfloat16" not in fb.message, fb
+
+
+def test_online_update_torch_max_with_two_tensors_and_a_dim_is_translated() -> None:
+    """torch.max(m, tile_max, dim=-1) raises a TypeError whose text stops mid-sentence; it is explained."""
+
+    def fn(m, l, acc, s, v):
+        torch.max(m, s.amax(-1, keepdim=True), dim=-1)
+        return reference_online_update(m, l, acc, s, v)
+
+    fb = check_online_softmax_update(fn)
+    assert fb.status == "wrong" and "two tensors and a dim" in fb.message and "torch.maximum" in fb.message, fb

@@ -862,3 +862,24 @@ def _append_variant(kind):
 def test_append_slips_of_the_expert_reading_are_named(kind, words: str) -> None:
     fb = ch10.check_append_and_attend(_append_variant(kind))
     assert fb.status == "wrong" and words in fb.message, fb
+
+
+def test_decode_intensity_without_the_weights_is_named() -> None:
+    """A learner probe's bytes of the caches alone got the generic recipe; it is named now."""
+
+    def caches_only(D, H, H_kv, S, batch):
+        return batch * ch10.layer_flops(D, H, H_kv, 1, S) / (batch * 2 * H_kv * (D // H) * S * 2)
+
+    fb = ch10.check_decode_intensity(caches_only)
+    assert fb.status == "wrong" and "caches' bytes only" in fb.message, fb
+
+
+def test_merge_that_drops_the_query_axis_is_named() -> None:
+    """Softmax over concatenated lse values, then .sum(-2) without keepdim: right values, [B, H, D_v]."""
+
+    def dropped(outs, lses):
+        w = torch.softmax(torch.cat(lses, dim=-1), dim=-1)  # [B, H, chunks]
+        return (w.unsqueeze(-1) * torch.cat(outs, dim=-2)).sum(-2)  # [B, H, D_v]
+
+    fb = ch10.check_merge_partials(dropped)
+    assert fb.status == "wrong" and "query axis is gone" in fb.message, fb

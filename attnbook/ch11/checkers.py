@@ -45,8 +45,9 @@ BLOCKS_MISTAKES = (
     Mistake("prompt only", lambda p, n, b, s: -(-p // b) - s // b,
             "the generated tokens need blocks too: count prompt_len + new_tokens positions."),
     Mistake("prefix tokens subtracted", lambda p, n, b, s: -(-(p + n - s) // b),
-            "subtract full prefix blocks, not prefix tokens: the request's positions fill whole blocks from position 0, "
-            "so count its blocks, -(-(prompt_len + new_tokens) // block_size), then subtract shared_prefix // block_size."),
+            "you subtracted the prefix's tokens before counting blocks: the request's positions fill whole blocks "
+            "from position 0, shared prefix included, and what it shares is whole blocks of the prefix, not tokens. "
+            "Count the request's blocks first, then take away the prefix's full blocks."),
     Mistake("ceil as // b + 1", lambda p, n, b, s: (p + n) // b + 1 - s // b,
             "`x // b + 1` rounds up only when b does not divide x: when the positions fill their blocks exactly it "
             "counts one block too many. Round up with -(-x // b)."),
