@@ -876,3 +876,32 @@ def test_copy_layer_explains_the_feed_forward_output_dense() -> None:
 
     fb = ch07.check_copy_layer(ffn_output)
     assert not fb.passed and "feed-forward network" in fb.message and "attention.output.dense" in fb.message
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_bootstrap_figures_the_page_prints_survive_float32_noise(minilm, mode) -> None:
+    """The swap bootstrap's printed figures (whole percents) do not move under noise far above what
+    another CPU's float32 kernels change in the similarities (about 1e-7): a few resamples have two
+    heads within 1e-5 of each other, so exact counts of the top head differ between CPUs, and the
+    page must not print them."""
+    model, tokenizer = minilm
+    pairs = ch07.load_sentence_pairs()
+    without = ch07.similarity_controls(model, tokenizer, pairs)["no attention"]
+    ab = ch07.head_ablation(model, tokenizer, pairs, mode=mode)
+
+    def printed(ab: ch07.Ablation, without: torch.Tensor) -> tuple[str, ...]:
+        boot = ab.bootstrap_swap_share(without)  # [2000, L, H]
+        ((l, h, _),) = ch07.top_heads(ab.swap_drop(), k=1)
+        lo, hi = boot[:, l, h].quantile(torch.tensor([0.025, 0.975])).tolist()
+        counts = torch.bincount(boot.flatten(1).argmax(1), minlength=72)
+        top = counts.argsort(descending=True)[:2]
+        return (f"{lo:.0%}", f"{hi:.0%}", *(f"{int(i)} {int(counts[i]) / len(boot):.0%}" for i in top))
+
+    exact = printed(ab, without)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        def noisy(t: torch.Tensor) -> torch.Tensor:
+            return t + 1e-6 * (2 * torch.rand(t.shape, generator=gen) - 1)
+
+        shaken = ch07.Ablation(noisy(ab.baseline), ab.model_baseline, noisy(ab.ablated), ab.paraphrase, ab.swap)
+        assert printed(shaken, noisy(without)) == exact
