@@ -1245,7 +1245,7 @@ def encoder_decoder_diagram() -> Diagram:
     return d
 
 
-#: The KV-cache example of section 4.9: S_q new queries against S_k keys (the cache and the new tokens).
+#: The KV-cache example of section 4.11: S_q new queries against S_k keys (the cache and the new tokens).
 KV_CACHE_QUERIES, KV_CACHE_KEYS = 2, 5
 
 
@@ -1283,7 +1283,7 @@ def kv_cache_alignment_diagram() -> Diagram:
     return d
 
 
-#: The position-leak example of section 4.8: a distinct first token, then identical tokens.
+#: The position-leak example of section 4.10: a distinct first token, then identical tokens.
 POSITION_LEAK_TOKENS: list[str] = ["BOS", "a", "a", "a", "a"]
 
 
@@ -1313,7 +1313,7 @@ def position_leak_diagram() -> Diagram:
     return d
 
 
-#: The dropout diagram of section 4.7: one row of weights, the keys dropped in it and the rate p.
+#: The dropout diagram of section 4.9: one row of weights, the keys dropped in it and the rate p.
 DROPOUT_ROW, DROPOUT_DROPPED, DROPOUT_P = (0.30, 0.10, 0.20, 0.15, 0.05, 0.20), (1, 4), 0.25
 
 
@@ -1387,4 +1387,101 @@ def prefix_passes_diagram() -> Diagram:
     d.text(8, yl + 34, f"masked pass: {S} positions", size=14, anchor="start")
     d.text(8, yl + 58, f"prefix passes: {S * (S + 1) // 2} positions, {redone} of them repeated", size=14,
            anchor="start")
+    return d
+
+
+@diagram
+def nan_spread_diagram() -> Diagram:
+    """How one fully masked row spreads: all -inf scores, NaN weights, NaN outputs, then every real row."""
+    tokens, am = LEFT_PADDED_TOKENS, LEFT_PADDED_MASK[0].bool()
+    S, cell, x0 = len(tokens), 56, 124
+    n_pad = int((~am).sum())
+    d = Diagram("ch04_nan_spread", x0 + S * cell + 14, 590,
+                title="One row with nothing to see spreads NaN",
+                alt=f"A left-padded sequence of {n_pad} padding tokens and then '{' '.join(tokens[n_pad:])}', one "
+                    "column per position. Layer 1: the query at position 0, a padding token, has every key hidden, "
+                    f"so its {S} scores are all minus "
+                    f"infinity and a plain softmax gives {S} NaN weights; its output is NaN, and so is that of the "
+                    f"other padding position. Layer 2: those {n_pad} NaN outputs are among the values, and a real "
+                    "query gives them weight 0, but 0 times NaN is NaN, so the output of every position is NaN, "
+                    "and so is a loss over the real positions only.")
+    d.text(x0 + S * cell / 2, 20, "positions (keys)", size=14, color=MUTED)
+    d.text(8, 50, "layer 1, query 0 (a padding token)", size=14, anchor="start", weight="bold")
+    mid = x0 + S * cell / 2
+    y1 = 78
+    d.grid(x0, y1, [["grey"] * S], cell=cell, labels=[["\u2212\u221e"] * S], col_labels=tokens, size=14)
+    d.text(x0 - 8, y1 + cell / 2 + 5, "scores", size=14, anchor="end")
+    d.arrow(mid, y1 + cell + 2, mid, y1 + cell + 40)
+    d.text(mid + 10, y1 + cell + 26, "softmax", size=14, anchor="start", color=MUTED)
+    d.text(mid - 10, y1 + cell + 26, "\u2212\u221e \u2212 (\u2212\u221e) = NaN", size=14, anchor="end",
+           color=MUTED)
+    y2 = y1 + cell + 44
+    d.grid(x0, y2, [["vermillion"] * S], cell=cell, labels=[["NaN"] * S], size=14)
+    d.text(x0 - 8, y2 + cell / 2 + 5, "weights", size=14, anchor="end")
+    d.arrow(mid, y2 + cell + 2, mid, y2 + cell + 40)
+    d.text(mid + 10, y2 + cell + 26, "weights @ V", size=14, anchor="start", color=MUTED)
+    y3 = y2 + cell + 44
+    fills = [["vermillion" if not am[j] else "sky" for j in range(S)]]
+    d.grid(x0, y3, fills, cell=cell, labels=[["NaN" if not am[j] else "ok" for j in range(S)]], size=14)
+    d.text(x0 - 8, y3 + cell / 2 + 5, "layer 1 out", size=14, anchor="end")
+    d.arrow(mid, y3 + cell + 2, mid, y3 + cell + 40)
+    d.text(mid + 10, y3 + cell + 26, "layer 2", size=14, anchor="start", color=MUTED)
+    d.text(8, y3 + cell + 64, "the NaN outputs are layer 2's values: a real", size=14, anchor="start", color=MUTED)
+    d.text(8, y3 + cell + 84, "query gives them weight 0, but 0 \u00d7 NaN = NaN", size=14, anchor="start",
+           color=MUTED)
+    y4 = y3 + cell + 100
+    d.grid(x0, y4, [["vermillion"] * S], cell=cell, labels=[["NaN"] * S], size=14)
+    d.text(x0 - 8, y4 + cell / 2 + 5, "layer 2 out", size=14, anchor="end")
+    d.text(8, y4 + cell + 30, "a loss on the real positions only: NaN", size=14, anchor="start", weight="bold")
+    yl = y4 + cell + 46
+    d.rect(8, yl, 18, 18, fill="vermillion", tint=True, rx=0, width=1)
+    d.text(34, yl + 14, "NaN", size=14, anchor="start")
+    d.rect(90, yl, 18, 18, fill="sky", tint=True, rx=0, width=1)
+    d.text(116, yl + 14, "finite", size=14, anchor="start")
+    d.rect(186, yl, 18, 18, fill="grey", tint=True, rx=0, width=1)
+    d.text(212, yl + 14, "hidden key", size=14, anchor="start")
+    return d
+
+
+#: The packed-document and prefix-LM examples of section 4.8: two documents of 3 and 2 tokens packed
+#: into one sequence, and a prefix of 2 positions in a sequence of 5.
+PACKED_LENGTHS, PREFIX_LM = [3, 2], (2, 5)
+
+
+@diagram
+def packed_prefix_masks_diagram() -> Diagram:
+    """A document (block-diagonal) mask and a prefix-LM mask side by side."""
+    docs, (prefix, S) = document_mask(PACKED_LENGTHS), PREFIX_LM
+    pre = prefix_lm_mask(prefix, S)
+    n, cell, x1, y0, gap = docs.shape[0], 30, 40, 84, 56
+    x2 = x1 + n * cell + gap
+    d = Diagram("ch04_packed_prefix_masks", x2 + S * cell + 14, y0 + max(n, S) * cell + 88,
+                title="A packed-document mask and a prefix-LM mask",
+                alt=f"Two {n} by {n} grids, rows queries and columns keys. Left, the document mask of "
+                    f"{len(PACKED_LENGTHS)} documents of {' and '.join(map(str, PACKED_LENGTHS))} tokens packed into "
+                    "one sequence: a causal triangle inside each document, and every cell between the documents "
+                    f"hidden, a block diagonal. Right, the prefix-LM mask with a prefix of {prefix} positions: the "
+                    f"top-left {prefix} by {prefix} block is all visible, so the prefix positions see each other in "
+                    "both directions, and the rows after it are causal.")
+    doc_id = [b for b, length in enumerate(PACKED_LENGTHS) for _ in range(length)]
+    for x, allowed, label, sub, colour in (
+            (x1, docs, "packed documents", f"lengths {', '.join(map(str, PACKED_LENGTHS))}", None),
+            (x2, pre, "prefix LM", f"prefix of {prefix}", "green")):
+        size = allowed.shape[0]
+        d.text(x + size * cell / 2, 20, label, size=15, weight="bold")
+        d.text(x + size * cell / 2, 40, sub, size=14, color=MUTED)
+        fills = [["grey" if not allowed[i, j] else
+                  (colour if colour and i < prefix and j < prefix and j > i else
+                   ("sky" if colour or doc_id[j] == 0 else "orange")) for j in range(size)] for i in range(size)]
+        d.grid(x, y0, fills, cell=cell, row_labels=[str(i) for i in range(size)],
+               col_labels=[str(j) for j in range(size)], size=14)
+    yl = y0 + max(n, S) * cell + 30
+    d.rect(8, yl - 14, 18, 18, fill="sky", tint=True, rx=0, width=1)
+    d.text(34, yl, "doc 0 / causal", size=14, anchor="start")
+    d.rect(160, yl - 14, 18, 18, fill="orange", tint=True, rx=0, width=1)
+    d.text(186, yl, "doc 1", size=14, anchor="start")
+    d.rect(8, yl + 16, 18, 18, fill="green", tint=True, rx=0, width=1)
+    d.text(34, yl + 30, "prefix sees ahead", size=14, anchor="start")
+    d.rect(186, yl + 16, 18, 18, fill="grey", tint=True, rx=0, width=1)
+    d.text(212, yl + 30, "hidden", size=14, anchor="start")
     return d

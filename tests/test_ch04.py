@@ -636,3 +636,27 @@ def test_prefix_passes_diagram_counts_the_repeated_positions() -> None:
     d = ch04.prefix_passes_diagram()
     S = ch04.PREFIX_PASSES_S
     assert f"{S * (S + 1) // 2} positions in all, {S * (S - 1) // 2} of them repeated" in d.alt
+
+
+def test_nan_spread_diagram_matches_the_two_layer_experiment() -> None:
+    # the diagram's claims are the experiment's results: NaN padded rows after layer 1, a NaN loss
+    # after layer 2, and a finite loss after layer 1 alone
+    one = ch04.left_padded_stack(1, "softmax, -inf written")
+    two = ch04.left_padded_stack(2, "softmax, -inf written")
+    assert one["pad_rows_nan"] and one["real_finite"] and math.isfinite(one["loss"])
+    assert math.isnan(two["loss"]) and not two["real_finite"]
+    d = ch04.nan_spread_diagram()
+    n_pad = int((ch04.LEFT_PADDED_MASK == 0).sum())
+    assert f"those {n_pad} NaN outputs" in d.alt and "<pad>" not in d.alt
+
+
+def test_packed_prefix_masks_diagram_draws_the_chapter_masks() -> None:
+    d = ch04.packed_prefix_masks_diagram()
+    prefix, S = ch04.PREFIX_LM
+    assert ch04.document_mask(ch04.PACKED_LENGTHS).shape == (S, S)
+    assert " and ".join(map(str, ch04.PACKED_LENGTHS)) + " tokens" in d.alt
+    assert f"prefix of {prefix} positions" in d.alt
+    # the prefix block is visible both ways, the document blocks are disjoint
+    assert ch04.prefix_lm_mask(prefix, S)[:prefix, :prefix].all()
+    docs = ch04.document_mask(ch04.PACKED_LENGTHS)
+    assert not docs[ch04.PACKED_LENGTHS[0]:, : ch04.PACKED_LENGTHS[0]].any()
