@@ -13,6 +13,8 @@ The right answers are computed from the model itself (:mod:`attnlib.pretrained`)
 from __future__ import annotations
 
 import functools
+import inspect
+import logging
 import re
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
@@ -1381,6 +1383,67 @@ def attention_rollout(weights: Tensor) -> Tensor:
     return rollout
 
 
+class DefaultAttention(NamedTuple):
+    """What ``transformers`` does when the model is loaded without ``attn_implementation`` (:func:`default_attention`).
+
+    Attributes:
+        version: the installed ``transformers`` version.
+        implementation: the attention it picked by default (``"sdpa"`` in 5.x).
+        n_attentions: how many attention tensors ``output_attentions=True`` returned (0 or 6).
+        logged: ``(level, message)`` of each logged record that mentions ``output_attentions``.
+        has_head_mask: whether the model's ``forward`` still takes a ``head_mask`` argument.
+    """
+
+    version: str
+    implementation: str
+    n_attentions: int
+    logged: list[tuple[str, str]]
+    has_head_mask: bool
+
+
+class _KeepRecords(logging.Handler):
+    """Collects log records instead of printing them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def default_attention(tokenizer: Any, text: str = "Where are they?") -> DefaultAttention:
+    """Load the packaged model with ``transformers``' default attention and ask it for the weights of ``text``.
+
+    The records that ``transformers`` logs meanwhile go to a collector instead of stderr (restored
+    afterwards), so that the caller can show them. A warning logged once per session is not logged again
+    on a second call, so ``logged`` may be empty then.
+    """
+    import transformers  # only here: the rest of the module does not need it
+
+    hf_logging = transformers.utils.logging
+    root = hf_logging.get_logger("transformers")  # every transformers module logs through it
+    kept = _KeepRecords()
+    root.addHandler(kept)
+    hf_logging.disable_default_handler()
+    hf_logging.disable_progress_bar()
+    try:
+        model = transformers.AutoModel.from_pretrained(P.model_path(), local_files_only=True).eval()
+        with torch.no_grad():
+            got = model(**P.encode(tokenizer, text, "cpu"), output_attentions=True).attentions
+    finally:
+        root.removeHandler(kept)
+        hf_logging.enable_default_handler()
+        hf_logging.enable_progress_bar()
+    return DefaultAttention(
+        transformers.__version__,
+        model.config._attn_implementation,
+        len(got or ()),
+        [(r.levelname, r.getMessage()) for r in kept.records if "output_attentions" in r.getMessage()],
+        "head_mask" in inspect.signature(type(model).forward).parameters,
+    )
+
+
 # --- the chapter's diagram -------------------------------------------------------------------
 
 #: The model's shape, as its ``config.json`` states it (the chapter prints and asserts it).
@@ -1521,4 +1584,47 @@ def zero_ablation() -> Diagram:
     d.text(20, 290, "zero-ablation: block h of W_O is 0, so head h's term", size=14, anchor="start")
     d.text(20, 310, "vanishes and the other 11 terms are unchanged;", size=14, anchor="start")
     d.text(20, 330, "mean-ablation puts the term's mean in its place.", size=14, anchor="start", color=MUTED)
+    return d
+
+
+#: One example of each kind of pair in ``sentence_pairs.tsv`` (the diagram quotes the role swap).
+SWAP_EXAMPLE = ("The dog bit the man.", "The man bit the dog.")
+
+
+@diagram
+def embedding_test() -> Diagram:
+    """The sentence-embedding test: two sentences, one model, mean pooling, one cosine similarity."""
+    a, b = SWAP_EXAMPLE
+    d = Diagram(
+        "ch07_embedding_test", 440, 470, title="The sentence-embedding test",
+        alt=f"Two columns, one per sentence of a role-swap pair ({a[:-1]} / {b[:-1]}). In each, an arrow goes down from the "
+            "sentence to its tokens (with the special tokens CLS and SEP added), into the same 6-layer model, which gives one "
+            "vector per token; mean pooling averages them and scales the average to length 1, giving one vector per "
+            "sentence, u and v. Both arrows meet in one box: the cosine similarity u dot v over the product "
+            "of their lengths, 1 for the same direction, 0 at right angles. Below, the three kinds of pairs: "
+            "paraphrase (same meaning, other words), unrelated (different "
+            "meanings), role swap (the same words, two roles exchanged).")
+    d.text(220, 24, "one pair of sentences, one number", size=15, weight="bold")
+    cols = (20, 230)
+    w = 190
+    for x, sentence, tokens, vec in zip(cols, SWAP_EXAMPLE, ("[CLS] the dog bit", "[CLS] the man bit"), "uv"):
+        mid = x + w / 2
+        d.text(mid, 56, sentence, size=14, italic=True)
+        d.arrow(mid, 64, mid, 86)
+        d.box(x, 88, w, 46, tokens, sub="the man . [SEP]" if vec == "u" else "the dog . [SEP]",
+              color="grey", size=16)
+        d.arrow(mid, 136, mid, 156)
+        d.box(x, 158, w, 46, "same model, 6 layers", sub="one vector per token", color="blue", size=16)
+        d.arrow(mid, 206, mid, 226)
+        d.box(x, 228, w, 46, "mean pooling", sub="average, then length 1", color="green", size=16)
+        d.arrow(mid, 276, mid, 296)
+        d.text(mid, 312, f"sentence vector {vec}", size=14, weight="bold")
+    d.arrow(cols[0] + w / 2, 320, 190, 340)
+    d.arrow(cols[1] + w / 2, 320, 250, 340)
+    d.box(60, 342, 320, 48, "cosine similarity = u\u00b7v / (|u| |v|)", sub="1: same direction, 0: at right angles",
+          color="orange", size=16)
+    count = {k: load_sentence_pairs().kinds.count(k) for k in PAIR_KINDS}
+    d.text(20, 416, f"paraphrase: same meaning, other words ({count['paraphrase']} pairs)", size=14, anchor="start")
+    d.text(20, 438, f"unrelated: different meanings ({count['unrelated']} pairs)", size=14, anchor="start")
+    d.text(20, 460, f"role swap: same words, roles exchanged ({count['swap']} pairs)", size=14, anchor="start")
     return d

@@ -905,3 +905,32 @@ def test_bootstrap_figures_the_page_prints_survive_float32_noise(minilm, mode) -
 
         shaken = ch07.Ablation(noisy(ab.baseline), ab.model_baseline, noisy(ab.ablated), ab.paraphrase, ab.swap)
         assert printed(shaken, noisy(without)) == exact
+
+
+def test_default_attention_reports_what_transformers_does_without_eager(minilm) -> None:
+    """The helper behind the chapter's "Asking for the weights" cell: it loads the packaged model with the
+    default attention, reports the installed version's behaviour, and removes its log collector again."""
+    import logging
+
+    import transformers
+
+    _, tokenizer = minilm
+    root = transformers.utils.logging.get_logger("transformers")
+    got = ch07.default_attention(tokenizer, "Where are they?")
+    assert not any(isinstance(h, ch07._KeepRecords) for h in root.handlers)  # the collector is removed
+    assert got.version == transformers.__version__
+    assert got.n_attentions in (0, 6)  # 5.x: silently none; 4.x: a fallback to eager
+    assert isinstance(got.has_head_mask, bool)
+    assert all(level in logging.getLevelNamesMapping() and "output_attentions" in msg for level, msg in got.logged)
+    if got.implementation == "sdpa" and int(transformers.__version__.split(".")[0]) >= 5:
+        assert got.n_attentions == 0 and not got.has_head_mask
+
+
+def test_embedding_test_diagram_counts_the_shipped_pairs() -> None:
+    """The diagram of the sentence-embedding test names the three kinds with the numbers of pairs shipped."""
+    svg = ch07.embedding_test().svg()
+    kinds = ch07.load_sentence_pairs().kinds
+    for label, kind in (("paraphrase", "paraphrase"), ("unrelated", "unrelated"), ("role swap", "swap")):
+        assert f"{label}:" in svg and f"({kinds.count(kind)} pairs)" in svg
+    pairs = ch07.load_sentence_pairs()
+    assert ("swap", *ch07.SWAP_EXAMPLE) in zip(pairs.kinds, pairs.first, pairs.second)  # a shipped role swap
