@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from .ch08 import fused_forward_io, narrowed_dtype, standard_attention_io
-from .diagrams import MUTED, Diagram, diagram
+from .diagrams import INK, MUTED, Diagram, diagram
 from .feedback import (
     as_index,
     Feedback,
@@ -737,6 +737,10 @@ CAP_MISTAKES = (
     Mistake("4 d exponentials per score", lambda d, F, E: (4 * d / F) / (4 * d / F + 4 * d / E),
             "you gave each score 4 d exponentials, as many as its matmul FLOPs: a score has ONE exponential, "
             "exp(score - m), whatever d is, so t_exp = 1 / exps_per_s per score."),
+    Mistake("d exponentials per score", lambda d, F, E: (4 * d / F) / (4 * d / F + d / E),
+            "your exponential time grows with the head width d: you gave each score d exponentials, one per "
+            "term of its dot product. The exponential is taken of the finished score, exp(score - m), not of "
+            "the products that sum to it: count again how many one score needs, and whether d changes that."),
     Mistake("the ratio of the rates floored", lambda d, F, E: 1 / (1 + int(F) // int(4 * d * E)),
             "integer division (//, or int(...)) floored the ratio of the two times, matmul_flops / (4 d exps_per_s), "
             "to a whole number (0 or 1 here, where the two times are close): divide with / and keep the floats."),
@@ -1058,6 +1062,48 @@ def _first_key_same(a: Any, b: Any) -> bool:
         return False
 
 
+#: The two parts of ``visible`` and the slips each part can carry on its own, with what each slip gets
+#: wrong (no answer stated): a reader's tile that is one causal slip AND one window slip together is
+#: named as two differences, where a single-mistake hint would name one and leave the reader puzzled.
+_CAUSAL_SLIPS = (
+    (lambda r, c: c < r, "its causal part leaves out the query itself (cols == rows), which a query always sees"),
+    (lambda r, c: r <= c, "its causal part faces the wrong way: it keeps the keys after the query, where the "
+                          "window sits behind it"),
+)
+_WINDOW_SLIPS = (
+    (lambda r, c, w: r - c <= w, "its window part lets a query see one key more than window (itself and the "
+                                 "window - 1 keys before it make window)"),
+    (lambda r, c, w: r - c < w - 1, "its window part lets a query see one key fewer than window"),
+    (lambda r, c, w: (r - c).abs() < w, "its window part reaches both ways, to keys after the query too"),
+)
+
+
+def _two_slips(got: Tensor, rows: Tensor, cols: Tensor, window: int) -> Feedback | None:
+    """The hint for a tile that is one causal slip and one window slip at once (``None`` otherwise)."""
+    for causal, why_causal in _CAUSAL_SLIPS:
+        for part, why_window in _WINDOW_SLIPS:
+            compound = causal(rows, cols) & part(rows, cols, window)
+            # both slips must show on this tile: with the other part right, each alone gives another tile
+            alone = (causal(rows, cols) & (rows - cols < window), (cols <= rows) & part(rows, cols, window))
+            if torch.equal(got, compound) and not any(torch.equal(compound, a) for a in alone):
+                return wrong(f"your tile has two differences, not one: {why_causal}; and {why_window}. "
+                             "Fix one, run the check again, and the other is named on its own.")
+    return None
+
+
+def _with_first_key(problem: Feedback, first_key: Callable[[int, int], Any]) -> Feedback:
+    """``problem`` (a "wrong" verdict on ``visible``), extended when ``first_key`` is wrong as well, so that a
+    reader with two slips, one in each function, is told of both instead of one."""
+    if problem.status != "wrong":
+        return problem
+    for q0, window in _first_key_cases():
+        other = _first_key_one(first_key, q0, window)
+        if other is not None and other.status == "wrong":
+            return wrong(f"more than one thing differs. In `visible`: {problem.message} In `first_key` too: "
+                         f"{other.message}")
+    return problem
+
+
 def _visible_one(fn: Callable[..., Any], rows: Tensor, cols: Tensor, window: int) -> Feedback | None:
     got, fb = run_reader_code(fn, rows, cols, window)
     if fb is not None and "Boolean value of Tensor" in fb.message:
@@ -1081,7 +1127,7 @@ def _visible_one(fn: Callable[..., Any], rows: Tensor, cols: Tensor, window: int
                      "(True where the query may see the key), combined with &.")
     if torch.equal(got, expected):
         return None
-    return diagnose(got, VISIBLE_MISTAKES, rows, cols, window) or wrong(
+    return diagnose(got, VISIBLE_MISTAKES, rows, cols, window) or _two_slips(got, rows, cols, window) or wrong(
         f"on the tile of queries {rows[0, 0].item()}..{rows[-1, 0].item()} and keys {cols[0, 0].item()}.."
         f"{cols[0, -1].item()} with window = {window}, your tile differs: query i sees keys i - window + 1 .. i.")
 
@@ -1231,7 +1277,7 @@ def check_sliding_window(visible: Callable[..., Any], first_key: Callable[[int, 
     for rows, cols, window in _visible_cases():
         problem = _visible_one(visible, rows, cols, window)
         if problem is not None:
-            return problem
+            return _with_first_key(problem, first_key)
     problem = _torch_in_visible(visible)
     if problem is not None:
         return problem
@@ -1454,9 +1500,9 @@ def ping_pong_diagram() -> Diagram:
     return d
 
 
-# ---- diagram: a sliding-window block mask (section 9.6) ---------------------------------------------
+# ---- diagram: a sliding-window block mask (section 9.7) ---------------------------------------------
 
-#: The block mask of section 9.6: S queries and keys, a window of FLEX_WINDOW keys, square blocks.
+#: The block mask of section 9.7: S queries and keys, a window of FLEX_WINDOW keys, square blocks.
 FLEX_S, FLEX_WINDOW, FLEX_BLOCK = 1024, 256, 128
 
 
@@ -1522,7 +1568,7 @@ def window_block_mask_diagram() -> Diagram:
 
 @diagram
 def lse_merge_diagram() -> Diagram:
-    """Section 9.7's merge: two partial results over disjoint keys, each an output normalised over its own
+    """Section 9.8's merge: two partial results over disjoint keys, each an output normalised over its own
     keys and the logsumexp of its scores, combined with weights exp(lse_i - lse). The split is that of
     exercise 9.3's first case (:data:`MERGE_CASES`)."""
     S_k, split = MERGE_CASES[0][2], MERGE_CASES[0][3]
@@ -1555,4 +1601,89 @@ def lse_merge_diagram() -> Diagram:
     d.text(22, 410, "(lse from the max first: no overflow)", size=13, anchor="start", color=MUTED)
     d.text(179, 450, "O and lse equal attention over", size=14)
     d.text(179, 470, f"all {S_k} keys, whatever the split", size=14)
+    return d
+
+
+# ---- diagram: FlashAttention-4's lazy rescaling ------------------------------------------------------
+
+#: The lazy-rescaling diagram: one query row's running maximum after each of its key blocks (made up,
+#: growing at every block, as in the "climbing" scores of section 9.6's cell), and the threshold tau, the
+#: same as the cell's ``lazy_online_softmax(..., threshold=8.0)``.
+LAZY_MAXIMA: tuple[int, ...] = (3, 5, 6, 9, 10, 12, 13, 17, 18, 21)
+LAZY_THRESHOLD = 8
+
+
+def lazy_reference_points(maxima: tuple[int, ...] = LAZY_MAXIMA, threshold: float = LAZY_THRESHOLD) -> list[float]:
+    """The reference point ``m`` after each block, moved (as in :func:`lazy_online_softmax`) only when the
+    block's maximum exceeds ``m + threshold``.
+
+    >>> lazy_reference_points((3, 5, 12, 13), 8)
+    [3, 3, 12, 12]
+    """
+    refs: list[float] = []
+    for x in maxima:
+        refs.append(x if not refs or x > refs[-1] + threshold else refs[-1])
+    return refs
+
+
+@diagram
+def lazy_rescale_diagram() -> Diagram:
+    """FlashAttention-4's lazy rescaling on one query row: the running maximum grows at every block, the
+    reference point ``m`` moves (a rescale) only when the maximum passes ``m + tau``."""
+    maxima, tau = LAZY_MAXIMA, LAZY_THRESHOLD
+    refs = lazy_reference_points(maxima, tau)
+    moves = [k for k in range(1, len(maxima)) if refs[k] != refs[k - 1]]
+    exact = sum(maxima[k] > maxima[k - 1] for k in range(1, len(maxima)))
+    n = len(maxima)
+    x0, step, base, unit = 44, 30, 330, 8  # block k at x0 + k * step; score v at base - unit * v
+
+    def X(k: float) -> float:
+        return x0 + k * step
+
+    def Y(v: float) -> float:
+        return base - unit * v
+
+    grown = ", ".join(f"at block {k + 1} the maximum, {maxima[k]}, passes {refs[k - 1]} + {tau} = "
+                      f"{refs[k - 1] + tau}, and m moves up to {refs[k]}" for k in moves)
+    d = Diagram(
+        "ch09_lazy_rescale", 380, 450, title="Rescale only when the maximum jumps",
+        alt=(f"One query row over {n} key blocks, with a threshold tau = {tau}. Blue squares: the running maximum "
+             f"of the row's scores after each block, growing at every block from {maxima[0]} to {maxima[-1]}. "
+             f"Orange: the reference point m that the sums are kept relative to, with a shaded band from m up to "
+             f"m + tau, where every exponential exp(s - m) stays at most exp(tau). m starts at {refs[0]} and stays "
+             f"while the maximum stays inside the band; {grown} (each a rescale, a vermillion arrow). The exact "
+             f"online softmax rescales {exact} times, at every block where the maximum grows; the lazy one "
+             f"{len(moves)} times, with the same output."))
+    d.text(190, 26, "Rescale only when the maximum jumps", size=16, weight="bold")
+    d.text(190, 46, f"one query row, {n} key blocks, \u03c4 = {tau}", size=13, color=MUTED)
+    # the band m .. m + tau, one rectangle per run of blocks with the same m
+    starts = [0, *moves, n]
+    for a, b in zip(starts, starts[1:]):
+        m = refs[a]
+        left, width = X(a + 0.5) + 2, (b - a) * step - 4
+        d.rect(left, Y(m + tau), width, unit * tau, fill="orange", tint=True, stroke="orange", width=1, rx=0)
+        d.line(left, Y(m), left + width, Y(m), color="orange", width=3)
+        d.line(left, Y(m + tau), left + width, Y(m + tau), color="orange", width=1.5, dash=True)
+    # axes
+    d.line(X(0.5), Y(0), X(n + 0.5), Y(0), color=INK, width=1)
+    d.line(X(0.5), Y(0), X(0.5), Y(31), color=INK, width=1)
+    for v in (0, 10, 20, 30):
+        d.text(X(0.5) - 6, Y(v) + 4, str(v), size=12, anchor="end", color=MUTED)
+    for k in range(n):
+        d.text(X(k + 1), Y(0) + 18, str(k + 1), size=12, color=MUTED)
+    d.text(X((n + 1) / 2), Y(0) + 38, "key block", size=13, color=MUTED)
+    # the running maximum
+    for k in range(n):
+        if k:
+            d.line(X(k), Y(maxima[k - 1]), X(k + 1), Y(maxima[k]), color="blue", width=1.5)
+        d.rect(X(k + 1) - 4, Y(maxima[k]) - 4, 8, 8, fill="blue", stroke="blue", width=1, rx=1)
+    for k in moves:
+        d.arrow(X(k + 1) - 9, Y(refs[k - 1]) - 2, X(k + 1) - 9, Y(refs[k]) + 6, color="vermillion")
+        d.text(X(k + 1) - 14, Y(refs[k - 1] + 2), "rescale", size=12, anchor="end", color="vermillion")
+    ly = 392
+    d.rect(24, ly - 9, 8, 8, fill="blue", stroke="blue", width=1, rx=1)
+    d.text(40, ly, "running maximum of the row's scores", size=12, anchor="start")
+    d.line(20, ly + 16, 36, ly + 16, color="orange", width=3)
+    d.text(40, ly + 20, "m, kept stale; band up to m + \u03c4", size=12, anchor="start")
+    d.text(190, ly + 44, f"exact online softmax: {exact} rescales; lazy: {len(moves)}", size=13, weight="bold")
     return d

@@ -796,7 +796,7 @@ def test_merge_computed_in_float32_and_cast_back_is_refused_on_the_float64_case(
 def test_window_tile_kinds_match_flex_attentions_block_mask_and_the_diagram() -> None:
     from attnbook.ch09 import FLEX_BLOCK, FLEX_S, FLEX_WINDOW, window_block_mask_diagram, window_tile_kinds
 
-    assert (FLEX_S, FLEX_WINDOW, FLEX_BLOCK) == (1024, 256, 128)  # the sizes of section 9.6's cell
+    assert (FLEX_S, FLEX_WINDOW, FLEX_BLOCK) == (1024, 256, 128)  # the sizes of section 9.7's cell
     kinds = window_tile_kinds(FLEX_S, FLEX_WINDOW, FLEX_BLOCK)
     partial = [row.count("partial") for row in kinds]
     full = [row.count("full") for row in kinds]
@@ -845,3 +845,66 @@ def test_serial_cap_names_two_exponentials_per_score_in_the_one_matmul_hint() ->
 
     fb = check_serial_cap(lambda d, mf, e: (4 * d / mf) / (4 * d / mf + 2 / e))
     assert fb.status == "wrong" and "two exponentials per score" in fb.message, fb
+
+
+def test_sliding_window_names_both_slips_when_visible_and_first_key_are_both_wrong() -> None:
+    """A learner probe: one slip in each function got the hint of the `visible` slip alone."""
+    too_many = next(m for m in VISIBLE_MISTAKES if m.name == "one key too many")
+    early = next(m for m in FIRST_KEY_MISTAKES if m.name == "one key early")
+    fb = check_sliding_window(too_many.compute, early.compute)
+    assert fb.status == "wrong" and "more than one thing differs" in fb.message, fb
+    assert too_many.hint in fb.message and early.hint in fb.message, fb
+
+
+def test_sliding_window_still_names_one_slip_when_first_key_is_the_stub() -> None:
+    too_many = next(m for m in VISIBLE_MISTAKES if m.name == "one key too many")
+
+    def stub(q_start, window):
+        raise NotImplementedError
+
+    fb = check_sliding_window(too_many.compute, stub)
+    assert fb.status == "wrong" and fb.message == too_many.hint, fb
+
+
+@pytest.mark.parametrize(
+    "visible, says",
+    [
+        (lambda r, c, w: (c < r) & (r - c <= w), ("the query itself", "one key more")),
+        (lambda r, c, w: (c < r) & (r - c < w - 1), ("the query itself", "one key fewer")),
+    ],
+    ids=["strict and one too many", "strict and one too few"],
+)
+def test_sliding_window_two_slips_in_visible_are_named_as_two(visible, says) -> None:
+    fb = check_sliding_window(visible, reference_first_key)
+    assert fb.status == "wrong" and "two differences" in fb.message, fb
+    assert all(s in fb.message for s in says), fb
+
+
+def test_sliding_window_a_single_slip_is_not_called_two() -> None:
+    """The causal part the wrong way round with a right window part is one slip; it must not be named as two."""
+    fb = check_sliding_window(lambda r, c, w: (r <= c) & (r - c < w - 1), reference_first_key)
+    assert fb.status == "wrong" and "two differences" not in fb.message, fb
+
+
+def test_serial_cap_d_exponentials_per_score_is_named_without_giving_the_count() -> None:
+    """A learner probe: d exponentials per score fell through to the recipe (t_exp = 1 / exps_per_s ...)."""
+    from attnbook.ch09 import check_serial_cap
+
+    fb = check_serial_cap(lambda d, mf, e: (4 * d / mf) / (4 * d / mf + d / e))
+    assert fb.status == "wrong" and "d exponentials" in fb.message, fb
+    for recipe in ("1 / exps_per_s", "one exponential", "ONE", "4 d", "t_matmul / (t_matmul + t_exp)"):
+        assert recipe not in fb.message, (recipe, fb.message)
+
+
+def test_lazy_rescale_diagram_counts_what_lazy_online_softmax_counts() -> None:
+    from attnbook.ch09 import LAZY_MAXIMA, LAZY_THRESHOLD, lazy_reference_points, lazy_rescale_diagram
+
+    s = torch.tensor([LAZY_MAXIMA], dtype=torch.float64)  # [1, S_k]: one key per block, its score the maximum
+    v = torch.randn(len(LAZY_MAXIMA), 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    _, lazy, exact = lazy_online_softmax(s, v, block=1, threshold=float(LAZY_THRESHOLD))
+    refs = lazy_reference_points()
+    moves = sum(a != b for a, b in zip(refs, refs[1:]))
+    assert (lazy, exact) == (moves, len(LAZY_MAXIMA) - 1) == (2, 9)
+    alt = lazy_rescale_diagram().alt
+    assert f"rescales {exact} times" in alt and f"the lazy one {lazy} times" in alt, alt
+    assert LAZY_THRESHOLD == 8  # the threshold of the chapter's lazy_online_softmax cell
