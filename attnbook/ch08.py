@@ -114,7 +114,7 @@ def steady_median_ms(fns: dict[str, Callable[[], Any]], *, repeats: int, warmup:
 def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.device | str = "cpu"
                                ) -> tuple[float, dict[str, list[float]], list[int]]:
     """Time the four projections of a ``MultiHeadSelfAttention(D, H)`` and three attention cores at
-    each sequence length of ``sizes`` (batch 1), and print the results.
+    each sequence length of ``sizes`` (batch 1), and print the times.
 
     Returns ``(peak_gflops, times, core_mem)``: the speed of one ``[1024, 1024] @ [1024, 1024]``
     float32 matmul (GFLOP/s); for ``"projections"``, ``"attnlib core"``, ``"torch.softmax core"``
@@ -131,7 +131,6 @@ def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.d
 
     from .measure import peak_tensor_bytes
 
-    MiB = 2**20
     a_big = torch.randn(1024, 1024, device=device)
     peak_gflops = 2 * 1024**3 / steady_median_ms({"matmul": lambda: a_big @ a_big}, repeats=5, device=device)["matmul"] / 1e6
     print(f"one [1024, 1024] @ [1024, 1024] matmul, float32: ~{peak_gflops:.0f} GFLOP/s")
@@ -156,12 +155,9 @@ def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.d
             for name in times:
                 times[name].append(ms[name] / 1e3)
             core_mem.append(peak_tensor_bytes(fns["attnlib core"]))
-    for i, S in enumerate(sizes):
-        weights = H * S * S * 4  # [1, H, S, S] float32
+    for i, S in enumerate(sizes):  # the memory counts are the chapter's section 8.2's to print
         print(f"S = {S:>4} ({S / D:.2f} D): "
-              + ", ".join(f"{name} ~{t[i] * 1e3:.2f} ms" for name, t in times.items())
-              + f" | attnlib core holds at most {core_mem[i] / MiB:.2f} MiB of tensors"
-              + f" ({core_mem[i] / weights:.2f}x the weights)")
+              + ", ".join(f"{name} ~{t[i] * 1e3:.2f} ms" for name, t in times.items()))
     if len(sizes) > 3:
         print(f"growth from S = {sizes[3]} to {sizes[-1]}: projections "
               f"~{times['projections'][-1] / times['projections'][3]:.1f}x (FLOPs {sizes[-1] // sizes[3]}x), attnlib "
