@@ -114,7 +114,7 @@ def steady_median_ms(fns: dict[str, Callable[[], Any]], *, repeats: int, warmup:
 def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.device | str = "cpu"
                                ) -> tuple[float, dict[str, list[float]], list[int]]:
     """Time the four projections of a ``MultiHeadSelfAttention(D, H)`` and three attention cores at
-    each sequence length of ``sizes`` (batch 1), and print the results.
+    each sequence length of ``sizes`` (batch 1), and print the times.
 
     Returns ``(peak_gflops, times, core_mem)``: the speed of one ``[1024, 1024] @ [1024, 1024]``
     float32 matmul (GFLOP/s); for ``"projections"``, ``"attnlib core"``, ``"torch.softmax core"``
@@ -131,7 +131,6 @@ def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.d
 
     from .measure import peak_tensor_bytes
 
-    MiB = 2**20
     a_big = torch.randn(1024, 1024, device=device)
     peak_gflops = 2 * 1024**3 / steady_median_ms({"matmul": lambda: a_big @ a_big}, repeats=5, device=device)["matmul"] / 1e6
     print(f"one [1024, 1024] @ [1024, 1024] matmul, float32: ~{peak_gflops:.0f} GFLOP/s")
@@ -156,12 +155,9 @@ def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.d
             for name in times:
                 times[name].append(ms[name] / 1e3)
             core_mem.append(peak_tensor_bytes(fns["attnlib core"]))
-    for i, S in enumerate(sizes):
-        weights = H * S * S * 4  # [1, H, S, S] float32
+    for i, S in enumerate(sizes):  # the memory counts are the chapter's section 8.2's to print
         print(f"S = {S:>4} ({S / D:.2f} D): "
-              + ", ".join(f"{name} ~{t[i] * 1e3:.2f} ms" for name, t in times.items())
-              + f" | attnlib core holds at most {core_mem[i] / MiB:.2f} MiB of tensors"
-              + f" ({core_mem[i] / weights:.2f}x the weights)")
+              + ", ".join(f"{name} ~{t[i] * 1e3:.2f} ms" for name, t in times.items()))
     if len(sizes) > 3:
         print(f"growth from S = {sizes[3]} to {sizes[-1]}: projections "
               f"~{times['projections'][-1] / times['projections'][3]:.1f}x (FLOPs {sizes[-1] // sizes[3]}x), attnlib "
@@ -426,6 +422,25 @@ _ACC_NOT_MATMUL = (
 )
 
 
+_NO_EXP = (
+    "l_new is the sum of the tile's scores themselves (or of s - m_new): the exponential is missing. Softmax "
+    "weights grow like e^score, not like the score, so what l and acc add up is p = exp(s - m_new): "
+    "l gets p.sum(dim=-1, keepdim=True) and acc gets p @ v. Subtracting m_new only keeps every exponent at most 0."
+)
+
+_MAX_AS_SUM = (
+    "l_new equals m_new, the running maximum: you returned (or added) the maximum where the running sum goes. "
+    "l is the running sum of exp(s - m_new), the softmax denominator; the maximum only keeps those exponents "
+    "at most 0. l_new = l * exp(m_old - m_new) + p.sum(dim=-1, keepdim=True)."
+)
+
+_MAX_OF_TILE_AS_SUM = (
+    "l_new is 1 for every row while acc_new is right: where the running sum goes, you took the largest of the "
+    "tile's exp(s - m_new) (amax or max), which is always exp(0) = 1, at the row's top score. l adds up every "
+    "exponential of the row, the softmax denominator: p.sum(dim=-1, keepdim=True)."
+)
+
+
 def _square_first_tile(fn: Callable[..., Any], S_q: int = 3, n: int = 2
                        ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor], tuple[Any, ...]] | None:
     """``fn`` on a first tile whose key count equals D_v (both ``n``), where some wrong shapes still broadcast
@@ -480,6 +495,13 @@ def _first_tile_hint(result: tuple[Tensor, Tensor, Tensor], ref: tuple[Tensor, T
                          "(q . k / sqrt(d_k)), so use it as it is.")
     if not close(m1, ref[0]) or tuple(l1.shape) != tuple(ref[1].shape):
         return None
+    acc_right = tuple(result[2].shape) == tuple(ref[2].shape) and close(result[2], ref[2])
+    if close(l1, ref[0]) and not close(ref[1], ref[0]):
+        return wrong(_MAX_AS_SUM)
+    if close(l1, torch.ones_like(l1)) and not close(ref[1], torch.ones_like(ref[1])) and acc_right:
+        return wrong(_MAX_OF_TILE_AS_SUM)
+    if close(l1, s.sum(dim=-1, keepdim=True)) or close(l1, (s - ref[0]).sum(dim=-1, keepdim=True)):
+        return wrong(_NO_EXP)
     if close(l1, torch.ones_like(l1)) and not close(ref[1], torch.ones_like(ref[1])):
         return wrong("l_new is 1 for every row: you normalised the tile (softmax, or p / p.sum()). p is the "
                      "unnormalised exp(s - m_new); the running sum l collects the denominators, and the division "
@@ -769,6 +791,11 @@ _TILE_MISTAKES = (
             "is): that keeps exp from overflowing but does not normalise. Subtract the whole row's logsumexp "
             "instead, exp(s - lse[:, None]), which both keeps every weight at most 1 and divides by the "
             "row's full softmax denominator."),
+    Mistake("mean of lse", lambda s, lse: torch.exp(s - lse.mean()),
+            "you subtracted lse.mean(), one number for the whole tile: each query row has its own logsumexp, the "
+            "log of its own row's softmax denominator, and averaging them gives no row's. (Log-sum-exps do not "
+            "combine by averaging; merging two partial ones takes torch.logaddexp.) Subtract each row's own: "
+            "lse[:, None] lines lse up with the rows."),
     Mistake("scale applied again", lambda s, lse: torch.exp(s / 8 - lse[:, None]),
             "you divided the scores by 8, the 1/sqrt(D_k) scale of the chapter's heads, again: s_tile already "
             "holds the scaled scores, the same ones whose logsumexp lse is, so use them as they are."),

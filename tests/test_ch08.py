@@ -632,8 +632,7 @@ def test_time_projections_and_cores_prints_each_size_and_grows_with_s(capsys: py
     names = ["projections", "attnlib core", "torch.softmax core", "SDPA core"]
     assert list(times) == names and all(len(t) == len(sizes) for t in times.values()) and len(mem) == len(sizes)
     for line, S in zip(lines[1:5], sizes):
-        assert re.fullmatch(rf"S = {S:>4} \({S / 64:.2f} D\): " + ", ".join(rf"{n} ~\d+\.\d\d ms" for n in names)
-                            + r" \| attnlib core holds at most \d+\.\d\d MiB of tensors \(\d\.\d\dx the weights\)", line), line
+        assert re.fullmatch(rf"S = {S:>4} \({S / 64:.2f} D\): " + ", ".join(rf"{n} ~\d+\.\d\d ms" for n in names), line), line
     # exact: the scores, shifted scores, exponentials and weights exist at once, plus [S, 1] row statistics
     assert all(4 * 4 * 4 * S * S <= m <= 4.1 * 4 * 4 * S * S for m, S in zip(mem, sizes))
     assert re.fullmatch(r"growth from S = 512 to 512: projections ~\d+\.\dx \(FLOPs 1x\), attnlib core ~\d+\.\dx \(FLOPs 1x\)", lines[5])
@@ -852,3 +851,53 @@ def test_online_update_torch_max_with_two_tensors_and_a_dim_is_translated() -> N
 
     fb = check_online_softmax_update(fn)
     assert fb.status == "wrong" and "two tensors and a dim" in fb.message and "torch.maximum" in fb.message, fb
+
+
+def _probe3_update(p_of, l_add):
+    """An online update whose tile weights come from ``p_of(s, m_new)`` and whose running sum adds
+    ``l_add(p, m_new)`` (the right update: ``exp(s - m_new)`` and ``p.sum``)."""
+
+    def f(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p = p_of(s, m_new)
+        alpha = torch.exp(m - m_new)
+        return m_new, l * alpha + l_add(p, m_new), acc * alpha + p @ v
+
+    return f
+
+
+_EXP = lambda s, m_new: torch.exp(s - m_new)  # noqa: E731
+_SUM = lambda p, m_new: p.sum(-1, keepdim=True)  # noqa: E731
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_probe3_update(lambda s, m_new: s, _SUM), "the exponential is missing"),
+    (_probe3_update(lambda s, m_new: s - m_new, _SUM), "the exponential is missing"),
+    (_probe3_update(_EXP, lambda p, m_new: p.amax(-1, keepdim=True)), "you took the largest of the tile's exp(s - m_new)"),
+    (_probe3_update(_EXP, lambda p, m_new: m_new), "l_new equals m_new, the running maximum"),
+], ids=["raw scores", "scores minus max", "amax for sum", "max for sum"])
+def test_probe3_online_update_names_a_missing_exp_and_a_max_where_the_sum_goes(fn, words: str) -> None:
+    fb = check_online_softmax_update(fn)
+    assert fb.status == "wrong" and words in fb.message, fb.message
+    assert "you normalised the tile" not in fb.message
+    assert check_online_softmax_update(_probe3_update(_EXP, _SUM)).passed
+
+
+def test_probe3_online_update_softmax_in_the_tile_is_still_told_it_normalised() -> None:
+    def softmax_tile(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p = torch.softmax(s, -1)
+        alpha = torch.exp(m - m_new)
+        return m_new, l * alpha + p.sum(-1, keepdim=True), acc * alpha + p @ v
+
+    fb = check_online_softmax_update(softmax_tile)
+    assert fb.status == "wrong" and "you normalised the tile" in fb.message, fb.message
+
+
+@pytest.mark.parametrize("fn", [
+    lambda s, lse: torch.exp(s - lse.mean()),
+    lambda s, lse: torch.exp(s) / torch.exp(lse.mean()),
+], ids=["exp(s - lse.mean())", "exp(s) / exp(lse.mean())"])
+def test_probe3_tile_weights_averaged_lse_is_named(fn) -> None:
+    fb = check_tile_weights(fn)
+    assert fb.status == "wrong" and "lse.mean()" in fb.message and "its own logsumexp" in fb.message, fb.message
