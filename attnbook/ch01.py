@@ -43,7 +43,7 @@ from .feedback import (
 __all__ = [
     "soft_lookup_inputs", "check_soft_lookup", "SOFT_LOOKUP_MISTAKES", "SOFT_LOOKUP_CASES",
     "reference_shapes", "check_attention_shapes", "SHAPE_KEYS", "SHAPE_MISTAKES", "SHAPE_CONFIGS",
-    "layers_until_linked", "check_reach", "REACH_SRC", "REACH_DST", "sinusoidal_code", "position_code_figure", "reach_answer", "REACH_MISTAKES", "encoder_layer_figure", "residual_gradient_norms",
+    "unfilled_rows", "layers_until_linked", "check_reach", "REACH_SRC", "REACH_DST", "sinusoidal_code", "position_code_figure", "reach_answer", "REACH_MISTAKES", "encoder_layer_figure", "residual_gradient_norms",
     "MINILM_ARE", "are_row_from_model", "HEAD_B", "HEAD_D", "draw_head_path", "one_head_diagram",
     "TOY_QUERY", "TOY_KEYS", "soft_lookup_diagram", "lost_precision", "rounded_like_half", "not_finite", "reach_rows", "reach_diagram",
     "rope", "MHA_B", "MHA_D", "MHA_H", "layout_diagram", "SHUFFLE_TOKENS", "SHUFFLE", "equivariance_diagram", "GROWTH_S", "weights_growth_diagram",
@@ -281,6 +281,39 @@ def _float32_scores(result: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Feedback
                  "dtype=queries.dtype to torch.tensor.")
 
 
+_SKIPPED_QUERY = (", while other rows hold a mix. Your loop over the queries stops early or starts late (range(M - 1), "
+                  "range(1, M)): query {row} of the M = {M} queries was skipped, and every query needs its own row.")
+_SKIPPED_ROW = (". Your loop over the queries stops early (or starts late): run it over every row, or drop it.")
+
+
+def unfilled_rows(t: Tensor, *, name: str = "your weights", tail: str = _SKIPPED_ROW,
+                  partial: bool = False) -> Feedback | None:
+    """The hint for a result of which whole rows (last axis) are exactly 0, as in the zeros buffer a loop writes
+    into: a query's row, or a whole sequence of a ``[B, S, S]`` batch, that the loop never reached. ``None`` when
+    every row holds something (and, with ``partial``, also when every row is 0: nothing was filled at all).
+
+    ``tail`` follows "row {row} of {name} was never filled: it is all 0, as in the zeros you started from" and
+    may use ``{row}`` and ``{M}`` (the number of rows). Chapter 1's soft lookup and chapter 2's weights share it.
+    """
+    w = as_cpu_float64(t)
+    empty = (w == 0).all(dim=-1)  # [B, S] or [M]: rows never written
+    if not bool(empty.any()) or (partial and bool(empty.all())):
+        return None
+    if w.dim() == 3:
+        whole = [b for b in range(w.shape[0]) if bool(empty[b].all())]
+        if whole:
+            return wrong(f"sequence {whole[0]} of the batch was never filled: its weights are all 0, as in the zeros "
+                         f"you started from, while {'the other sequences hold' if w.shape[0] > 2 else 'the other holds'} "
+                         "weights. Your batch loop stops early (or starts late): range(B) runs over every sequence, "
+                         "B = x.shape[0]; or drop the loop, since the matrix products work on the whole batch at once.")
+        b, row = divmod(int(empty.flatten().nonzero()[0]), w.shape[1])
+        return wrong(f"row {row} of sequence {b} was never filled: its weights are all 0, as in the zeros you started "
+                     "from. Your loop over the queries stops early (or starts late): run it over every row, or drop it.")
+    row = int(empty.nonzero()[0])
+    return wrong(f"row {row} of {name} was never filled: it is all 0, as in the zeros you started from"
+                 + tail.format(row=row, M=w.shape[0]))
+
+
 def _soft_lookup_cases() -> list[tuple[Tensor, Tensor, Tensor]]:
     return [soft_lookup_inputs(*c) for c in SOFT_LOOKUP_CASES] + list(_probes())
 
@@ -322,12 +355,9 @@ def _lookup_one(fn: Callable[..., Any], inputs: tuple[Tensor, Tensor, Tensor],
     if hint is not None:
         return hint
     if result.shape == expected.shape and result.dim() == 2:
-        empty = [i for i in range(result.shape[0]) if bool((result[i] == 0).all())]
-        if empty and len(empty) < result.shape[0]:
-            return wrong(f"row {empty[0]} of your result was never filled: it is all 0, as in the zeros you started "
-                         f"from, while other rows hold a mix. Your loop over the queries stops early or starts late "
-                         f"(range(M - 1), range(1, M)): query {empty[0]} of the M = {result.shape[0]} queries was skipped, "
-                         "and every query needs its own row.")
+        unfilled = unfilled_rows(result, name="your result", tail=_SKIPPED_QUERY, partial=True)
+        if unfilled is not None:
+            return unfilled
     N, D_v = inputs[2].shape
     M, D = inputs[0].shape
     if tuple(result.shape) == (D_v, M):

@@ -526,3 +526,25 @@ def test_shape_hints_do_not_state_the_right_shape() -> None:
                 assert str(right[k]) not in hint, (m.name, k, hint)
             for named in ("[B, S, D_k]", "[B, S, D_v]", "[B, S, S]"):
                 assert named not in hint, (m.name, named, hint)
+
+
+def test_unfilled_rows_words_each_loop_that_stopped_early() -> None:
+    """The one "never filled" check of chapters 1 and 2: a skipped query row, a skipped sequence, a skipped row of one."""
+    from attnbook.ch01 import _SKIPPED_QUERY, unfilled_rows
+
+    result = torch.ones(3, 4)
+    result[2] = 0
+    fb = unfilled_rows(result, name="your result", tail=_SKIPPED_QUERY, partial=True)
+    assert fb.message == ("row 2 of your result was never filled: it is all 0, as in the zeros you started from, while "
+                          "other rows hold a mix. Your loop over the queries stops early or starts late (range(M - 1), "
+                          "range(1, M)): query 2 of the M = 3 queries was skipped, and every query needs its own row."), fb
+    assert unfilled_rows(torch.zeros(3, 4), partial=True) is None  # nothing filled at all: not a loop that stopped early
+    assert unfilled_rows(torch.ones(3, 4)) is None
+    assert unfilled_rows(result).message.startswith("row 2 of your weights was never filled: it is all 0, as in the "
+                                                    "zeros you started from. Your loop over the queries stops early")
+    batch = torch.ones(2, 3, 3)
+    batch[1] = 0
+    assert unfilled_rows(batch).message.startswith("sequence 1 of the batch was never filled")
+    batch = torch.ones(2, 3, 3)
+    batch[1, 2] = 0
+    assert unfilled_rows(batch).message.startswith("row 2 of sequence 1 was never filled")
