@@ -435,6 +435,9 @@ def _with(**changes: str) -> Callable[..., dict[str, tuple[int, ...]]]:
     return shapes
 
 
+_ONE_HEAD = ("'{step}' has an axis of size 1 for the heads: this exercise has a single head, and a head axis appears "
+             "only when there are several (chapter 5).")
+
 #: Known wrong answers of the shape exercise. Each hint may use {B}, {S}, {D}, {D_k}, {D_v}, and {step}:
 #: the step the reader got wrong (a hint that names its step this way fits a mistake in either of the
 #: steps it changes, such as the weights alone when the scores were right).
@@ -474,8 +477,7 @@ SHAPE_MISTAKES: tuple[Mistake, ...] = (
             "product, q @ k.transpose(-2, -1); 'k' itself holds one row per token, like 'q'."),
     Mistake("a head axis of size 1", _with(q="B 1 S D_k", k="B 1 S D_k", v="B 1 S D_v", scores="B 1 S S",
                                            weights="B 1 S S", context="B 1 S D_v"),
-            "'{step}' has an axis of size 1 for the heads: this exercise has a single head, and a head axis "
-            "appears only when there are several (chapter 5)."),
+            _ONE_HEAD),
     Mistake("a head axis after the positions", _with(q="B S 1 D_k", k="B S 1 D_k", v="B S 1 D_v",
                                                      context="B S 1 D_v"),
             "'{step}' has an axis of size 1 for the heads after the positions, the layout of several heads before "
@@ -496,8 +498,7 @@ SHAPE_MISTAKES: tuple[Mistake, ...] = (
             "'v' still has the model width D = {D}: W^V changes each token's width; look at what the exercise "
             "says it maps D to."),
     Mistake("scores with a head axis", _with(scores="B 1 S S", weights="B 1 S S"),
-            "'{step}' has an axis of size 1 for the heads: this exercise has a single head, and a head axis "
-            "appears only when there are several (chapter 5)."),
+            _ONE_HEAD),
     Mistake("scores like q", _with(scores="B S D_k", weights="B S D_k"),
             "'{step}' has the shape of 'q', but it holds one score for every pair of a query and a key: every "
             "query is compared with every key, so count the queries and the keys of one sequence."),
