@@ -43,7 +43,7 @@ from .feedback import (
 __all__ = [
     "soft_lookup_inputs", "check_soft_lookup", "SOFT_LOOKUP_MISTAKES", "SOFT_LOOKUP_CASES",
     "reference_shapes", "check_attention_shapes", "SHAPE_KEYS", "SHAPE_MISTAKES", "SHAPE_CONFIGS",
-    "layers_until_linked", "check_reach", "REACH_SRC", "REACH_DST", "sinusoidal_code", "position_code_figure", "reach_answer", "REACH_MISTAKES", "encoder_layer_figure", "residual_gradient_norms",
+    "unfilled_rows", "layers_until_linked", "check_reach", "REACH_SRC", "REACH_DST", "sinusoidal_code", "position_code_figure", "reach_answer", "REACH_MISTAKES", "encoder_layer_figure", "residual_gradient_norms",
     "MINILM_ARE", "are_row_from_model", "HEAD_B", "HEAD_D", "draw_head_path", "one_head_diagram",
     "TOY_QUERY", "TOY_KEYS", "soft_lookup_diagram", "lost_precision", "rounded_like_half", "not_finite", "reach_rows", "reach_diagram",
     "rope", "MHA_B", "MHA_D", "MHA_H", "layout_diagram", "SHUFFLE_TOKENS", "SHUFFLE", "equivariance_diagram", "GROWTH_S", "weights_growth_diagram",
@@ -281,6 +281,39 @@ def _float32_scores(result: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Feedback
                  "dtype=queries.dtype to torch.tensor.")
 
 
+_SKIPPED_QUERY = (", while other rows hold a mix. Your loop over the queries stops early or starts late (range(M - 1), "
+                  "range(1, M)): query {row} of the M = {M} queries was skipped, and every query needs its own row.")
+_SKIPPED_ROW = (". Your loop over the queries stops early (or starts late): run it over every row, or drop it.")
+
+
+def unfilled_rows(t: Tensor, *, name: str = "your weights", tail: str = _SKIPPED_ROW,
+                  partial: bool = False) -> Feedback | None:
+    """The hint for a result of which whole rows (last axis) are exactly 0, as in the zeros buffer a loop writes
+    into: a query's row, or a whole sequence of a ``[B, S, S]`` batch, that the loop never reached. ``None`` when
+    every row holds something (and, with ``partial``, also when every row is 0: nothing was filled at all).
+
+    ``tail`` follows "row {row} of {name} was never filled: it is all 0, as in the zeros you started from" and
+    may use ``{row}`` and ``{M}`` (the number of rows). Chapter 1's soft lookup and chapter 2's weights share it.
+    """
+    w = as_cpu_float64(t)
+    empty = (w == 0).all(dim=-1)  # [B, S] or [M]: rows never written
+    if not bool(empty.any()) or (partial and bool(empty.all())):
+        return None
+    if w.dim() == 3:
+        whole = [b for b in range(w.shape[0]) if bool(empty[b].all())]
+        if whole:
+            return wrong(f"sequence {whole[0]} of the batch was never filled: its weights are all 0, as in the zeros "
+                         f"you started from, while {'the other sequences hold' if w.shape[0] > 2 else 'the other holds'} "
+                         "weights. Your batch loop stops early (or starts late): range(B) runs over every sequence, "
+                         "B = x.shape[0]; or drop the loop, since the matrix products work on the whole batch at once.")
+        b, row = divmod(int(empty.flatten().nonzero()[0]), w.shape[1])
+        return wrong(f"row {row} of sequence {b} was never filled: its weights are all 0, as in the zeros you started "
+                     "from. Your loop over the queries stops early (or starts late): run it over every row, or drop it.")
+    row = int(empty.nonzero()[0])
+    return wrong(f"row {row} of {name} was never filled: it is all 0, as in the zeros you started from"
+                 + tail.format(row=row, M=w.shape[0]))
+
+
 def _soft_lookup_cases() -> list[tuple[Tensor, Tensor, Tensor]]:
     return [soft_lookup_inputs(*c) for c in SOFT_LOOKUP_CASES] + list(_probes())
 
@@ -322,12 +355,9 @@ def _lookup_one(fn: Callable[..., Any], inputs: tuple[Tensor, Tensor, Tensor],
     if hint is not None:
         return hint
     if result.shape == expected.shape and result.dim() == 2:
-        empty = [i for i in range(result.shape[0]) if bool((result[i] == 0).all())]
-        if empty and len(empty) < result.shape[0]:
-            return wrong(f"row {empty[0]} of your result was never filled: it is all 0, as in the zeros you started "
-                         f"from, while other rows hold a mix. Your loop over the queries stops early or starts late "
-                         f"(range(M - 1), range(1, M)): query {empty[0]} of the M = {result.shape[0]} queries was skipped, "
-                         "and every query needs its own row.")
+        unfilled = unfilled_rows(result, name="your result", tail=_SKIPPED_QUERY, partial=True)
+        if unfilled is not None:
+            return unfilled
     N, D_v = inputs[2].shape
     M, D = inputs[0].shape
     if tuple(result.shape) == (D_v, M):
@@ -405,69 +435,105 @@ def _with(**changes: str) -> Callable[..., dict[str, tuple[int, ...]]]:
     return shapes
 
 
+_ONE_HEAD = ("'{step}' has an axis of size 1 for the heads: this exercise has a single head, and a head axis appears "
+             "only when there are several (chapter 5).")
+
 #: Known wrong answers of the shape exercise. Each hint may use {B}, {S}, {D}, {D_k}, {D_v}, and {step}:
 #: the step the reader got wrong (a hint that names its step this way fits a mistake in either of the
 #: steps it changes, such as the weights alone when the scores were right).
 SHAPE_MISTAKES: tuple[Mistake, ...] = (
     Mistake("sequence first", _with(q="S B D_k", k="S B D_k", v="S B D_v", scores="S B S", weights="S B S",
                                     context="S B D_v", output="S B D"),
-            "your shapes are sequence first, [S, B, ...]: the input here is batch first, [B, S, D] = ({B}, {S}, {D}), "
-            "so every shape starts with the batch axis B (the layout chapter 1 warns about)."),
+            "your shapes are sequence first, [S, B, ...]: the input here is batch first, [B, S, D], and every step "
+            "keeps the batch axis where the input has it (the layout chapter 1 warns about)."),
+    Mistake("no batch anywhere", _with(q="S D_k", k="S D_k", v="S D_v", scores="S S", weights="S S",
+                                       context="S D_v", output="S D"),
+            "none of your shapes has the batch axis: the input is [B, S, D] with B = {B} sequences, and every step "
+            "works on all of them at once, so every shape keeps the axis B where the input has it."),
     Mistake("q keeps the model width", _with(q="B S D", k="B S D"),
-            "'q' and 'k' are [B, S, D_k]: W^Q and W^K map each token's D = {D} features to D_k = {D_k}."),
+            "'{step}' still has the model width D = {D}: W^Q and W^K change each token's width, so look at what "
+            "the exercise says they map D to."),
     Mistake("v has width D_k", _with(v="B S D_k", context="B S D_k"),
-            "'v' is [B, S, D_v] = ({B}, {S}, {D_v}): values have their own width D_v; only queries and keys "
-            "must share D_k, because only they are multiplied together."),
+            "'v' has the width D_k = {D_k} of the queries and keys: values have a width of their own, set by W^V. "
+            "Only queries and keys must share a width, because only they are multiplied together."),
     Mistake("k of width D_v", _with(k="B S D_v"),
-            "'k' is [B, S, D_k] = ({B}, {S}, {D_k}), like 'q': queries and keys are dotted together, so they share "
-            "D_k; D_v = {D_v} is the values' width."),
+            "'k' has the values' width D_v = {D_v}: queries and keys are dotted together, so 'k' needs the same "
+            "width as 'q'."),
     Mistake("D_k and D_v swapped", _with(q="B S D_v", k="B S D_v", v="B S D_k", context="B S D_k"),
-            "you swapped D_k and D_v: 'q' and 'k' are dotted together, so they share the width D_k = {D_k}; "
-            "'v' and 'context' have the values' width D_v = {D_v}."),
+            "you swapped D_k and D_v: check which of the two widths the exercise gives W^Q and W^K (whose "
+            "outputs are dotted together), and which it gives W^V."),
     Mistake("q, k, v without the batch", _with(q="S D_k", k="S D_k", v="S D_v"),
-            "'{step}' has lost the batch axis: the projections act on every token of every sequence, so "
-            "'q', 'k' and 'v' keep it, [B, S, D_k] and [B, S, D_v], with B = {B}."),
+            "'{step}' has lost the batch axis (B = {B}): the projections act on every token of every sequence, "
+            "so each sequence keeps its own rows in 'q', 'k' and 'v'."),
+    Mistake("features before positions", _with(q="B D_k S", k="B D_k S", v="B D_v S", context="B D_v S",
+                                               output="B D S"),
+            "'{step}' puts the features before the positions: you swapped the token axis and the width axis. "
+            "Every step here keeps the input's order, [B, S, D]: one row per token, the width last."),
     Mistake("v written as V^T", _with(v="B D_v S"),
-            "'v' is [B, S, D_v] = ({B}, {S}, {D_v}), one row per token like 'q' and 'k'; [B, D_v, S] would be "
-            "its transpose, and nothing in attention transposes V."),
+            "your 'v' has its last two axes the wrong way round, width before positions: like 'q' and 'k' it "
+            "holds one row per token, and nothing in attention transposes V."),
     Mistake("k written as K^T", _with(k="B D_k S"),
-            "'k' is [B, S, D_k] = ({B}, {S}, {D_k}), one row per token like 'q'. The transpose K^T, "
-            "[B, D_k, S], appears only inside the score product, q @ k.transpose(-2, -1)."),
+            "your 'k' is the transpose K^T, width before positions. That transpose appears only inside the score "
+            "product, q @ k.transpose(-2, -1); 'k' itself holds one row per token, like 'q'."),
+    Mistake("a head axis of size 1", _with(q="B 1 S D_k", k="B 1 S D_k", v="B 1 S D_v", scores="B 1 S S",
+                                           weights="B 1 S S", context="B 1 S D_v"),
+            _ONE_HEAD),
+    Mistake("a head axis after the positions", _with(q="B S 1 D_k", k="B S 1 D_k", v="B S 1 D_v",
+                                                     context="B S 1 D_v"),
+            "'{step}' has an axis of size 1 for the heads after the positions, the layout of several heads before "
+            "they are moved forward (chapter 6): this exercise has a single head, so there is no head axis at all."),
+    Mistake("the projection matrices", _with(q="D D_k", k="D D_k", v="D D_v"),
+            "'{step}' is the shape of a weight matrix (W^Q, W^K or W^V), not of what it produces: apply the map "
+            "to the input [B, S, D], token by token, and write the shape of the result."),
+    Mistake("nn.Linear's weight", _with(q="D_k D", k="D_k D", v="D_v D"),
+            "'{step}' is the shape of nn.Linear's .weight (stored as [out, in]), the map itself, not what it "
+            "produces: apply the map to the input [B, S, D], token by token, and write the shape of the result."),
     Mistake("context keeps the model width", _with(context="B S D"),
-            "'context' is weights @ v, so it has the values' width: [B, S, D_v] = ({B}, {S}, {D_v}). Only W^O "
-            "brings it back to D = {D} (in the chapter's module D_v happened to equal D)."),
+            "'context' has the model width D = {D}, but it is weights @ v: look at the width of 'v'. Only W^O "
+            "brings the result back to D (in the chapter's module D_v happened to equal D)."),
     Mistake("v keeps the model width", _with(v="B S D", context="B S D"),
-            "'v' is [B, S, D_v] = ({B}, {S}, {D_v}): W^V maps each token's D = {D} features to D_v, and "
-            "'context' inherits that width. Only W^O maps back to D."),
+            "'v' still has the model width D = {D}: W^V changes each token's width (look at what the exercise says "
+            "it maps D to), and 'context' inherits the width of 'v'. Only W^O maps back to D."),
     Mistake("v alone keeps the model width", _with(v="B S D"),
-            "'v' is [B, S, D_v] = ({B}, {S}, {D_v}): W^V maps each token's D = {D} features to D_v = {D_v}."),
+            "'v' still has the model width D = {D}: W^V changes each token's width; look at what the exercise "
+            "says it maps D to."),
     Mistake("scores with a head axis", _with(scores="B 1 S S", weights="B 1 S S"),
-            "'{step}' is [B, S, S] = ({B}, {S}, {S}) for a single head: a head axis, [B, H, S, S], appears "
-            "only when there are several heads (chapter 5)."),
+            _ONE_HEAD),
     Mistake("scores like q", _with(scores="B S D_k", weights="B S D_k"),
-            "'{step}' is [B, S, S] = ({B}, {S}, {S}): every query is compared with every key, so both of the last "
-            "two axes are positions, S = {S}."),
+            "'{step}' has the shape of 'q', but it holds one score for every pair of a query and a key: every "
+            "query is compared with every key, so count the queries and the keys of one sequence."),
+    Mistake("one score per token", _with(scores="B S", weights="B S"),
+            "'{step}' has one number per token, as if each query met only the key at its own position (a "
+            "(q * k).sum(-1)): every query is compared with every key, so there is one score per pair."),
+    Mistake("softmax sum kept as the weights", _with(weights="B S 1"),
+            "'{step}' ends in an axis of size 1, the shape of the row sums softmax divides by (sum with "
+            "keepdim=True), not of the weights: softmax keeps the shape of the scores it normalises."),
     Mistake("scores without the batch", _with(scores="S S", weights="S S"),
-            "'{step}' is [B, S, S] = ({B}, {S}, {S}): each sequence of the batch has its own scores and weights; keep the batch axis."),
+            "'{step}' has lost the batch axis: each sequence of the batch has its own scores and weights; keep "
+            "the batch axis."),
     Mistake("scores batch last", _with(scores="S S B", weights="S S B"),
-            "'{step}' is [B, S, S] = ({B}, {S}, {S}): the batch axis comes first, as in the input [B, S, D], and "
-            "the last two axes are the query and key positions."),
+            "'{step}' puts the batch axis last: it stays first in every step, where the input [B, S, D] has it."),
     Mistake("context = weights", _with(context="B S S"),
-            "'context' is weights @ v, [S, S] @ [S, D_v], so it is [B, S, D_v] = ({B}, {S}, {D_v})."),
+            "your 'context' has the shape of the weights, but it is weights @ v, a matrix product: work out the "
+            "shape that product returns."),
     Mistake("context transposed", _with(context="B D_v S"),
-            "'context' is weights @ v, [B, S, S] @ [B, S, D_v], so it is [B, S, D_v] = ({B}, {S}, {D_v}): one row "
-            "per token, like the input; [B, D_v, S] would be its transpose."),
+            "your 'context' has its last two axes the wrong way round, width before positions: it is weights @ v "
+            "and holds one row per token, like the input."),
     Mistake("context has width D_k", _with(context="B S D_k"),
-            "'context' mixes the values, so its width is D_v = {D_v}, not D_k."),
+            "'context' has the width D_k = {D_k} of the queries and keys, but it mixes the values: look at the "
+            "width of 'v'."),
     Mistake("no output projection", _with(output="B S D_v"),
-            "'output' is [B, S, D] = ({B}, {S}, {D}): W^O maps D_v back to the model width D, so that the "
-            "residual connection can add the output to the input."),
+            "'output' still has the values' width D_v = {D_v}: W^O comes after the context, and the residual "
+            "connection adds the output to the input, so look at what W^O maps D_v to."),
     Mistake("output of width D_k", _with(output="B S D_k"),
-            "'output' is [B, S, D] = ({B}, {S}, {D}): W^O maps the context (width D_v) back to the model width D; "
-            "D_k is only the width of queries and keys."),
+            "'output' has the width D_k = {D_k}, which belongs only to queries and keys: look at what W^O maps the "
+            "context's width to."),
     Mistake("scores like q^T k", _with(scores="B D_k D_k", weights="B D_k D_k"),
-            "'{step}' is [B, S, S], like the scores q @ k^T, [S, D_k] @ [D_k, S] = [S, S] per sequence: every query "
-            "is compared with every key. Your [B, D_k, D_k] is q^T @ k, which compares features, not positions."),
+            "your '{step}' is [B, D_k, D_k], the shape of q^T @ k, which compares features, not positions: the "
+            "scores compare every query with every key, q @ k^T; work out the shape of that product."),
+    Mistake("every width D", _with(q="B S D", k="B S D", v="B S D", context="B S D"),
+            "every width in your answer is the model width D = {D}, as in the module above, where D_k = D_v = D. "
+            "Here the maps are narrower: look at the width the exercise gives each of W^Q, W^K and W^V."),
 )
 
 

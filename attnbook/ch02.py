@@ -308,28 +308,6 @@ def _float32_scale(output: Tensor, weights: Tensor, *args: Tensor) -> Feedback |
     return None
 
 
-def _unfilled(weights: Tensor) -> Feedback | None:
-    """The hint for weights of which whole rows are exactly 0, as in the zeros buffer a loop writes into: a sequence
-    of the batch (or a query's row) that the loop never reached. ``None`` when every row holds something."""
-    w = as_cpu_float64(weights)
-    empty = (w == 0).all(dim=-1)  # [B, S] or [S_q]: rows never written
-    if not bool(empty.any()):
-        return None
-    if w.dim() == 3:
-        whole = [b for b in range(w.shape[0]) if bool(empty[b].all())]
-        if whole:
-            return wrong(f"sequence {whole[0]} of the batch was never filled: its weights are all 0, as in the zeros "
-                         f"you started from, while {'the other sequences hold' if w.shape[0] > 2 else 'the other holds'} "
-                         "weights. Your batch loop stops early (or starts late): range(B) runs over every sequence, "
-                         "B = x.shape[0]; or drop the loop, since the matrix products work on the whole batch at once.")
-        b, row = divmod(int(empty.flatten().nonzero()[0]), w.shape[1])
-        return wrong(f"row {row} of sequence {b} was never filled: its weights are all 0, as in the zeros you started "
-                     "from. Your loop over the queries stops early (or starts late): run it over every row, or drop it.")
-    row = int(empty.nonzero()[0])
-    return wrong(f"row {row} of your weights was never filled: it is all 0, as in the zeros you started from. Your loop "
-                 "over the queries stops early (or starts late): run it over every row, or drop it.")
-
-
 def _diagnose(result: object, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor) -> Feedback | None:
     """``None`` when ``result`` is the right ``(output, weights)``, else a hint.
 
@@ -343,7 +321,7 @@ def _diagnose(result: object, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tenso
             return wrong(f"{name} should be a torch.Tensor, got {describe(t)}.")
     args = (x_q, x_kv, w_q, w_k, w_v)
     expected_out, expected_w = reference_attention(*args)
-    from .ch01 import lost_precision, not_finite, rounded_like_half
+    from .ch01 import lost_precision, not_finite, rounded_like_half, unfilled_rows
 
     for name, t, ref in (("output", output, expected_out), ("weights", weights, expected_w)):
         lost = lost_precision(t, ref, name=f"your {name}")
@@ -376,7 +354,7 @@ def _diagnose(result: object, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tenso
         if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4) and torch.allclose(sums, sums.flatten()[0].expand_as(sums), atol=1e-6):
             return wrong(f"your rows sum to {float(sums.flatten()[0]):.4f}, every row alike, not 1: the weights were "
                          "scaled after softmax. Scale the scores before softmax; the weights it returns already sum to 1.")
-        unfilled = _unfilled(weights)
+        unfilled = unfilled_rows(weights)
         if unfilled is not None:
             return unfilled
         if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):

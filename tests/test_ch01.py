@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from attnbook.ch01 import (
     SHAPE_CONFIGS,
     SHAPE_MISTAKES,
+    SHAPE_KEYS,
     SOFT_LOOKUP_MISTAKES,
     REACH_MISTAKES,
     check_attention_shapes,
@@ -277,16 +278,16 @@ def _shapes_with(**changes):
 @pytest.mark.parametrize(
     ("fn", "hint"),
     [  # only the weights wrong: the hint names 'weights', not the scores the reader got right
-        (_shapes_with(weights="B S D_k"), "'weights' is [B, S, S] = (2, 5, 5): every query is compared"),
-        (_shapes_with(scores="B S D_k"), "'scores' is [B, S, S] = (2, 5, 5): every query is compared"),
-        (_shapes_with(weights="B 1 S S"), "'weights' is [B, S, S] = (2, 5, 5) for a single head"),
-        (_shapes_with(weights="S S"), "'weights' is [B, S, S] = (2, 5, 5): each sequence"),
+        (_shapes_with(weights="B S D_k"), "'weights' has the shape of 'q', but it holds one score for every pair"),
+        (_shapes_with(scores="B S D_k"), "'scores' has the shape of 'q', but it holds one score for every pair"),
+        (_shapes_with(weights="B 1 S S"), "'weights' has an axis of size 1 for the heads: this exercise has a single head"),
+        (_shapes_with(weights="S S"), "'weights' has lost the batch axis: each sequence"),
         (_shapes_with(q="B S D_v", k="B S D_v", v="B S D_k", context="B S D_k"), "you swapped D_k and D_v"),
-        (_shapes_with(k="B S D_v"), "'k' is [B, S, D_k] = (2, 5, 4), like 'q'"),
+        (_shapes_with(k="B S D_v"), "'k' has the values' width D_v = 3"),
         (_shapes_with(v="B D_v S"), "nothing in attention transposes V"),
         (_shapes_with(q="S D_k", k="S D_k", v="S D_v"), "'q' has lost the batch axis"),
         (_shapes_with(v="S D_v"), "'v' has lost the batch axis"),
-        (_shapes_with(scores="S S B", weights="S S B"), "the batch axis comes first"),
+        (_shapes_with(scores="S S B", weights="S S B"), "'scores' puts the batch axis last"),
         (lambda *a: {**reference_shapes(*a), "q": (2.0, 5.0, 4.0)}, "a Python int (5, not 5.0"),
     ],
 )
@@ -482,3 +483,68 @@ def test_soft_lookup_names_a_softmax_sum_without_keepdim() -> None:
 
     fb = check_soft_lookup(no_keepdim)
     assert fb.status == "wrong" and "drops the summed axis" in fb.message, fb
+
+
+# ---------------------------------------------------------------- exercise 1.2: slips that got a generic hint
+
+
+@pytest.mark.parametrize(
+    ("fn", "hint"),
+    [
+        (_shapes_with(q="S D_k", k="S D_k", v="S D_v", scores="S S", weights="S S", context="S D_v", output="S D"),
+         "none of your shapes has the batch axis"),
+        (_shapes_with(q="B S D", k="B S D", v="B S D", context="B S D"), "every width in your answer is the model width"),
+        (_shapes_with(q="B D_k S", k="B D_k S", v="B D_v S", context="B D_v S", output="B D S"),
+         "'q' puts the features before the positions"),
+        (_shapes_with(q="B D_k S"), "'q' puts the features before the positions"),
+        (_shapes_with(scores="B S", weights="B S"), "'scores' has one number per token"),
+        (_shapes_with(weights="B S 1"), "'weights' ends in an axis of size 1, the shape of the row sums"),
+        (_shapes_with(q="B 1 S D_k", k="B 1 S D_k", v="B 1 S D_v", scores="B 1 S S", weights="B 1 S S",
+                      context="B 1 S D_v"), "'q' has an axis of size 1 for the heads"),
+        (_shapes_with(q="B S 1 D_k", k="B S 1 D_k", v="B S 1 D_v", context="B S 1 D_v"),
+         "'q' has an axis of size 1 for the heads after the positions"),
+        (_shapes_with(q="D D_k", k="D D_k", v="D D_v"), "'q' is the shape of a weight matrix"),
+        (_shapes_with(q="D_k D", k="D_k D", v="D_v D"), "'q' is the shape of nn.Linear's .weight"),
+        (_shapes_with(q="B S D"), "'q' still has the model width D = 12"),
+    ],
+)
+def test_shapes_name_the_common_slips(fn, hint: str) -> None:
+    fb = check_attention_shapes(fn)
+    assert fb.status == "wrong" and hint in fb.message, fb
+
+
+def test_shape_hints_do_not_state_the_right_shape() -> None:
+    """A hint names the slip and where to look; it never writes out a step's right shape, by name or in numbers."""
+    for config in SHAPE_CONFIGS:
+        B, S, D, D_k, D_v = config
+        right = reference_shapes(*config)
+        for m in SHAPE_MISTAKES:
+            got = m.compute(*config)
+            step = next(k for k in SHAPE_KEYS if got[k] != right[k])
+            hint = m.hint.format(B=B, S=S, D=D, D_k=D_k, D_v=D_v, step=step)
+            for k in SHAPE_KEYS:
+                assert str(right[k]) not in hint, (m.name, k, hint)
+            for named in ("[B, S, D_k]", "[B, S, D_v]", "[B, S, S]"):
+                assert named not in hint, (m.name, named, hint)
+
+
+def test_unfilled_rows_words_each_loop_that_stopped_early() -> None:
+    """The one "never filled" check of chapters 1 and 2: a skipped query row, a skipped sequence, a skipped row of one."""
+    from attnbook.ch01 import _SKIPPED_QUERY, unfilled_rows
+
+    result = torch.ones(3, 4)
+    result[2] = 0
+    fb = unfilled_rows(result, name="your result", tail=_SKIPPED_QUERY, partial=True)
+    assert fb.message == ("row 2 of your result was never filled: it is all 0, as in the zeros you started from, while "
+                          "other rows hold a mix. Your loop over the queries stops early or starts late (range(M - 1), "
+                          "range(1, M)): query 2 of the M = 3 queries was skipped, and every query needs its own row."), fb
+    assert unfilled_rows(torch.zeros(3, 4), partial=True) is None  # nothing filled at all: not a loop that stopped early
+    assert unfilled_rows(torch.ones(3, 4)) is None
+    assert unfilled_rows(result).message.startswith("row 2 of your weights was never filled: it is all 0, as in the "
+                                                    "zeros you started from. Your loop over the queries stops early")
+    batch = torch.ones(2, 3, 3)
+    batch[1] = 0
+    assert unfilled_rows(batch).message.startswith("sequence 1 of the batch was never filled")
+    batch = torch.ones(2, 3, 3)
+    batch[1, 2] = 0
+    assert unfilled_rows(batch).message.startswith("row 2 of sequence 1 was never filled")
