@@ -58,18 +58,18 @@ __all__ = [
 # --- one head cannot serve two relations that need different value subspaces -----------------
 
 
-def relation_subspaces(generator: torch.Generator, d: int = 12, r: int = 6, r_w: int | None = None) -> tuple[Tensor, Tensor]:
-    """Two orthonormal bases ``U: [d, r]`` and ``W: [d, r_w]`` (``r_w = r`` by default) of orthogonal
+def relation_subspaces(generator: torch.Generator, d: int = 12, r: int = 6, r_z: int | None = None) -> tuple[Tensor, Tensor]:
+    """Two orthonormal bases ``U: [d, r]`` and ``Z: [d, r_z]`` (``r_z = r`` by default) of orthogonal
     subspaces, in a random rotation of ``R^d``.
 
     The first relation needs the part of one target token's content in ``span(U)``, the second the
-    part of the other target's content in ``span(W)``.
+    part of the other target's content in ``span(Z)``.
     """
-    r_w = r if r_w is None else r_w
-    if r + r_w > d:
-        raise ValueError(f"orthogonal subspaces of dimensions {r} and {r_w} need d >= {r + r_w}, got d = {d}")
+    r_z = r if r_z is None else r_z
+    if r + r_z > d:
+        raise ValueError(f"orthogonal subspaces of dimensions {r} and {r_z} need d >= {r + r_z}, got d = {d}")
     q, _ = torch.linalg.qr(torch.randn(d, d, generator=generator, dtype=torch.float64))  # random rotation
-    return q[:, :r], q[:, r:r + r_w]
+    return q[:, :r], q[:, r:r + r_z]
 
 
 def relation_batch(n: int, S: int, d: int, generator: torch.Generator) -> Tensor:
@@ -84,20 +84,20 @@ def relative_error(got: Tensor, target: Tensor) -> float:
     return float((got - target).pow(2).sum() / target.pow(2).sum())
 
 
-def best_single_head_error(U: Tensor, W: Tensor, *, n: int = 4000, shares: int = 21, generator: torch.Generator) -> tuple[float, float]:
-    """The smallest relative error any single head can reach on ``y = P_U c_a + P_W c_t``, and the share of ``a`` there.
+def best_single_head_error(U: Tensor, Z: Tensor, *, n: int = 4000, shares: int = 21, generator: torch.Generator) -> tuple[float, float]:
+    """The smallest relative error any single head can reach on ``y = P_U c_a + P_Z c_t``, and the share of ``a`` there.
 
     One head adds ``M (sum_j w_j c_j)`` to the query (``M = W_V W_O`` restricted to the content, the
     same map for every key). For each share ``w_a`` of the first target, *books* (the rest on the
     second, *dusty*; weight on other tokens only adds noise), ``M`` is fitted by least squares *on the
     very samples it is scored on*, which can only flatter the head. Theory, for orthogonal ``span(U)``
-    and ``span(W)``: ``min(r_U, r_W) / (r_U + r_W)``, so exactly 0.5 (for every share) when the two
+    and ``span(Z)``: ``min(r_U, r_Z) / (r_U + r_Z)``, so exactly 0.5 (for every share) when the two
     dimensions are equal.
     """
     d = U.shape[0]
     c_a = torch.randn(n, d, generator=generator, dtype=torch.float64)  # [n, d]: content of "books"
     c_t = torch.randn(n, d, generator=generator, dtype=torch.float64)  # [n, d]: content of "dusty"
-    y = c_a @ U @ U.T + c_t @ W @ W.T  # [n, d]: what "they" should receive
+    y = c_a @ U @ U.T + c_t @ Z @ Z.T  # [n, d]: what "they" should receive
     best = (math.inf, 0.0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thousands of tiny solves: extra threads only wait on each other
@@ -111,12 +111,12 @@ def best_single_head_error(U: Tensor, W: Tensor, *, n: int = 4000, shares: int =
     return best
 
 
-def two_head_module(U: Tensor, W: Tensor, S: int, query: int, antecedent: int, predicate: int, s: float = 16.0) -> MultiHeadSelfAttention:
+def two_head_module(U: Tensor, Z: Tensor, S: int, query: int, antecedent: int, predicate: int, s: float = 16.0) -> MultiHeadSelfAttention:
     """``H = 2`` module on ``[one-hot(S), content(d)]`` tokens: head 0 brings ``P_U`` of the first target's
-    content (*books*, at position ``antecedent``), head 1 ``P_W`` of the second's (*dusty*, at ``predicate``).
+    content (*books*, at position ``antecedent``), head 1 ``P_Z`` of the second's (*dusty*, at ``predicate``).
 
     Each head's query/key pick its target (score ``s``), its ``W_V`` reads the content through its
-    own basis (``U^T`` or ``W^T``) and its block of ``W_O`` writes it back (``U`` or ``W``) into the
+    own basis (``U^T`` or ``Z^T``) and its block of ``W_O`` writes it back (``U`` or ``Z``) into the
     content features of the output. Positions and bases are arguments, so nothing depends on where
     the tokens or the features sit.
     """
@@ -129,7 +129,7 @@ def two_head_module(U: Tensor, W: Tensor, S: int, query: int, antecedent: int, p
     with torch.no_grad():
         for p in m.parameters():
             p.zero_()
-        for h, (target, basis) in enumerate(((antecedent, U), (predicate, W))):
+        for h, (target, basis) in enumerate(((antecedent, U), (predicate, Z))):
             rows = slice(h * d_k, h * d_k + r)
             m.w_q.weight[h * d_k, query] = 1.0  # "I am the query token"
             m.w_k.weight[h * d_k, target] = s * math.sqrt(d_k)  # score s on the head's target, 0 elsewhere
@@ -826,10 +826,10 @@ def one_value_map_diagram() -> Diagram:
     d = Diagram(
         "ch05_one_value_map", 420, 360, title="One value map against two",
         alt=("Two panels for the query 'they', which should receive the U-part of the content of 'books' plus the "
-             "W-part of the content of 'dusty'. One head: the contents of 'books' and 'dusty' are mixed first, by one "
+             "Z-part of the content of 'dusty'. One head: the contents of 'books' and 'dusty' are mixed first, by one "
              "row of weights, and the mix goes through one map M, the same for both tokens: M sees only the mix, so it "
-             "cannot keep U of one token and W of the other. Two heads: head 0 sends the content of 'books' through its "
-             "own map, which keeps U, head 1 sends the content of 'dusty' through its own map, which keeps W, and the "
+             "cannot keep U of one token and Z of the other. Two heads: head 0 sends the content of 'books' through its "
+             "own map, which keeps U, head 1 sends the content of 'dusty' through its own map, which keeps Z, and the "
              "two results are added: a map per head gives exactly the target."))
     tok = dict(color="sky", size=15)
     d.text(14, 26, "one head", size=15, anchor="start", weight="bold")
@@ -843,10 +843,10 @@ def one_value_map_diagram() -> Diagram:
     d.arrow(318, 86, 346, 86)
     d.box(348, 68, 62, 36, "they′", color="green", size=15)
     d.text(14, 156, "M sees only the mix: it cannot keep", size=14, anchor="start", color=MUTED)
-    d.text(14, 174, "U of one token and W of the other", size=14, anchor="start", color=MUTED)
+    d.text(14, 174, "U of one token and Z of the other", size=14, anchor="start", color=MUTED)
     d.line(14, 190, 406, 190, color=MUTED, width=1, dash=True)
     d.text(14, 216, "two heads", size=15, anchor="start", weight="bold")
-    for h, (token, keep, y) in enumerate((("books", "keep U", 230), ("dusty", "keep W", 290))):
+    for h, (token, keep, y) in enumerate((("books", "keep U", 230), ("dusty", "keep Z", 290))):
         d.box(14, y, 86, 34, token, **tok)  # the token's content, through its head's own map
         d.box(150, y - 6, 84, 46, keep, sub=f"head {h}", color="orange", size=15)
         d.arrow(100, y + 17, 148, y + 17)

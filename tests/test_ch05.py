@@ -174,9 +174,9 @@ def test_weights_bytes_hints(fn, hint: str) -> None:  # type: ignore[no-untyped-
 def test_best_single_head_leaves_half_the_target_for_any_rotation() -> None:
     gen = torch.Generator().manual_seed(0)
     for _ in range(5):
-        U, W = ch05.relation_subspaces(gen)
-        assert torch.allclose(U.T @ W, torch.zeros(6, 6, dtype=torch.float64), atol=1e-12)
-        err, _ = ch05.best_single_head_error(U, W, n=3000, generator=gen)
+        U, Z = ch05.relation_subspaces(gen)
+        assert torch.allclose(U.T @ Z, torch.zeros(6, 6, dtype=torch.float64), atol=1e-12)
+        err, _ = ch05.best_single_head_error(U, Z, n=3000, generator=gen)
         assert 0.48 < err < 0.5  # in-sample least squares can only flatter the head, by about d / n
 
 
@@ -184,11 +184,11 @@ def test_two_heads_serve_both_relations_wherever_the_tokens_and_features_sit() -
     gen = torch.Generator().manual_seed(1)
     S = 12
     for query, antecedent, predicate in ((8, 1, 10), (8, 10, 1), (0, 5, 6)):
-        U, W = ch05.relation_subspaces(gen)
+        U, Z = ch05.relation_subspaces(gen)
         x = ch05.relation_batch(64, S, 12, gen)  # [n, S, S + d]
         with torch.no_grad():
-            out = ch05.two_head_module(U, W, S, query, antecedent, predicate)(x).hidden_states[:, query, S:]  # [n, d]
-        target = x[:, antecedent, S:] @ U @ U.T + x[:, predicate, S:] @ W @ W.T
+            out = ch05.two_head_module(U, Z, S, query, antecedent, predicate)(x).hidden_states[:, query, S:]  # [n, d]
+        target = x[:, antecedent, S:] @ U @ U.T + x[:, predicate, S:] @ Z @ Z.T
         assert ch05.relative_error(out, target) < 1e-4
 
 
@@ -454,10 +454,10 @@ def test_param_count_names_a_full_matrix_per_head_and_two_matrices(answer: int, 
 
 def test_best_single_head_misses_min_over_sum_for_unequal_relations() -> None:
     gen = torch.Generator().manual_seed(0)
-    for r_u, r_w in ((6, 6), (8, 4), (10, 2)):
-        U, W = ch05.relation_subspaces(gen, r=r_u, r_w=r_w)
-        err, _ = ch05.best_single_head_error(U, W, n=4000, generator=gen)
-        assert abs(err - min(r_u, r_w) / (r_u + r_w)) < 0.01, (r_u, r_w, err)
+    for r_u, r_z in ((6, 6), (8, 4), (10, 2)):
+        U, Z = ch05.relation_subspaces(gen, r=r_u, r_z=r_z)
+        err, _ = ch05.best_single_head_error(U, Z, n=4000, generator=gen)
+        assert abs(err - min(r_u, r_z) / (r_u + r_z)) < 0.01, (r_u, r_z, err)
 
 
 # --- W_O's transpose, 16-bit arithmetic inside, the concatenation axis, MiB instead of bytes --------

@@ -140,7 +140,8 @@ def test_edition_of_a_chapter_folds_setup_and_solutions(tmp_path: Path) -> None:
     assert first.source.split("\n")[0] == colab_edition.SETUP_TITLE and first.metadata["cellView"] == "form"
     assert out.cells[1].source.startswith("# 3. ") and "Colab edition" in out.cells[1].source
     titles = [c.source.split("\n")[0] for c in out.cells if c.cell_type == "code" and c.metadata.get("cellView") == "form"]
-    assert titles[1:] == ["# @title Going further (optional)",  # the hide-cell code of section 3.2's fold
+    # the hide-cell code of section 3.2's two folds and of section 3.5's
+    assert titles[1:] == ["# @title Going further (optional)"] * 3 + [
                           "# @title Solution to Exercise 3.1: Scaled weights with a temperature",
                           "# @title Solution to Exercise 3.2: Entropy from scratch",
                           "# @title Solution to Exercise 3.3: How cold for 99 %?"]
