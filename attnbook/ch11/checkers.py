@@ -736,11 +736,11 @@ COW_MISTAKES = (
     Mistake("new block one position early", lambda *c: _cow(*c, shift=1),
             "position p goes to entry p // block_size: a new block is needed when p is a multiple of block_size, "
             "not one position before."),
-    Mistake("entry index rounded up", lambda *c: _cow(*c, round_up=True),
+    Mistake("entry index rounded up", lambda *c: _cow_rounded_up(*c),
             "you rounded the entry index up (math.ceil(p / block_size)): entry i holds positions i x block_size to "
-            "(i + 1) x block_size - 1, so position p lands in entry p // block_size, rounded down. Rounded up, a "
-            "write into the partly filled shared last block goes to a fresh block instead, and that block is never "
-            "copied."),
+            "(i + 1) x block_size - 1, so position p lands in entry p // block_size, rounded down. Rounded up, the "
+            "first write into a partly filled shared last block takes a fresh block instead of copying it, and every "
+            "new block is taken one position late."),
     Mistake("full last block copied", lambda *c: _cow(*c, copy_last=True),
             "a full last block is never written again: the next token goes to a fresh block, so nothing needs to "
             "be copied. Copy only a shared block that a write lands in."),
@@ -780,6 +780,16 @@ def _cow_copy_appended(table: list[int], length: int, b: int, free: list[int], n
         out.append(spare.pop(0))
     if out == _cow(table, length, b, free, n, shift=1):
         raise ValueError("on this case the two slips give the same table")
+    return out
+
+
+def _cow_rounded_up(*case: Any) -> list[int]:
+    """The entry index rounded up, ceil(p / b). Where that gives another mistake's table (on the first case a
+    partly filled last block then gets a fresh block, as if written in place), this slip does not show on its
+    own: it counts as right there, and :func:`_cow_rounds_index_up` names it from all the cases."""
+    out = _cow(*case, round_up=True)
+    if any(_cow_gives(m, case, out) for m in COW_MISTAKES if m.name != "entry index rounded up"):
+        return reference_cow_table(*case)
     return out
 
 
@@ -837,14 +847,14 @@ def _cow_gives(m: Mistake, case: tuple[Any, ...], blocks: list[int]) -> bool:
         return False
 
 
-def _cow_agreement(m: Mistake, fn: Callable[..., Any]) -> int:
-    """On how many of ``COW_CASES`` the reader's ``fn`` gives the table of mistake ``m``."""
-    count = 0
+def _cow_rounds_index_up(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` gives the tables of an entry index rounded up, ceil(p / b), on every case: on one case that
+    slip gives the table of a write in place, and on others those of other slips, so it is named from all of them."""
     for case in COW_CASES:
         got, fb = call_reader(fn, (list(case[0]), case[1], case[2], list(case[3]), case[4]))
-        blocks = _as_table(got) if fb is None else None
-        count += blocks is not None and _cow_gives(m, case, blocks)
-    return count
+        if fb is not None or _as_table(got) != _cow(*case, round_up=True):
+            return False
+    return True
 
 
 @exercise(solution=_solution_cow,
@@ -876,9 +886,11 @@ def check_cow_table(fn: Callable[..., Any]) -> Feedback:
         expected = reference_cow_table(*case)
         if blocks == expected:
             continue
-        named = [m for m in COW_MISTAKES if _cow_gives(m, case, blocks)]
-        if named:  # two slips can give one table on one case: name the one the reader's code follows on more cases
-            return wrong(max(named, key=lambda m: _cow_agreement(m, fn)).hint)
+        if _cow_rounds_index_up(fn):
+            return wrong(next(m.hint for m in COW_MISTAKES if m.name == "entry index rounded up"))
+        for m in COW_MISTAKES:
+            if _cow_gives(m, case, blocks):
+                return wrong(m.hint)
         if len(blocks) != len(expected):
             return wrong(f"with {length} positions held, {n} written and blocks of {b}, the table should have one "
                          f"entry per block the {length + n} positions fill: ceil({length + n} / {b}) entries.")
