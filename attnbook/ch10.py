@@ -891,6 +891,9 @@ WINDOW_MISTAKES = (
             "those are KiB (you divided by 2**10 = 1024): the function returns bytes."),
     Mistake("GiB", lambda S: reference_window_cache_bytes(S) / 2**30,
             "those are GiB (you divided by 2**30): the function returns bytes."),
+    Mistake("decimal GB", lambda S: reference_window_cache_bytes(S) / 1e9,
+            "those are decimal gigabytes (you divided by 10**9, where a GiB would be 2**30 bytes): the function "
+            "returns bytes, unconverted; convert only where you print them."),
     Mistake("seq_len % window", _bytes(lambda S: S % _W),
             "you counted seq_len % window positions: that is the slot of the rolling buffer the next token is written "
             "to, not how many positions the buffer holds. A buffer that has wrapped around is full, and stays full."),
@@ -1080,6 +1083,9 @@ INTENSITY_MISTAKES = (
         batch * layer_flops(D, H, H_kv, 1, S)
         / ((2 * D * D + 2 * D * H_kv * (D // H)) * 2 + batch * 2 * H_kv * (D // H) * (S - 1) * 2)),
             "S already includes the new token: each sequence's cache holds S positions, so count S, not S - 1."),
+    Mistake("FLOPs per bit", _intensity(nbytes=16),
+            "an eighth of the right intensity: you counted bits (16 per number) where the intensity counts bytes. "
+            "In 16-bit each weight and cached number takes 2 bytes."),
     Mistake("bytes per FLOP", lambda *c: 1 / reference_decode_intensity(*c),
             "your ratio is upside down: that is bytes per FLOP. The intensity is FLOPs divided by bytes."),
     Mistake("prefill FLOPs", _intensity(prefill=True),
@@ -1388,9 +1394,10 @@ MERGE_MISTAKES = (
             "you returned the last chunk's output alone: the merged output combines every chunk, each weighted by "
             "its share of the softmax denominator."),
     Mistake("summed, not weighted", lambda outs, lses: sum(outs),
-            "you added the partial outputs with weight 1 each: weight chunk i by exp(lse_i - lse), a softmax over the "
-            "chunk axis (dim=0 of torch.stack(lses)), not over the last axis, which has a single entry (the one query), "
-            "so every weight becomes 1."),
+            "you added the partial outputs with weight 1 each, but each outs[i] is a weighted average over its own "
+            "chunk's keys only: weight chunk i by its share of all the keys, exp(lse_i - lse), with lse the logsumexp of the lse_i "
+            "over the chunks (dim=0 of torch.stack(lses)). If your weights came out as 1, they were normalised over "
+            "the last axis, which holds a single entry (the one query), instead of over the chunks."),
     Mistake("query axis dropped", lambda outs, lses: reference_merge_partials(outs, lses).squeeze(-2),
             "your values are right, but the single query axis is gone: [B, H, D_v] instead of [B, H, 1, D_v]. "
             "Summing the weighted chunks over their axis (.sum(dim)) removed it along with the chunk axis: keep "

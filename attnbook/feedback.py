@@ -166,8 +166,15 @@ def _unchanged(before: Tensor, after: Tensor) -> bool:
         return False
 
 
-def in_place_message(name: str) -> str:
-    """The hint for code that changed the reader's input ``name`` in place."""
+def in_place_message(name: str, container: str | None = None) -> str:
+    """The hint for code that changed the reader's input ``name`` in place; ``container`` (``"list"`` or
+    ``"tuple"``) when ``name`` holds tensors rather than being one, so the hint does not suggest ``name / ...``."""
+    if container is not None:
+        return (f"your function changed a tensor inside its input `{name}`, a {container} of tensors, in place (an "
+                f"in-place operation on an item, such as `{name}[i] /= ...`, `{name}[i].mul_(...)` or `x.exp_()` in "
+                f"`for x in {name}`), which silently corrupts the caller's tensors. Leave the items as they are and "
+                f"compute new ones: build a new list (`[x * ... for x in {name}]`) or a new tensor "
+                f"(`torch.stack({name}) * ...`).")
     return (f"your function changed its input `{name}` in place (an in-place operation such as `{name} /= ...`, "
             f"`{name}.div_(...)`, `{name}.exp_()` or `{name}.unsqueeze_(0)`), which silently corrupts the caller's tensor. "
             f"Compute on a new tensor instead: `{name} = {name} / ...`, `torch.exp({name})`, `{name}.unsqueeze(0)`.")
@@ -325,7 +332,9 @@ def call_reader(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[s
         return None, wrong(message.rstrip(".") + "." + extra if extra else message)
     for (where, tensor), before in zip(inputs, snapshot):
         if not _unchanged(before, tensor.detach()):
-            return None, wrong(in_place_message(_arg_name(fn, where)))
+            holder = kwargs[where] if isinstance(where, str) else args[where]
+            container = None if isinstance(holder, Tensor) else "list" if isinstance(holder, list) else "tuple"
+            return None, wrong(in_place_message(_arg_name(fn, where), container))
     for where, items, before in lists:
         if len(items) != len(before) or any(x is not y for x, y in zip(items, before)):
             return None, wrong(list_changed_message(_arg_name(fn, where)))

@@ -883,3 +883,58 @@ def test_merge_that_drops_the_query_axis_is_named() -> None:
 
     fb = ch10.check_merge_partials(dropped)
     assert fb.status == "wrong" and "query axis is gone" in fb.message, fb
+
+
+# ---- probe 3: hints that fit the reader's code (in-place items, plain sum, units) ----------------
+
+def _merge_scaling_items_in_place(outs, lses):
+    lse = torch.logsumexp(torch.stack(lses), 0)
+    for o, l in zip(outs, lses):
+        o.mul_(torch.exp(l - lse)[..., None])  # changes the caller's partial outputs
+    return sum(o.clone() for o in outs)
+
+
+def _merge_dividing_an_item(outs, lses):
+    outs[0] /= 1.0001
+    return ch10.reference_merge_partials(outs, lses)
+
+
+@pytest.mark.parametrize("fn", [_merge_scaling_items_in_place, _merge_dividing_an_item])
+def test_merge_in_place_on_items_of_the_list_gets_a_hint_for_a_list(fn) -> None:
+    fb = ch10.check_merge_partials(fn)
+    assert fb.status == "wrong" and "a tensor inside its input `outs`, a list of tensors" in fb.message, fb
+    assert "outs = outs /" not in fb.message and "torch.exp(outs)" not in fb.message, fb
+    assert "new list" in fb.message and "new tensor" in fb.message, fb
+
+
+def test_in_place_hint_for_a_single_tensor_is_unchanged() -> None:
+    from attnbook.feedback import in_place_message
+    assert in_place_message("q") == (
+        "your function changed its input `q` in place (an in-place operation such as `q /= ...`, `q.div_(...)`, "
+        "`q.exp_()` or `q.unsqueeze_(0)`), which silently corrupts the caller's tensor. Compute on a new tensor "
+        "instead: `q = q / ...`, `torch.exp(q)`, `q.unsqueeze(0)`.")
+
+
+def test_merge_plain_sum_hint_does_not_talk_about_a_softmax() -> None:
+    fb = ch10.check_merge_partials(lambda outs, lses: sum(outs))
+    assert fb.status == "wrong" and "weight 1 each" in fb.message, fb
+    assert "softmax" not in fb.message, fb
+
+
+def test_window_bytes_in_decimal_gigabytes_are_named() -> None:
+    fb = ch10.check_window_cache_bytes(lambda S: ch10.reference_window_cache_bytes(S) / 1e9)
+    assert fb.status == "wrong" and "decimal gigabytes" in fb.message, fb
+
+
+def test_intensity_in_flops_per_bit_is_named() -> None:
+    fb = ch10.check_decode_intensity(lambda *c: ch10.reference_decode_intensity(*c) / 8)
+    assert fb.status == "wrong" and "you counted bits" in fb.message, fb
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda l, L, r, d: ((L + r) * l * 2, (L + r) * 2 / (2 * d)), "MLA's side was counted in bytes"),
+    (lambda l, L, r, d: ((L + r) * l * 2, (L + r) / (4 * d)), "one side is in numbers and the other in bytes"),
+])
+def test_mla_heads_counted_in_mixed_units_are_named(fn, words: str) -> None:
+    fb = ch10.check_mla_cache(fn)
+    assert fb.status == "wrong" and words in fb.message, fb

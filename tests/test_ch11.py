@@ -799,7 +799,7 @@ def _probe2_int8(x):
     (lambda sc, sink: _probe2_sink(sc, sink).double().numpy(), "its values are right", "differ"),
     (lambda sc, sink: (lambda m: torch.exp(sc - m) / (torch.exp(sc - m).sum(-1, keepdim=True)
                                                       + torch.exp(sink.view(-1, 1, 1))))(sc.amax(-1, keepdim=True)),
-     "sink.view(-1, 1, 1))", "keepdim=True), sink)"),
+     "subtracted the row's max m from the scores but not from the sink", "torch.logaddexp("),
 ])
 def test_probe2_sink_names_keepdim_and_a_numpy_result(fn, words: str, absent: str) -> None:
     fb = ch11.check_sink_softmax(fn)
@@ -957,3 +957,48 @@ def test_sink_diagram_draws_the_chapter_cache_and_the_exercise_example() -> None
     w = ch11.reference_sink_softmax(torch.tensor([[[list(diagrams.SINK_SCORES)]]], dtype=torch.float64),
                                     torch.tensor([diagrams.SINK_LOGIT], dtype=torch.float64)).flatten().tolist()
     assert w == pytest.approx(ex["weights"]) and sum(w) + ex["sink_weight"] == pytest.approx(1.0)
+
+
+# ---- probe 3: an index rounded up, and hints that do not write the solution line ------------------
+
+def _cow_index_rounded_up(table, length, block_size, free, n):
+    table, free, own = list(table), sorted(free), set()
+    for p in range(length, length + n):
+        i = math.ceil(p / block_size)  # should be p // block_size
+        if i >= len(table):
+            table.append(free.pop(0))
+            own.add(i)
+        elif i not in own:
+            table[i] = free.pop(0)
+            own.add(i)
+    return table
+
+
+def test_cow_entry_index_rounded_up_is_named_not_taken_for_a_write_in_place() -> None:
+    fb = ch11.check_cow_table(_cow_index_rounded_up)
+    assert fb.status == "wrong" and "rounded the entry index up" in fb.message, fb
+
+
+def test_cow_write_in_place_is_still_named_as_such() -> None:
+    fb = ch11.check_cow_table(lambda *c: ch11.checkers._cow(*c, copy=False))
+    assert fb.status == "wrong" and "writing into it in place" in fb.message, fb
+
+
+def _sink_without_exp(scores, sink):
+    e = torch.exp(scores - scores.amax(-1, keepdim=True))
+    return e / (e.sum(-1, keepdim=True) + sink.view(-1, 1, 1))
+
+
+def _sink_left_out_of_the_max(scores, sink):
+    e = torch.exp(scores - scores.amax(-1, keepdim=True))
+    return e / (e.sum(-1, keepdim=True) + torch.exp(sink.view(-1, 1, 1)))
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_sink_without_exp, "its term in the denominator is exp(sink[h]), not sink[h]"),
+    (_sink_left_out_of_the_max, "subtracted the row's max m from the scores but not from the sink"),
+])
+def test_sink_hints_name_the_slip_without_the_solution_line(fn, words: str) -> None:
+    fb = ch11.check_sink_softmax(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+    assert "torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink.view(-1, 1, 1))" not in fb.message, fb

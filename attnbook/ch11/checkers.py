@@ -493,8 +493,8 @@ def _scaled_again(s: Tensor, k: Tensor) -> Tensor:
 
 _SINK_WITHOUT_EXP = (
     "the sink is a logit, like a score: its term in the denominator is exp(sink[h]), not sink[h] (and after you "
-    "subtract the row's max m, exp(sink[h] - m)). Combine it with the scores' logsumexp: "
-    "torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink.view(-1, 1, 1))."
+    "subtract the row's max m, exp(sink[h] - m)). Its term enters the denominator as an exponential, like "
+    "every score's."
 )
 
 _SINK_BY_MAX = (
@@ -535,8 +535,8 @@ SINK_MISTAKES = (
             "the sum of exponentials, so combine the two with torch.logaddexp."),
     Mistake("sink left out of the max", lambda s, k: _unshifted_sink(s, k),
             "you subtracted the row's max m from the scores but not from the sink: in the shifted denominator its "
-            "term is exp(sink - m), not exp(sink). Take the max over the scores and the sink together, or use "
-            "torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink.view(-1, 1, 1))."),
+            "term is exp(sink - m), not exp(sink), so the sink's term is off by the factor exp(m). Shift the sink by "
+            "the same m as the scores, and take m over the scores and the sink together, so no exponent is above 0."),
     Mistake("sink added without exp", _sink_without_exp,
             _SINK_WITHOUT_EXP),
     Mistake("sink added without exp to shifted scores", lambda s, k: _sink_without_exp(s - s.amax(-1, keepdim=True), k),
@@ -672,7 +672,7 @@ def reference_cow_table(table: list[int], length: int, block_size: int, free: li
 
 def _cow(table, length, b, free, n, *, copy=True, copy_all=False, every_write=False, pick=0, shift=0,
          copy_last=False, unsorted=False, fresh_owned=True, fresh_copied=False, copy_never_owned=False,
-         min_kept=False):
+         min_kept=False, round_up=False):
     """The reference with one thing changed, for the table of mistakes."""
     table, free, owned = list(table), list(free) if unsorted else sorted(free), set()
     shared = len(table)  # entries below this held the fork's shared blocks
@@ -683,7 +683,7 @@ def _cow(table, length, b, free, n, *, copy=True, copy_all=False, every_write=Fa
     if copy_last and length % b == 0 and table:
         table[-1], owned = free.pop(pick), owned | {len(table) - 1}
     for p in range(length, length + n):
-        i = (p + shift) // b
+        i = -(-(p + shift) // b) if round_up else (p + shift) // b  # round_up: ceil(p / b), the entry rounded up
         if i >= len(table):
             table.append(free.pop(pick))
             if fresh_copied:  # the fresh block, then treated as shared at once: copied again
@@ -736,6 +736,11 @@ COW_MISTAKES = (
     Mistake("new block one position early", lambda *c: _cow(*c, shift=1),
             "position p goes to entry p // block_size: a new block is needed when p is a multiple of block_size, "
             "not one position before."),
+    Mistake("entry index rounded up", lambda *c: _cow_rounded_up(*c),
+            "you rounded the entry index up (math.ceil(p / block_size)): entry i holds positions i x block_size to "
+            "(i + 1) x block_size - 1, so position p lands in entry p // block_size, rounded down. Rounded up, the "
+            "first write into a partly filled shared last block takes a fresh block instead of copying it, and every "
+            "new block is taken one position late."),
     Mistake("full last block copied", lambda *c: _cow(*c, copy_last=True),
             "a full last block is never written again: the next token goes to a fresh block, so nothing needs to "
             "be copied. Copy only a shared block that a write lands in."),
@@ -775,6 +780,16 @@ def _cow_copy_appended(table: list[int], length: int, b: int, free: list[int], n
         out.append(spare.pop(0))
     if out == _cow(table, length, b, free, n, shift=1):
         raise ValueError("on this case the two slips give the same table")
+    return out
+
+
+def _cow_rounded_up(*case: Any) -> list[int]:
+    """The entry index rounded up, ceil(p / b). Where that gives another mistake's table (on the first case a
+    partly filled last block then gets a fresh block, as if written in place), this slip does not show on its
+    own: it counts as right there, and :func:`_cow_rounds_index_up` names it from all the cases."""
+    out = _cow(*case, round_up=True)
+    if any(_cow_gives(m, case, out) for m in COW_MISTAKES if m.name != "entry index rounded up"):
+        return reference_cow_table(*case)
     return out
 
 
@@ -824,6 +839,24 @@ def _as_table(value: Any) -> list[int] | None:
         return None
 
 
+def _cow_gives(m: Mistake, case: tuple[Any, ...], blocks: list[int]) -> bool:
+    """Whether mistake ``m`` gives ``blocks`` on ``case``."""
+    try:
+        return m.compute(*case) == blocks
+    except (IndexError, ValueError):  # this mistake runs out of free blocks (or is not told apart) on this case
+        return False
+
+
+def _cow_rounds_index_up(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` gives the tables of an entry index rounded up, ceil(p / b), on every case: on one case that
+    slip gives the table of a write in place, and on others those of other slips, so it is named from all of them."""
+    for case in COW_CASES:
+        got, fb = call_reader(fn, (list(case[0]), case[1], case[2], list(case[3]), case[4]))
+        if fb is not None or _as_table(got) != _cow(*case, round_up=True):
+            return False
+    return True
+
+
 @exercise(solution=_solution_cow,
           tables=(MistakeTable(COW_MISTAKES, lambda: [tuple(c) for c in COW_CASES], reference_cow_table),),
           not_generic={"float16": "the answer is a list of block numbers"})
@@ -853,12 +886,11 @@ def check_cow_table(fn: Callable[..., Any]) -> Feedback:
         expected = reference_cow_table(*case)
         if blocks == expected:
             continue
+        if _cow_rounds_index_up(fn):
+            return wrong(next(m.hint for m in COW_MISTAKES if m.name == "entry index rounded up"))
         for m in COW_MISTAKES:
-            try:
-                if m.compute(*case) == blocks:
-                    return wrong(m.hint)
-            except (IndexError, ValueError):  # this mistake runs out of free blocks (or is not told apart) on this case
-                continue
+            if _cow_gives(m, case, blocks):
+                return wrong(m.hint)
         if len(blocks) != len(expected):
             return wrong(f"with {length} positions held, {n} written and blocks of {b}, the table should have one "
                          f"entry per block the {length + n} positions fill: ceil({length + n} / {b}) entries.")
