@@ -121,7 +121,10 @@ def _lines_data(p: Panel, m: np.ndarray) -> dict[str, Any]:
 
 
 def _panel_data(p: Panel, fmt: str, n: int) -> dict[str, Any]:
-    """A panel as data: labels, the formatted cell texts and each cell's colour index (-1: masked)."""
+    """A panel as data: labels, the formatted cell texts and each cell's colour index (-1: masked).
+
+    The colour index is taken from the formatted value, not from the float behind it.
+    """
     m = np.asarray(p.matrix, dtype=float)
     if m.ndim == 1:
         m = m[None, :]
@@ -129,10 +132,14 @@ def _panel_data(p: Panel, fmt: str, n: int) -> dict[str, Any]:
         return _lines_data(p, m)
     masked = np.zeros(m.shape, dtype=bool) if p.masked is None else np.asarray(p.masked, dtype=bool).reshape(m.shape)
     masked = masked | ~np.isfinite(m)
-    visible = m[~masked]
+    # Each cell is coloured by the number it prints, so cells that print the same number share a
+    # colour, and a float's last bits (which differ from one CPU to another) cannot change a colour
+    # without changing the number shown.
+    shown = np.array([float(fmt.format(x)) if ok else 0.0 for x, ok in zip(m.flat, (~masked).flat)]).reshape(m.shape)
+    visible = shown[~masked]
     vmin = p.vmin if p.vmin is not None else (float(visible.min()) if visible.size else 0.0)
     vmax = p.vmax if p.vmax is not None else (float(visible.max()) if visible.size else 1.0)
-    idx = np.where(masked, -1, _indices(m, vmin, vmax, n))
+    idx = np.where(masked, -1, _indices(shown, vmin, vmax, n))
     return {
         "t": p.title,
         "r": None if p.row_labels is None else [str(x) for x in p.row_labels],

@@ -61,6 +61,73 @@ def _split(text: str) -> tuple[list[str], list[str]]:
     return parts, numbers
 
 
+#: A kernel-free slider's frames (``attnbook.slider``): gzip-compressed JSON in base64.
+_PAYLOAD = re.compile(r'(<script type="application/gzip" class="attnlib-data">)([^<]*)(</script>)')
+#: One heatmap cell as the slider writes it: its colours, then the number it prints.
+_CELL = re.compile(r'<td style="background:#[0-9a-f]{6};color:#[0-9a-f]{3}">([^<]*)</td>')
+
+
+def _unpack(payload: str) -> Any:
+    import base64
+    import gzip
+    import json
+
+    return json.loads(gzip.decompress(base64.b64decode(payload)))
+
+
+def _same_data(stored: Any, fresh: Any) -> bool:
+    """Whether a slider's frames read the same: texts by the last-digit rule, everything else equal.
+
+    A heatmap panel's colour indices (``"i"``) are taken from the numbers it prints (``"v"``), so a
+    colour may differ only where its cell's printed number differs (by one unit, as checked).
+    """
+    if isinstance(stored, dict):
+        if not isinstance(fresh, dict) or stored.keys() != fresh.keys():
+            return False
+        if "v" in stored and "i" in stored and stored.get("y") != "lines":
+            values_a, values_b = stored["v"], fresh["v"]
+            if len(values_a) != len(values_b) or len(stored["i"]) != len(fresh["i"]):
+                return False
+            for va, vb, ia, ib in zip(values_a, values_b, stored["i"], fresh["i"]):
+                if not same_to_last_digit(va, vb) or (va == vb and ia != ib):
+                    return False
+            rest = set(stored) - {"v", "i"}
+            return all(_same_data(stored[k], fresh[k]) for k in rest)
+        if "pal" in stored and isinstance(stored["pal"], dict) and isinstance(fresh["pal"], dict):
+            # the colours in use, by index: the indices are checked above, the colours must agree
+            shared = stored["pal"].keys() & fresh["pal"].keys()
+            if any(stored["pal"][k] != fresh["pal"][k] for k in shared):
+                return False
+            return all(_same_data(stored[k], fresh[k]) for k in stored if k != "pal")
+        return all(_same_data(stored[k], fresh[k]) for k in stored)
+    if isinstance(stored, list):
+        return isinstance(fresh, list) and len(stored) == len(fresh) and all(
+            _same_data(a, b) for a, b in zip(stored, fresh))
+    if isinstance(stored, str):
+        return isinstance(fresh, str) and same_to_last_digit(stored, fresh)
+    return type(stored) is type(fresh) and stored == fresh
+
+
+def _same_slider(stored: str, fresh: str) -> bool:
+    """A kernel-free slider compared by what it shows (see :func:`same_to_last_digit`)."""
+    packed_a, packed_b = _PAYLOAD.findall(stored), _PAYLOAD.findall(fresh)
+    if len(packed_a) != len(packed_b):
+        return False
+    try:
+        if not all(_same_data(_unpack(a[1]), _unpack(b[1])) for a, b in zip(packed_a, packed_b)):
+            return False
+    except (ValueError, OSError, EOFError):   # not a payload this module can read: compare as text
+        return False
+    # the visible first frame: a cell's colours may differ only where its printed number does
+    cells_a, cells_b = _CELL.finditer(stored), _CELL.finditer(fresh)
+    for a, b in zip(cells_a, cells_b):
+        if a.group(1) == b.group(1) and a.group(0) != b.group(0):
+            return False
+    plain_a = _CELL.sub(lambda m: f"<td>{m.group(1)}</td>", _PAYLOAD.sub(r"\1\3", stored))
+    plain_b = _CELL.sub(lambda m: f"<td>{m.group(1)}</td>", _PAYLOAD.sub(r"\1\3", fresh))
+    return same_to_last_digit(plain_a, plain_b)
+
+
 def same_to_last_digit(stored: str, fresh: str) -> bool:
     """Whether ``fresh`` reads as ``stored``: equal text, equal integers, decimals within one unit.
 
@@ -73,6 +140,8 @@ def same_to_last_digit(stored: str, fresh: str) -> bool:
     """
     if stored == fresh:
         return True
+    if _PAYLOAD.search(stored) and _PAYLOAD.search(fresh):
+        return _same_slider(stored, fresh)
     stored_parts, stored_numbers = _split(stored)
     fresh_parts, fresh_numbers = _split(fresh)
     if stored_parts != fresh_parts:

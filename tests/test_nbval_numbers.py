@@ -99,3 +99,44 @@ def test_without_the_plugin_nbval_refuses_a_format_change(tmp_path: Path) -> Non
     """Why the plugin exists: strict nbval fails on ``1.`` for ``1.0000``, the same number."""
     cells = [_cell('print("tensor([1., 1., 1.])")', "tensor([1.0000, 1.0000, 1.0000])\n")]
     assert _run_nbval(tmp_path, cells, plugin=False) == {0: "FAILED"}
+
+
+def _slider_html(values: list[float]) -> str:
+    """A kernel-free slider of two frames, the second one showing ``values``."""
+    from attnbook.slider import Frame, Panel, static_slider
+
+    def frame(t: int) -> Frame:
+        row = [0.25, 0.5, 0.75] if t == 0 else values
+        return Frame(label=f"t = {t}", panels=[Panel([row], ["q"], ["a", "b", "c"], "w", vmin=0.0, vmax=1.0)])
+
+    html = static_slider(frame, [{"t": 0}, {"t": 1}], slider_label="t", title="demo", alt="demo").data
+    return re.sub(r"attnlib-slider-[0-9a-f]+", "ID", html)
+
+
+def test_a_sliders_frames_are_compared_by_the_numbers_they_print() -> None:
+    """The frames travel gzip-compressed; they read the same when each printed number does."""
+    stored = _slider_html([0.1, 0.5049, 0.9])
+    # another CPU's last bits: the same printed numbers, so the same colours and bytes
+    assert _slider_html([0.1, 0.5000001, 0.9]) == stored
+    # one unit in the last printed digit, and the colour that number takes: reads the same
+    assert same_to_last_digit(stored, _slider_html([0.1, 0.5051, 0.9]))
+    # two units, or another number entirely: differs
+    assert not same_to_last_digit(stored, _slider_html([0.1, 0.5251, 0.9]))
+    assert not same_to_last_digit(stored, _slider_html([0.1, 0.5, 0.8]))
+
+
+def test_a_sliders_colour_may_change_only_with_its_number() -> None:
+    stored = _slider_html([0.1, 0.5, 0.9])
+    # the same printed numbers with one colour index changed in the packed frames: differs
+    packed = re.search(r'class="attnlib-data">([^<]*)<', stored).group(1)
+    import base64
+    import gzip
+    import json
+
+    data = json.loads(gzip.decompress(base64.b64decode(packed)))
+    data["f"][1]["p"][0]["i"][1] += 1
+    forged = base64.b64encode(gzip.compress(json.dumps(data, separators=(",", ":")).encode(), mtime=0)).decode()
+    assert not same_to_last_digit(stored, stored.replace(packed, forged))
+    # and in the visible first frame: the same number in another colour differs
+    first = re.search(r'<td style="background:(#[0-9a-f]{6})', stored).group(1)
+    assert not same_to_last_digit(stored, stored.replace(first, "#000000", 1))
