@@ -116,16 +116,38 @@ COMBINED_MASK_MISTAKES: tuple[Mistake, ...] = (
 )
 
 
+def _additive_mask_hint(got: Tensor) -> Feedback | None:
+    """The hint for a float mask in the additive convention (it holds -inf or finfo.min), else None."""
+    if got.is_floating_point() and bool((got.detach().cpu().float() <= torch.finfo(torch.float32).min).any()):
+        return wrong(
+            f"your mask has dtype {got.dtype} and holds -inf or finfo.min: that is the additive convention "
+            "(0 = keep, -inf = hide), and `.bool()` would turn its hidden cells into True. attnlib's masks are "
+            "torch.bool with True = may attend: build a bool mask, or convert with `attnlib.from_additive_mask`."
+        )
+    return None
+
+
+_SIZE_MISMATCH = re.compile(r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) "
+                            r"at non-singleton dimension (\d+)")
+
+
 def _combined_one(fn: Callable[[Tensor], Any], am: Tensor) -> Feedback | None:
     B, S = am.shape
     got, fb = call_reader(fn, (am.clone(),), axes=("B", "H", "S_q", "S_k"))
+    mismatch = _SIZE_MISMATCH.search(fb.message) if fb is not None else None
+    if mismatch is not None and int(mismatch[3]) == 3 and {int(mismatch[1]), int(mismatch[2])} == {B, S}:
+        return wrong(
+            fb.message + f". The key axis of your triangle does not match the keys: here attention_mask is [B, S] = "
+            f"{(B, S)}, so the sequence length is its *second* size; the first, attention_mask.shape[0] (or "
+            "len(attention_mask)), is the batch."
+        )
     if fb is not None and re.search(r"bitwise_(and|or)\S* not implemented for '(Float|Double|Half|BFloat16)'", fb.message):
         return wrong(
             "your code raised an error at `&` (or `|`): one side is a float tensor, and `&` works on two bool "
             "tensors. `torch.ones(...)` is float by default, and so is `torch.tril` of it: make the triangle a "
             "bool tensor before you combine it with the padding part."
         )
-    if fb is not None and re.search(r"The size of tensor a \(\d+\) must match the size of tensor b", fb.message):
+    if mismatch is not None:
         return wrong(
             fb.message + ". The causal part is [S, S] and the padding part must be [B, 1, 1, S]: the batch axis "
             "first and the keys last, `attention_mask[:, None, None, :]` (with `[None, None, :, :]` it is [1, 1, B, S], "
@@ -137,12 +159,9 @@ def _combined_one(fn: Callable[[Tensor], Any], am: Tensor) -> Feedback | None:
         return wrong(f"return a torch.Tensor, got {describe(got)}.")
     expected = combine_masks(causal_mask(S), padding_mask(am))  # [B, 1, S, S]
     assert expected is not None
-    if got.is_floating_point() and bool((got.cpu().float() <= torch.finfo(torch.float32).min).any()):
-        return wrong(
-            f"your mask has dtype {got.dtype} and holds -inf or finfo.min: that is the additive convention "
-            "(0 = keep, -inf = hide), and `.bool()` would turn its hidden cells into True. attnlib's masks are "
-            "torch.bool with True = may attend: build a bool mask, or convert with `attnlib.from_additive_mask`."
-        )
+    additive = _additive_mask_hint(got)
+    if additive is not None:
+        return additive
     if got.dtype != torch.bool:
         return wrong(
             f"your mask has dtype {got.dtype}; attnlib's masks are torch.bool with True = may attend. "
@@ -289,6 +308,9 @@ def _lower_right_one(fn: Callable[[int, int], Any], S_q: int, S_k: int,
     if not isinstance(got, Tensor):
         return wrong(f"return a torch.Tensor, got {describe(got)}.")
     expected = _lower_right(S_q, S_k)
+    additive = _additive_mask_hint(got)
+    if additive is not None:
+        return additive
     if got.dtype != torch.bool:
         return wrong(f"your mask has dtype {got.dtype}; attnlib's masks are torch.bool with True = may attend.")
     if close(got, expected):
@@ -400,11 +422,33 @@ MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
             "you hid the diagonal too (triu(diagonal=0), or tril(diagonal=-1) as the visible part): a token may look "
             "at itself. That is why row 0 is NaN: its query sees nothing at all. Hide only the cells above the "
             "diagonal, ~causal_mask(S) (triu with diagonal=1)."),
+    Mistake("softmax over the heads", lambda q, k, v: _nan_as(torch.softmax(_scores(q, k).masked_fill(_future(q), float("-inf")), dim=1)),
+            "the mask is right, but your softmax runs over the head axis (dim=1): each weight is shared with the same "
+            "cell of the other heads, and a future cell, -inf in every head, becomes NaN. A query's weight is shared "
+            "among its keys: which axis of [B, H, S_q, S_k] holds them?"),
+    Mistake("k @ q^T", lambda q, k, v: torch.softmax((k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(_future(q), float("-inf")), dim=-1),
+            "your scores are transposed: `k @ q.transpose(-2, -1)` puts the keys on the rows, so row i holds the "
+            "score of every query against key i, and the mask then hides the wrong pairs. Row i must hold query i's "
+            "score against every key, [B, H, S_q, S_k]."),
+    Mistake("filled with 0, then zeroed", lambda q, k, v: torch.softmax(_scores(q, k).masked_fill(_future(q), 0.0), dim=-1).masked_fill(_future(q), 0.0),
+            "the future is at 0, but only because you zeroed it after the softmax: filled with 0 before it, the future "
+            "still took its share of each row (exp(0) = 1), so the rows now sum to less than 1. A fill before the "
+            "softmax must be a score whose exp is 0."),
+    Mistake("divided by the sum of all weights", lambda q, k, v: (lambda w: w / w.sum())(torch.softmax(_scores(q, k), dim=-1).masked_fill(_future(q), 0.0)),
+            "you divided by `w.sum()`, the sum of every weight of every sequence, head and query, so no row sums to 1. "
+            "Each row (one query) must be divided by its own sum: name the axis of the keys, and keep it "
+            "(keepdim=True) so that the sums line up with the rows."),
 )
 
 
 def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k: Tensor, v: Tensor) -> Feedback | None:
     got, fb = call_reader(fn, (q.clone(), k.clone(), v.clone()), axes=("B", "H", "S_q", "S_k"))
+    if fb is not None and _SIZE_MISMATCH.search(fb.message):
+        return wrong(
+            fb.message + ". If you divided by a sum: a sum over one axis drops that axis (`w.sum(-1)` of "
+            "[B, H, S_q, S_k] is [B, H, S_q]), and broadcasting lines shapes up from the right, so its query axis "
+            "meets the key axis. Keep the summed axis with keepdim=True."
+        )
     if fb is not None:
         return fb
     if not isinstance(got, (tuple, list)) or len(got) != 2:

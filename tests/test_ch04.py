@@ -660,3 +660,60 @@ def test_packed_prefix_masks_diagram_draws_the_chapter_masks() -> None:
     assert ch04.prefix_lm_mask(prefix, S)[:prefix, :prefix].all()
     docs = ch04.document_mask(ch04.PACKED_LENGTHS)
     assert not docs[ch04.PACKED_LENGTHS[0]:, : ch04.PACKED_LENGTHS[0]].any()
+
+
+# --- a second reading's wrong answers --------------------------------------------------------------
+
+
+def _weights_of(weights):  # type: ignore[no-untyped-def]
+    def reader(q, k, v):  # type: ignore[no-untyped-def]
+        w = weights(q, k, ~causal_mask(q.shape[-2]))
+        return w @ v, w
+
+    return reader
+
+
+@pytest.mark.parametrize(
+    ("weights", "hint"),
+    [
+        (lambda q, k, future: (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(future, float("-inf")).softmax(1),
+         "softmax runs over the head axis (dim=1)"),
+        (lambda q, k, future: (k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(future, float("-inf")).softmax(-1),
+         "`k @ q.transpose(-2, -1)` puts the keys on the rows"),
+        (lambda q, k, future: (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(future, 0.0).softmax(-1)
+         .masked_fill(future, 0.0),
+         "only because you zeroed it after the softmax"),
+        (lambda q, k, future: (lambda w: w / w.sum())(
+            (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).softmax(-1).masked_fill(future, 0.0)),
+         "you divided by `w.sum()`"),
+        (lambda q, k, future: (lambda w: w / w.sum(-1))(
+            (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).softmax(-1).masked_fill(future, 0.0)),
+         "Keep the summed axis with keepdim=True"),
+    ],
+    ids=["softmax over heads", "k @ q^T", "0 fill then zeroed", "w / w.sum()", "w / w.sum(-1)"],
+)
+def test_masking_order_names_the_axis_the_orientation_and_the_sum(weights, hint: str) -> None:  # type: ignore[no-untyped-def]
+    fb = check_masking_order(_weights_of(weights))
+    assert fb.status == "wrong" and hint in fb.message, fb
+    assert "scale the scores" not in fb.message and "future keys get weight" not in fb.message, fb
+
+
+def test_lower_right_mask_names_an_additive_float_mask() -> None:
+    from attnbook.ch04 import check_lower_right_mask
+
+    def additive(S_q: int, S_k: int) -> torch.Tensor:
+        keep = torch.ones(S_q, S_k, dtype=torch.bool).tril(S_k - S_q)
+        return torch.zeros(S_q, S_k).masked_fill(~keep, float("-inf"))
+
+    fb = check_lower_right_mask(additive)
+    assert fb.status == "wrong" and "additive convention" in fb.message and "from_additive_mask" in fb.message, fb
+
+
+def test_combined_mask_names_the_batch_size_taken_for_the_length() -> None:
+    def first_size(am: torch.Tensor) -> torch.Tensor:
+        S = am.shape[0]
+        return torch.tril(torch.ones(S, S, dtype=torch.bool)) & am.bool()[:, None, None, :]
+
+    fb = check_combined_mask(first_size)
+    assert fb.status == "wrong" and "attention_mask.shape[0]" in fb.message and "is the batch" in fb.message, fb
+    assert "[1, 1, B, S]" not in fb.message, fb
