@@ -232,6 +232,11 @@ def check_merge_heads(fn: Callable[[Tensor], Tensor], *, configs: tuple[tuple[in
         if shape != (B, S, D):
             if shape == (B, S, H, d_k):
                 return wrong(where + f"the result has shape {shape} = [B, S, H, D_k]: merge the last two axes into D = H * D_k.")
+            if shape == (B, H, S * d_k):
+                return wrong(where + f"the result has shape {shape} = [B, H, S * D_k]: your code reads the input's axes "
+                             "in the split's order, as if it were [B, S, H, D_k] (B, S, H, D_k = x.shape). merge_heads "
+                             "receives [B, H, S, D_k], the heads on axis 1 and the positions on axis 2, so unpack "
+                             "x.shape in that order.")
             return wrong(where + f"the result has shape {shape}, expected [B, S, D] = {(B, S, D)}.")
         if result.is_complex():
             return wrong(where + f"the result is complex ({result.dtype}); merge_heads only moves numbers.")
@@ -608,9 +613,10 @@ REPEAT_KV_MISTAKES: tuple[Mistake, ...] = (
             "expand on a new axis right after the head axis, kv[:, :, None]."),
     Mistake("group axis before the heads", lambda kv, H, used: _only_if(
                 "repeat" not in used and "expand before the heads" in used, _tiled(kv, H)),
-            "you expanded on a new axis *before* the head axis (kv[:, None]): merging (G, H_kv) gives the heads 0, 1, 0, 1, ... "
-            "Put the group axis right after the head axis, kv[:, :, None].expand(B, H_kv, G, S, D_k), so that the G copies "
-            "of a head are neighbours."),
+            "query head 1 got key/value head 1, expected 0: your copies sit on a new axis *before* the head axis (as "
+            "kv[:, None].expand, or the einops pattern \"(g h)\", make them), and merging (G, H_kv) gives the heads 0, 1, "
+            "0, 1, ... Put the group axis right after the head axis, kv[:, :, None].expand(B, H_kv, G, S, D_k), so that "
+            "the G copies of a head are neighbours."),
     Mistake("merged in the wrong order", lambda kv, H, used: _only_if(
                 "repeat" not in used and "expand after the heads" in used and "expand before the heads" not in used,
                 _tiled(kv, H)),  # the numbers of tiling; a different cause, told apart by the calls made

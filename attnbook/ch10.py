@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -341,6 +341,14 @@ class ModelConfig:
 
     def weight_bytes(self, dtype_bytes: int = 2) -> float:
         return self.params * dtype_bytes
+
+    def with_kv_heads(self, kv_heads: int) -> "ModelConfig":
+        """The same model with ``kv_heads`` key/value heads: the cache changes, and so do ``W_K`` and ``W_V``
+        (``[D, kv_heads * head_dim]`` each, ``D = heads * head_dim``), so ``params`` moves by
+        ``layers * 2 * D * head_dim * (kv_heads - self.kv_heads)``."""
+        D = self.heads * self.head_dim
+        extra = self.layers * 2 * D * self.head_dim * (kv_heads - self.kv_heads)
+        return replace(self, kv_heads=kv_heads, params=self.params + extra)
 
     def crossover(self, batch: int = 1) -> int | None:
         """The shortest context at which the cache (16-bit) outgrows the 16-bit weights, or None
@@ -736,6 +744,11 @@ def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | 
             return wrong(f"your cached {name} have the H = {H} repeated heads: store the H_kv = {H_kv} key/value "
                          f"heads and repeat them only for the attention itself; the repeated copy costs {H // H_kv}x the memory.")
         if not close(got, exp):
+            cached, new = (case[1], case[3]) if name == "keys" else (case[2], case[4])
+            if isinstance(got, Tensor) and tuple(got.shape) == tuple(exp.shape) and close(got, torch.cat([new, cached], 2)):
+                return wrong(f"your returned {name} hold the new positions BEFORE the cached ones: the cache keeps the "
+                             "positions in the order of the text, oldest first, so each step's new positions belong at "
+                             "its end, after the last cached one (the queries' causal mask assumes that order too).")
             if isinstance(got, Tensor) and tuple(got.shape) == tuple(exp.shape):
                 return wrong(f"the returned {name} have the right shape but other numbers: they should be the cache "
                              f"with the new positions appended after the cached ones, [B, H_kv, S_past + S_new, D_k].")
@@ -897,6 +910,15 @@ WINDOW_MISTAKES = (
     Mistake("seq_len % window", _bytes(lambda S: S % _W),
             "you counted seq_len % window positions: that is the slot of the rolling buffer the next token is written "
             "to, not how many positions the buffer holds. A buffer that has wrapped around is full, and stays full."),
+    Mistake("a 2W buffer's reserve", _bytes(lambda S: 2 * _W),
+            f"you return, at every length, what a buffer of 2 x window = {2 * _W} positions reserves (as the compacting "
+            "KVCache of section 10.6 does): this model keeps its window in a ring buffer of exactly window slots, and "
+            "the question is what the cache holds, which for a sequence shorter than the window is only its "
+            "seq_len positions."),
+    Mistake("up to 2W positions", _bytes(lambda S: min(S, 2 * _W)),
+            f"past the window your cache keeps growing, up to 2 x window = {2 * _W} positions, as a compacting buffer "
+            "of 2W holds between two compactions: this model's ring buffer has exactly window slots and overwrites "
+            "the oldest, so it never holds more than the window."),
     Mistake("query heads and no window", _bytes(lambda S: S, heads="heads"),
             f"two slips at once: you cached the {_H} query heads (only the {_H_KV} key/value heads are stored; grouped-query "
             "attention repeats them at compute time), and the cache keeps growing past the window (it keeps only the "
@@ -1196,6 +1218,10 @@ MLA_MISTAKES = (
     Mistake("heads rounded with round()", lambda l, L, r, d: (float((L + r) * l * 2), float(round((L + r) / (2 * d)))),
             "you rounded the equivalent heads with round(): it is a ratio of bytes, (latent + rope) / (2 head_dim), and "
             "stays fractional; return it unrounded."),
+    Mistake("heads rounded to one decimal", lambda l, L, r, d: (float((L + r) * l * 2), round((L + r) / (2 * d), 1)),
+            "your equivalent heads are rounded to one decimal (round(x, 1)): the ratio (latent + rope) / (2 x head_dim) "
+            "can need more digits than that (and round() sends a final 5 to the even digit, so it may round down); "
+            "return it unrounded."),
     Mistake("rotary key once for all layers", lambda l, L, r, d: (float((L * l + r) * 2), (L + r) / (2 * d)),
             "your bytes count the rotary key once for the whole model: like the latent, every layer computes and "
             "caches its own rotary key, so per token there are layers x (latent + rope) numbers."),

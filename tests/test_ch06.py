@@ -732,3 +732,18 @@ def test_split_with_h_and_dk_swapped_is_named() -> None:
 def test_repeat_interleave_by_h_kv_is_named() -> None:
     fb = check_repeat_kv(lambda kv, H: kv.repeat_interleave(kv.shape[1], dim=1))
     assert fb.status == "wrong" and "repeated each key/value head H_kv = 2 times" in fb.message, fb
+
+
+def test_merge_that_unpacks_the_input_in_the_splits_order_is_named() -> None:
+    def merge(x):
+        B, S, H, d_k = x.shape  # the split's order, but the input is [B, H, S, D_k]
+        return x.transpose(1, 2).reshape(B, S, H * d_k)
+
+    fb = check_merge_heads(merge)
+    assert fb.status == "wrong" and "[B, H, S * D_k]" in fb.message and "split's order" in fb.message, fb
+
+
+def test_repeat_kv_with_the_group_axis_first_in_einops_is_told_by_its_symptom() -> None:
+    fb = check_repeat_kv(lambda kv, H: einops.repeat(kv, "b h s d -> b (g h) s d", g=H // kv.shape[1]))
+    assert fb.status == "wrong" and fb.message.startswith("query head 1 got key/value head 1, expected 0"), fb
+    assert '"(g h)"' in fb.message and "you expanded" not in fb.message, fb

@@ -12,7 +12,7 @@ import torch
 from attnbook import ch10, toy_lm
 from attnbook.feedback import close
 from attnlib import KVCache, MultiHeadLatentAttention, MultiHeadSelfAttention
-from attnlib.cost import count_flops
+from attnlib.cost import count_flops, mha_param_count
 
 
 @pytest.mark.parametrize("H_kv", [4, 2, 1])
@@ -55,6 +55,18 @@ def test_cache_sizes_of_real_models() -> None:
     assert mistral.cache_bytes(32_768) == mistral.cache_bytes(4096) == 2**29  # the window caps it
     assert mistral.crossover() is None and llama2_7b.crossover() > llama2_7b.context  # never within its context
     assert llama3_8b.crossover() == 122_529 < llama3_8b.context and llama3_70b.crossover() > llama3_70b.context
+
+
+def test_changing_the_kv_heads_changes_the_weights() -> None:
+    """W_K and W_V are D x H_kv D_k: a model with other KV heads has other weights, as MultiHeadSelfAttention counts them."""
+    llama3_8b = ch10.MODELS[2]
+    D, H, d_k = 4096, 32, 128
+    for h_kv in (32, 8, 4, 1):
+        m = llama3_8b.with_kv_heads(h_kv)
+        per_layer = mha_param_count(D, H, bias=False, num_kv_heads=h_kv) - mha_param_count(D, H, bias=False, num_kv_heads=8)
+        assert m.params - llama3_8b.params == 32 * per_layer and m.cache_bytes(1) == 2 * 32 * h_kv * d_k * 2
+    assert llama3_8b.with_kv_heads(32).crossover() == 33_705  # 8.835e9 parameters
+    assert llama3_8b.with_kv_heads(1).crossover() == 951_553  # 7.795e9 parameters
 
 
 def test_append_and_attend_checker() -> None:
@@ -938,3 +950,33 @@ def test_intensity_in_flops_per_bit_is_named() -> None:
 def test_mla_heads_counted_in_mixed_units_are_named(fn, words: str) -> None:
     fb = ch10.check_mla_cache(fn)
     assert fb.status == "wrong" and words in fb.message, fb
+
+
+def _append_new_first(q, kc, vc, kn, vn):
+    """The new positions put in front of the cache, attended with the bottom-right mask."""
+    keys, values = torch.cat([kn, kc], 2), torch.cat([vn, vc], 2)
+    H, S_new, S_k = q.shape[1], q.shape[2], keys.shape[2]
+    mask = ch10.causal_mask(S_new, S_k=S_k)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, ch10.repeat_kv(keys, H), ch10.repeat_kv(values, H), attn_mask=mask)
+    return out, keys, values
+
+
+def test_append_with_the_new_positions_first_is_named() -> None:
+    fb = ch10.check_append_and_attend(_append_new_first)
+    assert fb.status == "wrong" and "new positions BEFORE the cached ones" in fb.message, fb
+    assert "right shape but other numbers" not in fb.message, fb
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda S: 2 * 24 * 4 * 96 * 2 * 2048 * 2, "what a buffer of 2 x window"),
+    (lambda S: 2 * 24 * 4 * 96 * min(S, 2 * 2048) * 2, "up to 2 x window"),
+])
+def test_window_cache_as_a_2w_buffer_is_named(fn, words: str) -> None:
+    fb = ch10.check_window_cache_bytes(fn)
+    assert fb.status == "wrong" and words in fb.message, fb
+
+
+def test_mla_heads_rounded_to_one_decimal_are_named() -> None:
+    fb = ch10.check_mla_cache(lambda l, L, r, d: ((L + r) * l * 2, round((L + r) / (2 * d), 1)))
+    assert fb.status == "wrong" and "rounded to one decimal" in fb.message, fb
