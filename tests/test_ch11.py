@@ -961,10 +961,11 @@ def test_sink_diagram_draws_the_chapter_cache_and_the_exercise_example() -> None
 
 # ---- probe 3: an index rounded up, and hints that do not write the solution line ------------------
 
-def _cow_index_rounded_up(table, length, block_size, free, n):
+def _cow_reader(table, length, block_size, free, n, *, round_up=False, extra=0):
+    """A reader's loop, with the entry index rounded up or ``extra`` writes too many."""
     table, free, own = list(table), sorted(free), set()
-    for p in range(length, length + n):
-        i = math.ceil(p / block_size)  # should be p // block_size
+    for p in range(length, length + n + extra):
+        i = math.ceil(p / block_size) if round_up else p // block_size
         if i >= len(table):
             table.append(free.pop(0))
             own.add(i)
@@ -972,6 +973,10 @@ def _cow_index_rounded_up(table, length, block_size, free, n):
             table[i] = free.pop(0)
             own.add(i)
     return table
+
+
+def _cow_index_rounded_up(*case):
+    return _cow_reader(*case, round_up=True)  # should be p // block_size
 
 
 def test_cow_entry_index_rounded_up_is_named_not_taken_for_a_write_in_place() -> None:
@@ -1002,3 +1007,28 @@ def test_sink_hints_name_the_slip_without_the_solution_line(fn, words: str) -> N
     fb = ch11.check_sink_softmax(fn)
     assert fb.status == "wrong" and words in fb.message, fb
     assert "torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink.view(-1, 1, 1))" not in fb.message, fb
+
+
+# ---- hints point at the mistake, not at the solution line ----
+
+def _cow_one_token_too_many(*case):
+    return _cow_reader(*case, extra=1)  # range(length, length + n + 1)
+
+
+def test_cow_loop_one_token_too_long_is_named() -> None:
+    fb = ch11.check_cow_table(_cow_one_token_too_many)
+    assert fb.status == "wrong" and "one token more than n" in fb.message, fb
+
+
+def test_blocks_and_sink_hints_give_no_formula() -> None:
+    floor = ch11.check_blocks_needed(lambda p, n, b, s: (p + n) // b - s // b).message
+    assert "partly filled last block" in floor and "-(-" not in floor, floor
+    fallback = ch11.check_blocks_needed(lambda p, n, b, s: 7).message
+    assert "20 positions in blocks of 8" in fallback and "ceil" not in fallback, fallback
+    for m in ch11.BLOCKS_MISTAKES + ch11.INT8_MISTAKES:
+        assert "-(-(prompt_len" not in m.hint and "amax(dim=-1, keepdim=True)" not in m.hint, m.name
+    naive = lambda s, k: s.exp() / (s.exp().sum(-1, keepdim=True) + k.view(-1, 1, 1).exp())
+    fb = ch11.check_sink_softmax(naive)
+    assert "no exponent you compute is above 0" in fb.message and "logaddexp" not in fb.message, fb
+    fb = ch11.check_sink_softmax(_shifted_by_sink)
+    assert "torch.maximum" not in fb.message and "logaddexp" not in fb.message, fb

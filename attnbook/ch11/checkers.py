@@ -36,7 +36,8 @@ BLOCKS_CASES = ((100, 30, 16, 40), (250, 38, 32, 200), (61, 17, 8, 19), (100, 38
                 (64, 10, 16, 32), (20, 5, 8, 0), (100, 29, 128, 0), (42, 1, 8, 16))
 BLOCKS_MISTAKES = (
     Mistake("floor division", lambda p, n, b, s: (p + n) // b - s // b,
-            "a partly filled last block still has to be allocated: round the block count up, -(-(p + n) // b)."),
+            "a partly filled last block still has to be allocated: your count drops it whenever the positions do not "
+            "fill whole blocks."),
     Mistake("partial prefix block shared", lambda p, n, b, s: -(-(p + n) // b) - -(-s // b),
             "only FULL blocks of the prefix are shared (a block's hash covers all its tokens): the shared count is "
             "shared_prefix // block_size."),
@@ -58,12 +59,10 @@ BLOCKS_MISTAKES = (
             "floor division, shared_prefix // block_size, and the answer stays a whole number."),
     Mistake("true division", lambda p, n, b, s: (p + n) / b - s / b,
             "(prompt_len + new_tokens) / block_size is a fraction of blocks: blocks are allocated whole, so round the "
-            "count up, -(-(prompt_len + new_tokens) // block_size), and subtract the full prefix blocks, "
-            "shared_prefix // block_size."),
+            "count up, and subtract only the prefix blocks that are full."),
     Mistake("fraction of blocks, prefix by //", lambda p, n, b, s: (p + n) / b - s // b,
             "you returned a fraction of blocks ((prompt_len + new_tokens) / block_size with /): blocks are allocated "
-            "whole, so round the count up, -(-(prompt_len + new_tokens) // block_size), before subtracting "
-            "shared_prefix // block_size."),
+            "whole, so round the count up before subtracting the prefix's full blocks."),
     Mistake("last position left out", lambda p, n, b, s: -(-(p + n - 1) // b) - s // b,
             "you counted prompt_len + new_tokens - 1 positions: the prompt's positions and every generated token's "
             "are all stored, prompt_len + new_tokens of them (positions 0 .. prompt_len + new_tokens - 1)."),
@@ -81,13 +80,13 @@ BLOCKS_MISTAKES = (
             "shared_prefix counts TOKENS of the prompt, not blocks: the blocks it fills completely, and so already "
             "exist, are shared_prefix // block_size."),
     Mistake("one spare block", lambda p, n, b, s: -(-(p + n) // b) + 1 - s // b,
-            "you added one block to the rounded-up count: -(-(prompt_len + new_tokens) // block_size) already "
+            "you added one block to the rounded-up count: rounding up already "
             "includes the partly filled last block, and a paged cache keeps no spare empty block (it takes a new "
             "block only when a write finds the last one full)."),
     Mistake("prompt floored, new tokens rounded up", lambda p, n, b, s: p // b + -(-n // b) - s // b,
             "you rounded the prompt's blocks down (prompt_len // block_size) and the new tokens' up, separately: the "
             "generated tokens continue in the prompt's partly filled last block, so add the positions first and "
-            "round up once, -(-(prompt_len + new_tokens) // block_size)."),
+            "round up once."),
     Mistake("one block too few", lambda p, n, b, s: (p + n - 1) // b - s // b,
             "one block too few: (prompt_len + new_tokens - 1) // block_size is the INDEX of the block holding the "
             "last position, counted from 0, not the number of blocks (add 1, or round up with -(-x // b)); and if "
@@ -121,7 +120,8 @@ def check_blocks_needed(fn: Callable[..., Any]) -> Feedback:
     return check_number_cases(
         fn, BLOCKS_CASES, reference_blocks_needed, BLOCKS_MISTAKES, what="a number of blocks", same=lambda a, b: a == b,
         done="a request allocates its positions in whole blocks, less the full blocks a cached prefix already holds.",
-        generic="count ceil((prompt_len + new_tokens) / block_size) blocks, then subtract the full blocks of the cached prefix.")
+        generic="work out by hand the new blocks of a request of 20 positions in blocks of 8 with no prefix, then "
+                "with a 16-token prefix, and compare them with what your function returns.")
 
 
 # ---- exercise 2: int8 per-token quantisation ------------------------------------------------------
@@ -136,8 +136,8 @@ def reference_int8_per_token(x: Tensor) -> Tensor:
 
 INT8_CASES = ((2, 3, 5, 8, 1), (1, 2, 7, 6, 2))  # (B, H_kv, S, D_k, seed): every size differs
 #: Tried after those: (case, dtype, magnitude). A float64 cache with positions of zeros (padding, an unused
-#: slot); then 16-bit caches, with zero positions too, whose largest values (about 10,000 in float16) fit its
-#: range of 65,504 while x * 127 does not.
+#: slot); then 16-bit caches, with zero positions too, whose largest values (28,384 in float16, 17,408 in
+#: bfloat16) fit float16's range of 65,504 while x * 127 does not.
 INT8_MORE_CASES = ((1, torch.float64, 1.0), (0, torch.float16, 2500.0), (1, torch.bfloat16, 2500.0))
 
 
@@ -154,7 +154,7 @@ def _int8_case(B: int, H: int, S: int, D: int, seed: int, dtype: torch.dtype = t
 INT8_MISTAKES = (
     Mistake("per channel", lambda x: torch.round(x / (x.abs().amax(-2, keepdim=True) / 127)).clamp(-127, 127) * (x.abs().amax(-2, keepdim=True) / 127),
             "one scale per channel (over the positions) is the per-channel scheme: per token, take the max |x| over "
-            "D_k, amax(dim=-1, keepdim=True)."),
+            "a position's D_k numbers."),
     Mistake("per tensor", lambda x: torch.round(x / (x.abs().amax() / 127)) * (x.abs().amax() / 127),
             "one scale for the whole tensor wastes precision on small positions: one scale per position."),
     Mistake("truncation", lambda x: torch.trunc(x / (x.abs().amax(-1, keepdim=True) / 127)) * (x.abs().amax(-1, keepdim=True) / 127),
@@ -177,7 +177,7 @@ INT8_MISTAKES = (
             "return the dequantised values, codes times scale, so they can be compared with x."),
     Mistake("scale without abs", lambda x: torch.round(x / (x.amax(-1, keepdim=True) / 127)).clamp(-127, 127) * (x.amax(-1, keepdim=True) / 127),
             "the scale comes from the largest |x|, not the largest x: a position whose biggest entry is negative "
-            "clips it (or flips the sign of the scale). Use x.abs().amax(dim=-1, keepdim=True)."),
+            "clips it (or flips the sign of the scale)."),
     Mistake("floor", lambda x: torch.floor(x / (x.abs().amax(-1, keepdim=True) / 127)).clamp(-127, 127) * (x.abs().amax(-1, keepdim=True) / 127),
             "floor rounds down, towards -inf, so every value moves down by up to a whole step: round to the nearest "
             "code with torch.round."),
@@ -196,23 +196,21 @@ INT8_MISTAKES = (
             "codes by that position's own scale."),
     Mistake("per position across heads", lambda x: torch.round(x / _axes_scale(x, (-3, -1))).clamp(-127, 127) * _axes_scale(x, (-3, -1)),
             "one scale covers a position in EVERY head (your max runs over the head axis H_kv too): each head's keys "
-            "have their own range, so take the max over D_k alone, x.abs().amax(dim=-1, keepdim=True), one scale per "
-            "position and head."),
+            "have their own range, so take the max over D_k alone, one scale per position and head."),
     Mistake("max over the heads", lambda x: torch.round(x / _axes_scale(x, (-3,))).clamp(-127, 127) * _axes_scale(x, (-3,)),
             "your max runs over the head axis H_kv (dim=1 of [B, H_kv, S, D_k]), so each channel of a position gets a "
-            "scale from the same channel of the other heads: the scale's group is a position's D_k numbers, "
-            "x.abs().amax(dim=-1, keepdim=True)."),
+            "scale from the same channel of the other heads: the scale's group is a position's D_k numbers."),
     Mistake("max over the batch", lambda x: torch.round(x / _axes_scale(x, (-4,))).clamp(-127, 127) * _axes_scale(x, (-4,)),
             "your max runs over the batch axis B (amax(dim=0) of [B, H_kv, S, D_k]): each number then shares a scale "
             "with the same head, position and channel of the other sequences. One scale per position and head "
-            "covers its D_k numbers: x.abs().amax(dim=-1, keepdim=True)."),
+            "covers its D_k numbers."),
     Mistake("scale inverted", lambda x: torch.round(x * _int8_scale(x)).clamp(-127, 127) / _int8_scale(x),
             "your scale is 127 / max|x|, the inverse of the step: with it, x / scale shrinks the numbers instead of "
             "spreading them over -127..127. The scale is the size of one step, s = max|x| / 127, and the codes are "
             "round(x / s)."),
     Mistake("per head", lambda x: torch.round(x / (x.abs().amax((-2, -1), keepdim=True) / 127)) * (x.abs().amax((-2, -1), keepdim=True) / 127),
             "that is one scale per head, over all its positions and channels: per token, take the max |x| over "
-            "D_k alone, amax(dim=-1, keepdim=True)."),
+            "D_k alone."),
 )
 
 
@@ -428,9 +426,8 @@ def _sink_case(H: int, S_q: int, S_k: int, shift: float, seed: int, dtype: torch
 _SINK_SHIFTED_BY_SINK = (
     "inf or NaN where the sink logit lies far below the scores (scores near {scores:.0f}, sinks near {sink:.0f}, "
     "{dtype}): you shifted the exponents by the sink, exp(scores - sink), which is safe only while the sink is at "
-    "least as large as the scores. Shift by the larger of the row's max and the sink, m = torch.maximum(scores.amax(-1, "
-    "keepdim=True), sink.view(-1, 1, 1)), so every exponent is at most 0 (or use torch.logaddexp of the row's "
-    "logsumexp and the sink), not by the sink."
+    "least as large as the scores. Shift by a number at least as large as every score of the row and the sink "
+    "alike, so that no exponent is above 0, not by the sink."
 )
 
 
@@ -556,7 +553,7 @@ SINK_MISTAKES = (
     Mistake("softmax times sigmoid(-sink)", lambda s, k: _sigmoid_share(s, k),
             "the keys' share of the row is not sigmoid(-sink): it depends on the scores too, because exp(sink) "
             "competes with the row's sum of exp(scores), not with 1. Put exp(sink[h]) into the denominator with the "
-            "scores: torch.logaddexp of the row's logsumexp and the sink."),
+            "scores, in log space."),
     Mistake("logsumexp over the queries", lambda s, k: torch.exp(s - torch.logaddexp(torch.logsumexp(s, -2, keepdim=True), k.view(-1, 1, 1))),
             "your logsumexp runs over the queries (dim=-2): each query's row has its own denominator, a sum over "
             "its keys, so take torch.logsumexp(scores, -1, keepdim=True)."),
@@ -613,8 +610,8 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
             if isinstance(got, Tensor) and got.shape == expected.shape and not torch.isfinite(got).all():
                 return wrong(f"inf or NaN with {dtype} scores near {case[3]:.0f} (the float64 cases were right): "
                              f"{dtype} holds at most {torch.finfo(dtype).max:,.0f} = e^{math.log(torch.finfo(dtype).max):.1f}, "
-                             "so exp of an unshifted score or sink, or a fill value such as -1e9, overflows. Keep every "
-                             "exponent at most 0: exp(scores - lse), lse = torch.logaddexp(logsumexp(scores), sink).")
+                             "so exp of an unshifted score or sink, or a fill value such as -1e9, overflows. Rewrite "
+                             "the weights so that no exponent you compute is above 0.")
             tol = HALF_TOL if dtype == torch.float16 else 2 * HALF_TOL
             if isinstance(got, Tensor) and got.is_floating_point() and close(got, expected, atol=tol, rtol=tol):
                 continue  # in 16 bits, or wider
@@ -624,8 +621,8 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
         if _by_sink_overflows(got, scores, sink):
             return wrong(_SINK_SHIFTED_BY_SINK.format(scores=case[3], sink=case[6] if len(case) > 6 else case[3], dtype=scores.dtype))
         if isinstance(got, Tensor) and got.shape == expected.shape and not torch.isfinite(got).all():
-            return wrong(f"inf or NaN with scores near {case[3]:.0f}: exp overflows. Combine the row's logsumexp and the "
-                         "sink with torch.logaddexp, then take exp(scores - lse).")
+            return wrong(f"inf or NaN with scores near {case[3]:.0f}: exp({case[3]:.0f}) overflows even in float64. Rewrite "
+                         "the weights so that no exponent you compute is above 0.")
         named = low_precision(got, expected, name="your weights")  # float16 / bfloat16: named as such
         if named is not None:
             return named
@@ -758,6 +755,9 @@ COW_MISTAKES = (
             else reference_cow_table(t, l, b, f, n),
             "with n = 0 the sample writes nothing, so nothing is copied: a shared block is copied at the first write "
             "into it, not at the fork. The table stays as it is."),
+    Mistake("one token too many", lambda *c: _cow_one_more(*c),
+            "your loop writes one token more than n: the n new tokens take positions length to length + n - 1, so "
+            "a loop over them stops before length + n (with n = 0 it writes nothing)."),
     Mistake("copy appended", lambda *c: _cow_copy_appended(*c),
             "you appended the copy of the shared last block at the end of the table: the copy takes the place of "
             "the block it was copied from, in the same entry (the table is in position order), so the table does "
@@ -847,6 +847,26 @@ def _cow_gives(m: Mistake, case: tuple[Any, ...], blocks: list[int]) -> bool:
         return False
 
 
+def _cow_one_more(table: list[int], length: int, b: int, free: list[int], n: int) -> list[int]:
+    """The table after n + 1 writes. Where nothing is to be written into a partly filled last block, that equals
+    the table of a block copied at the fork: :func:`_cow_writes_one_more` names it from the other cases."""
+    if n == 0 and length % b:
+        raise ValueError("on this case the two slips give the same table")
+    return reference_cow_table(table, length, b, free, n + 1)
+
+
+def _cow_writes_one_more(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` gives the tables of n + 1 writes on every case that writes something (where nothing is
+    written into a partly filled last block, that slip gives the table of a block copied at the fork)."""
+    for case in COW_CASES:
+        if case[4] == 0:
+            continue
+        got, fb = call_reader(fn, (list(case[0]), case[1], case[2], list(case[3]), case[4]))
+        if fb is not None or _as_table(got) != reference_cow_table(*case[:4], case[4] + 1):
+            return False
+    return True
+
+
 def _cow_rounds_index_up(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` gives the tables of an entry index rounded up, ceil(p / b), on every case: on one case that
     slip gives the table of a write in place, and on others those of other slips, so it is named from all of them."""
@@ -872,6 +892,8 @@ def check_cow_table(fn: Callable[..., Any]) -> Feedback:
                          "need. A write needs a block only when the last block is full (a fresh block) or when it lands "
                          "in a block still shared with the other sample (one copy); a block copied or taken once is "
                          "this sample's own, and later writes into it go in place.")
+        if (fb is not None or _as_table(got) != reference_cow_table(*case)) and _cow_writes_one_more(fn):
+            return wrong(next(m.hint for m in COW_MISTAKES if m.name == "one token too many"))
         if fb is not None:
             return fb
         if table_arg != list(table) or free_arg != list(free):
