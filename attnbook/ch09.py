@@ -21,7 +21,8 @@
 The checkers diagnose the usual mistakes: one matmul counted instead of two (or d, d^2 FLOPs per
 score), the exponentials' share or a ratio of times (capped at 1 or not) returned instead of the
 matmuls' share, a rate (per second) used where a time belongs; partial results averaged, weighted by
-their key counts, by upside-down weights or by log-weights without ``exp``, ``exp(lse)`` overflowing;
+their key counts, by a softmax over the queries or heads instead of the two parts, by upside-down weights
+or by log-weights without ``exp``, ``exp(lse)`` overflowing;
 an inverted ``visible`` mask (True where the key is hidden) and Python's ``and`` in it (a lambda runs
 in the PyTorch loop, since Triton cannot compile one); and a right answer returned in float16 or
 bfloat16, cast down from the inputs' dtype (:func:`attnbook.ch08.narrowed_dtype`), or computed in
@@ -464,6 +465,17 @@ def _merge_by_counts(oa: Tensor, la: Tensor, ob: Tensor, lb: Tensor, na: int, nb
     return (na * oa + nb * ob) / (na + nb)
 
 
+def _softmax_merge(oa: Tensor, la: Tensor, ob: Tensor, lb: Tensor, dim: int) -> Tensor:
+    """The merge with weights ``torch.softmax(torch.stack([lse_a, lse_b]), dim=dim)``: right for ``dim=0``, the
+    axis the stack added; ``dim=-1`` (the queries) and ``dim=1`` (the heads) are the slips. Over an axis of size
+    1 the slip gives the plain sum, named by its own mistake, so it is not computed there."""
+    stacked = torch.stack([la, lb])  # [2, H, S_q]
+    if stacked.shape[dim] == 1:
+        raise ValueError(f"a softmax over an axis of size 1 is the plain sum; dim {dim} of {tuple(stacked.shape)}")
+    w = torch.softmax(stacked, dim=dim)  # [2, H, S_q]
+    return w[0][..., None] * oa + w[1][..., None] * ob  # [H, S_q, D_v]
+
+
 _MERGE_MISTAKES = (
     Mistake("mean", lambda oa, la, ob, lb, na, nb: (oa + ob) / 2,
             "the two parts are not worth the same: weight each by its share of the softmax denominator, "
@@ -500,6 +512,12 @@ _MERGE_MISTAKES = (
             "you used lse_a and lse_b themselves as the weights, without exp: an lse is the log of a part's "
             "denominator, like a score before softmax. The weight of a part is its share of the total "
             "denominator, exp(lse_part - lse_total), where lse_total = torch.logaddexp(lse_a, lse_b)."),
+    Mistake("softmax over the queries", lambda oa, la, ob, lb, na, nb: _softmax_merge(oa, la, ob, lb, -1),
+            "your softmax runs over the queries, not over the two parts: each query's two weights must sum to 1. "
+            "Normalise across the axis that stack added."),
+    Mistake("softmax over the heads", lambda oa, la, ob, lb, na, nb: _softmax_merge(oa, la, ob, lb, 1),
+            "your softmax runs over the heads, not over the two parts: each query's two weights must sum to 1. "
+            "Normalise across the axis that stack added."),
     Mistake("weights by key counts", _merge_by_counts,
             "you weighted the parts by how many keys each has: what matters is how much of the softmax denominator "
             "each part holds, exp(lse_part - lse_total), which depends on the scores, not on the counts."),
@@ -617,11 +635,12 @@ def _merge_one(fn: Callable[..., Any], case: int) -> Feedback | None:
             if close(got_out, own, atol=1e-4, rtol=1e-4):
                 hint = wrong("your out follows from your lse, weight exp(lse_part - lse), so the error is in lse: the "
                              "merged lse is the log of the total denominator, log(exp(lse_a) + exp(lse_b)).")
-        return hint or wrong("the merged output differs from attention over all keys: "
-                             "out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b.")
+        return hint or wrong("the merged output differs from attention over all keys: each part is normalised over "
+                             "its own keys, so weight it by its share of the whole softmax denominator, and check "
+                             "that the two weights sum to 1 for every query.")
     if not close(got_lse, lse, atol=1e-4, rtol=1e-4):
-        return lse_hint or wrong("the output is right but lse is not: lse = log(exp(lse_a) + exp(lse_b)) = "
-                                 "torch.logaddexp(lse_a, lse_b).")
+        return lse_hint or wrong("the output is right but lse is not: the merged lse is the log of the whole "
+                                 "softmax denominator, and each part's denominator is exp of its lse.")
     return None
 
 
@@ -714,26 +733,26 @@ CAP_MISTAKES = (
             "that is the share of the time spent on exponentials. You get it when you return t_exp / (t_matmul + "
             "t_exp), and also when you put rates where the times belong: matmul_flops / (4 d) and exps_per_s are "
             "scores per second, and the share of the faster rate is the share of the shorter time, the other one. "
-            "A time per score is the work divided by the rate, t_matmul = 4 d / matmul_flops and t_exp = "
-            "1 / exps_per_s, and the cap is the tensor cores' share: t_matmul / (t_matmul + t_exp)."),
+            "A time per score is the work divided by the rate, and the cap is the share of the time that goes "
+            "to the matmuls."),
     Mistake("ratio of the times", _cap(share_of="ratio"),
-            "you divided the matmul time by the exponential time; the kernel spends both in turn, so divide by "
-            "their sum: t_matmul / (t_matmul + t_exp)."),
+            "you divided the matmul time by the exponential time; the kernel spends the two times one after the "
+            "other: what share of the total is the matmul time?"),
     Mistake("ratio capped at 1", _cap(share_of="capped ratio"),
             "you capped the ratio t_matmul / t_exp at 1: that treats the matmuls and the exponentials as if they ran "
-            "at the same time. A kernel that takes turns spends both, one after the other, so the tensor cores are "
-            "busy t_matmul / (t_matmul + t_exp) of the time, below 1 even when the exponentials are fast."),
+            "at the same time. A kernel that takes turns spends both, one after the other: what share of that "
+            "total is the matmul time? It stays below 1 even when the exponentials are fast."),
     Mistake("inverse ratio", _cap(share_of="inverse ratio"),
             "you divided the exponential time by the matmul time, t_exp / t_matmul: that is upside down, and "
-            "it is not a share either. The kernel spends both times in turn, so the tensor cores are busy "
-            "t_matmul / (t_matmul + t_exp) of the time."),
+            "it is not a share either. The kernel spends the two times one after the other: what share of the "
+            "total is the matmul time?"),
     *(Mistake(f"{n} d FLOPs per score", _cap(flops_per_score=n), f"you counted {n} d FLOPs per score ({why}): "
               "Q K^T and P V are each one dot product of length d per score, d multiply-adds = 2 d FLOPs, so "
               "4 d FLOPs in all.")
       for n, why in ((8, "a multiply-add counted as 2 FLOPs twice over"), (3, "2 d for Q K^T but d for P V"))),
     Mistake("the two rates swapped", lambda d, F, E: reference_serial_cap(d, E, F),
             "you swapped the two rates: the matmul FLOPs run at matmul_flops per second and the exponentials at "
-            "exps_per_s, so t_matmul = 4 d / matmul_flops and t_exp = 1 / exps_per_s."),
+            "exps_per_s. Check which rate divides which work."),
     Mistake("4 d exponentials per score", lambda d, F, E: (4 * d / F) / (4 * d / F + 4 * d / E),
             "you gave each score 4 d exponentials, as many as its matmul FLOPs: a score has ONE exponential, "
             "exp(score - m), whatever d is, so t_exp = 1 / exps_per_s per score."),
@@ -747,12 +766,10 @@ CAP_MISTAKES = (
     Mistake("a rate for the matmul time", lambda d, F, E: (F / (4 * d)) / (F / (4 * d) + 1 / E),
             "your fraction is 1 on every GPU, as if the exponentials took no time: your t_matmul is not a time. "
             "matmul_flops / (4 d) is a rate, scores per second (and 4 d * matmul_flops is neither). The time per "
-            "score is the work divided by the rate: t_matmul = 4 d / matmul_flops seconds, next to "
-            "t_exp = 1 / exps_per_s."),
+            "score is the work divided by the rate."),
     Mistake("a rate for the exponential time", lambda d, F, E: (4 * d / F) / (4 * d / F + E),
             "your fraction is almost 0 on every GPU: your t_exp is exps_per_s, a rate (exponentials per second), "
-            "not a time. One exponential takes 1 / exps_per_s seconds: t_exp = 1 / exps_per_s, next to "
-            "t_matmul = 4 d / matmul_flops."),
+            "not a time. How many seconds does one exponential take at exps_per_s exponentials per second?"),
     Mistake("a percentage", lambda d, F, E: 100 * reference_serial_cap(d, F, E),
             "return a fraction of 1 (0.5 for half the peak), not a percentage."),
 )
@@ -809,8 +826,9 @@ def check_serial_cap(fn: Callable[[int, float, float], float]) -> Feedback:
     if _rounded(tuple(answers), _cap_vector(reference_serial_cap)):
         return wrong("your fractions are the right ones rounded: return the value unrounded (no round(...)); "
                      "rounding is for printing, and the checker compares to six significant digits.")
-    return wrong("per score the forward pass does 4 d matmul FLOPs and one exponential: t_matmul = 4 d / matmul_flops, "
-                 "t_exp = 1 / exps_per_s, and the cap is t_matmul / (t_matmul + t_exp).")
+    return wrong("work out the time per score of each part, work divided by rate: how many matmul FLOPs and how "
+                 "many exponentials one score needs, each at its own rate. Then the cap is the share of the total "
+                 "time that goes to the matmuls.")
 
 
 # ---- exercise: a sliding window in the fused kernel -------------------------------------------------
@@ -1010,13 +1028,13 @@ _PRECEDENCE = (
 VISIBLE_MISTAKES = (
     Mistake("causal only", lambda r, c, w: c <= r,
             "that is the causal mask alone: the window also hides every key more than window - 1 positions "
-            "before the query, (rows - cols < window)."),
+            "before the query."),
     Mistake("window only", lambda r, c, w: r - c < w,
-            "your tile lets a query see keys after it: the window sits behind the query, so combine it with the "
-            "causal part (cols <= rows)."),
+            "your tile lets a query see keys after it: the window sits behind the query, so it needs a causal "
+            "condition beside it."),
     Mistake("one key too many", lambda r, c, w: (c <= r) & (r - c <= w),
             "each query sees window keys, itself and the window - 1 before it: rows - cols <= window lets it see one "
-            "more. Use rows - cols < window."),
+            "more."),
     Mistake("one key too few", lambda r, c, w: (c <= r) & (r - c < w - 1),
             "each query sees window keys, itself and the window - 1 before it: yours sees one fewer."),
     Mistake("rows and cols swapped", lambda r, c, w: (r <= c) & (c - r < w),
@@ -1025,7 +1043,7 @@ VISIBLE_MISTAKES = (
     Mistake("or for and", lambda r, c, w: (c <= r) | (r - c < w),
             "a key is visible when both conditions hold: combine them with &, not |."),
     Mistake("strictly causal", lambda r, c, w: (c < r) & (r - c < w),
-            "a query also sees itself (cols == rows): use cols <= rows."),
+            "a query also sees itself (cols == rows), and your causal part leaves it out."),
     Mistake("& before <=", lambda r, c, w: c <= (r & (r - c < w)),
             _PRECEDENCE),
     Mistake("inverted", lambda r, c, w: (c > r) | (r - c >= w),
@@ -1107,9 +1125,9 @@ def _with_first_key(problem: Feedback, first_key: Callable[[int, int], Any]) -> 
 def _visible_one(fn: Callable[..., Any], rows: Tensor, cols: Tensor, window: int) -> Feedback | None:
     got, fb = run_reader_code(fn, rows, cols, window)
     if fb is not None and "Boolean value of Tensor" in fb.message:
-        return wrong("Python's `and` (like `or`, `not` and `if`) asks for one True or False, and a tile of "
-                     "comparisons holds many: combine the two conditions with &, element by element, each in parentheses: "
-                     "(cols <= rows) & (rows - cols < window).")
+        return wrong("Python's `and` (like `or`, `not` and `if`) needs one True or False, and a tile of comparisons "
+                     "holds many: which operator combines two boolean tiles element by element? Put each comparison "
+                     "in its own parentheses before combining them.")
     if fb is not None:
         return fb
     expected = reference_visible(rows, cols, window)

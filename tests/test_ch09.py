@@ -363,7 +363,8 @@ def test_serial_cap_mistakes_get_their_own_hint() -> None:
         assert fb.status == "wrong" and fb.message.endswith(m.hint), (m.name, fb.message)
         hints.add(fb.message)
     assert len(hints) == len(CAP_MISTAKES)
-    assert "4 d" in check_serial_cap(lambda *a: 0.3).message
+    generic = check_serial_cap(lambda *a: 0.3).message
+    assert "time per score of each part, work divided by rate" in generic, generic
 
 
 def test_serial_cap_names_d_and_d_squared_flops_and_a_ratio_capped_at_1() -> None:
@@ -432,7 +433,7 @@ def _visible_with_or(rows, cols, window):
 def test_sliding_window_python_and_is_translated_into_a_hint(visible) -> None:
     fb = check_sliding_window(visible, reference_first_key)
     assert fb.status == "wrong"
-    assert "combine the two conditions with &" in fb.message and "Python's `and`" in fb.message, fb
+    assert "combines two boolean tiles element by element" in fb.message and "Python's `and`" in fb.message, fb
     assert "raised" not in fb.message
 
 
@@ -908,3 +909,52 @@ def test_lazy_rescale_diagram_counts_what_lazy_online_softmax_counts() -> None:
     alt = lazy_rescale_diagram().alt
     assert f"rescales {exact} times" in alt and f"the lazy one {lazy} times" in alt, alt
     assert LAZY_THRESHOLD == 8  # the threshold of the chapter's lazy_online_softmax cell
+
+
+# --- hints end at the diagnosis; the softmax over the wrong axis ----------------------------
+
+_ANSWERS = ("(cols <= rows) & (rows - cols < window)", "t_matmul / (t_matmul + t_exp)", "4 d / matmul_flops",
+            "t_exp = 1 / exps_per_s", "exp(lse_a - lse) * out_a", "= torch.logaddexp(lse_a, lse_b)")
+
+
+def test_hints_that_used_to_hand_over_the_answer_end_at_the_diagnosis() -> None:
+    from attnbook.ch09 import check_serial_cap, reference_serial_cap
+
+    fbs = [check_sliding_window(_visible_with_and, reference_first_key),
+           check_serial_cap(lambda d, F, E: (4 * d / F) / (1 / E)),  # the ratio of the times
+           check_serial_cap(lambda d, F, E: min(1, (4 * d / F) / (1 / E))),
+           check_serial_cap(lambda d, F, E: (1 / E) / (4 * d / F)),
+           check_serial_cap(lambda d, F, E: reference_serial_cap(d, E, F)),
+           check_serial_cap(lambda d, F, E: (4 * d / F) / (4 * d / F + E)),
+           check_serial_cap(lambda d, F, E: (F / (4 * d)) / (F / (4 * d) + 1 / E)),
+           check_serial_cap(lambda *a: 0.3),
+           check_merge_partials(lambda oa, la, ob, lb: (0.3 * oa + 0.7 * ob, torch.logaddexp(la, lb))),
+           check_merge_partials(lambda oa, la, ob, lb: (reference_merge_partials(oa, la, ob, lb)[0], la + 2 * lb))]
+    for fb in fbs:
+        assert fb.status == "wrong", fb
+        for answer in _ANSWERS:
+            assert answer not in fb.message, (answer, fb.message)
+    assert "what share of the total is the matmul time?" in fbs[1].message, fbs[1]
+    assert "work divided by rate" in fbs[7].message, fbs[7]
+    assert "share of the whole softmax denominator" in fbs[8].message, fbs[8]
+
+
+def test_merge_softmax_over_the_wrong_axis_is_named() -> None:
+    def queries(oa, la, ob, lb):
+        w = torch.softmax(torch.stack([la, lb]), dim=-1)
+        return w[0][..., None] * oa + w[1][..., None] * ob, torch.logaddexp(la, lb)
+
+    def heads(oa, la, ob, lb):
+        w = torch.softmax(torch.stack([la, lb]), dim=1)
+        return w[0][..., None] * oa + w[1][..., None] * ob, torch.logaddexp(la, lb)
+
+    def parts(oa, la, ob, lb):
+        w = torch.softmax(torch.stack([la, lb]), dim=0)
+        return w[0][..., None] * oa + w[1][..., None] * ob, torch.logaddexp(la, lb)
+
+    fb = check_merge_partials(queries)
+    assert fb.status == "wrong" and fb.message.startswith("your softmax runs over the queries"), fb
+    assert "the axis that stack added" in fb.message
+    fb = check_merge_partials(heads)
+    assert fb.status == "wrong" and fb.message.startswith("your softmax runs over the heads"), fb
+    assert check_merge_partials(parts).passed
