@@ -13,7 +13,9 @@
   and its exponentials in turn.
 * :func:`check_merge_partials`: Flash-Decoding's merge of two partial results through their logsumexps.
 * :func:`execution_hierarchy_diagram`: a kernel's grid of thread blocks, warps and threads on the SMs;
-  :func:`window_tile_kinds` and :func:`window_block_mask_diagram`: the tiles a sliding window computes or skips.
+  :func:`window_tile_kinds` and :func:`window_block_mask_diagram`: the tiles a sliding window computes or skips;
+  :func:`split_k_split_q_diagram`: how FlashAttention-1 and -2 split a tile between warps;
+  :func:`sdpa_backends_diagram`: the order in which SDPA (torch 2.13, CUDA) tries its backends, and what each refuses.
 * :func:`check_sliding_window`: a sliding window added to a fused kernel (the mask inside a tile and
   the first key block a query block visits), run in Triton where it is installed, else in the same
   tiled loop in PyTorch (:func:`windowed_tiled_attention`).
@@ -259,21 +261,22 @@ def flash_v1_io(N: int, d: int, M: int | None = None, *, block_k: int | None = N
 def loop_order_figure() -> Any:
     """Two panels: the order in which FlashAttention-1 and FlashAttention-2 visit a 4 x 4 grid of tiles.
 
-    Each tile is numbered by the step that computes it; the orange tiles are the first four steps,
-    during which one block stays in on-chip SRAM, and the text under each grid says what stays
-    and what moves through HBM. Returns the matplotlib ``Figure``.
+    Each tile is numbered by the step that computes it: FlashAttention-1 walks the grid column by column,
+    1 to 16; FlashAttention-2 runs the rows in parallel, one thread block each, so each row is numbered 1
+    to 4. The orange tiles are what one block keeps in on-chip SRAM during its first four steps, and the
+    text under each grid says what stays and what moves through HBM. Returns the matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
     n = 4
     # one grid above the other: each keeps 12 pt text legible in a phone's column
-    fig, axes = plt.subplots(2, 1, figsize=(4.6, 9.8))
+    fig, axes = plt.subplots(2, 1, figsize=(4.6, 10.4))
     orders = (
         ("FlashAttention-1: key blocks outside", lambda i, j: j * n + i, lambda i, j: j == 0,
-         "steps 1-4: K1, V1 stay in SRAM\nevery step: read Q_i, and read and\nwrite back O_i, l_i, m_i in HBM"),
-        ("FlashAttention-2: query blocks outside", lambda i, j: i * n + j, lambda i, j: i == 0,
-         "steps 1-4: Q1, its acc, l and m stay\nin SRAM; every step: read K_j, V_j;\nO1 written once, after step 4"),
+         "orange, steps 1-4: K1, V1 stay in SRAM;\nevery step: read Q_i, and read and\nwrite back O_i, l_i, m_i in HBM"),
+        ("FlashAttention-2: query blocks outside,\nrows run in parallel", lambda i, j: j, lambda i, j: i == 0,
+         "orange: Q1, its acc, l and m stay in\nSRAM; every step: read K_j, V_j;\nO1 written once, after step 4"),
     )
     for ax, (title, step, first, text) in zip(axes, orders):
         for i in range(n):
@@ -289,8 +292,8 @@ def loop_order_figure() -> Any:
         ax.set_ylabel("query blocks", fontsize=12)
         ax.tick_params(length=0)
         ax.text(0.0, -0.16, text, ha="left", va="top", fontsize=12, transform=ax.transAxes)
-    fig.suptitle("Tiles numbered in the order computed\n(orange: steps 1-4)", fontsize=12)
-    fig.subplots_adjust(left=0.16, right=0.97, top=0.9, bottom=0.1, hspace=0.62)
+    fig.suptitle("Tiles numbered in the order computed", fontsize=12)
+    fig.subplots_adjust(left=0.16, right=0.97, top=0.91, bottom=0.12, hspace=0.7)
     return fig
 
 
@@ -1704,4 +1707,119 @@ def lazy_rescale_diagram() -> Diagram:
     d.line(20, ly + 16, 36, ly + 16, color="orange", width=3)
     d.text(40, ly + 20, "m, kept stale; band up to m + \u03c4", size=12, anchor="start")
     d.text(190, ly + 44, f"exact online softmax: {exact} rescales; lazy: {len(moves)}", size=13, weight="bold")
+    return d
+
+
+# ---- diagram: split-K against split-Q inside one thread block (section 9.3) -------------------------
+
+#: Warps per thread block in section 9.3's comparison of split-K (FlashAttention-1) and split-Q (FlashAttention-2).
+SPLIT_WARPS = 4
+
+
+@diagram
+def split_k_split_q_diagram() -> Diagram:
+    """How one thread block splits its tile (a query block against a key/value block) between its warps:
+    split-K (FlashAttention-1), where the warps own column slices of K and V and must add their partial
+    outputs through shared memory, against split-Q (FlashAttention-2), where they own row slices of Q."""
+    n = SPLIT_WARPS
+    colours = ("sky", "orange", "green", "purple")[:n]
+    warps = [f"W{k + 1}" for k in range(n)]
+    d = Diagram(
+        "ch09_split_k_split_q", 380, 568, title="Split-K against split-Q",
+        alt=(f"One thread block's tile, queries (rows) against keys and values (columns), split between its {n} "
+             f"warps W1 to W{n} in two ways. Above, split-K (FlashAttention-1): each warp takes its own slice of the "
+             "key/value columns against all the query rows and holds a partial output for every row; the warps add "
+             "these up through shared memory, waiting for each other. Below, split-Q (FlashAttention-2): each warp "
+             "takes its own slice of the query rows against the whole key/value block and writes its own output "
+             "rows, with no exchange."))
+    d.text(190, 26, f"One tile, {n} warps: two ways to split it", size=16, weight="bold")
+    d.text(190, 46, "rows: the block's queries; columns: its keys and values", size=12, color=MUTED)
+    x0, w, h = 40, 160, 112
+
+    # split-K: column slices
+    d.text(20, 80, "split-K (FlashAttention-1)", size=14, anchor="start", weight="bold")
+    y0 = 94
+    for k in range(n):
+        d.rect(x0 + k * w / n, y0, w / n, h, fill=colours[k], tint=True, stroke=INK, rx=0, width=1)
+        d.text(x0 + (k + 0.5) * w / n, y0 + h / 2 + 5, warps[k], size=13)
+    for k, line in enumerate(("each warp: its own", "K/V columns, all", "the Q rows: a partial", "output for every row")):
+        d.text(214, y0 + 22 + 22 * k, line, size=12, anchor="start")
+    d.arrow(x0 + w / 2, y0 + h + 4, x0 + w / 2, y0 + h + 34)
+    d.box(20, y0 + h + 38, 340, 54, f"shared memory: add the {n} partials", sub="the warps wait for each other",
+          color="vermillion", size=14)
+
+    # split-Q: row slices
+    d.text(20, 334, "split-Q (FlashAttention-2)", size=14, anchor="start", weight="bold")
+    y1 = 348
+    for k in range(n):
+        d.rect(x0, y1 + k * h / n, w, h / n, fill=colours[k], tint=True, stroke=INK, rx=0, width=1)
+        d.text(x0 + w / 2, y1 + (k + 0.5) * h / n + 5, warps[k], size=13)
+    for k, line in enumerate(("each warp: its own", "Q rows, the whole", "K/V block")):
+        d.text(214, y1 + 22 + 22 * k, line, size=12, anchor="start")
+    d.arrow(x0 + w / 2, y1 + h + 4, x0 + w / 2, y1 + h + 34)
+    d.box(20, y1 + h + 38, 340, 54, "each warp writes its own output rows", sub="no exchange, no waiting",
+          color="green", size=14)
+    return d
+
+
+# ---- diagram: how SDPA picks a backend (section 9.9) ------------------------------------------------
+
+#: The torch version whose SDPA rules section 9.9 states, and those rules on CUDA: the default order of the
+#: backends, what the flash backend needs (compute capabilities, the widest head), and the cuDNN version
+#: that must be exceeded for cuDNN to move to the front (:func:`cudnn_first`).
+SDPA_TORCH = "2.13"
+SDPA_ORDER = ("flash", "memory-efficient", "math", "cuDNN")
+FLASH_CAPABILITIES = ((8, 0), (12, 1))
+FLASH_MAX_HEAD = 256
+CUDNN_FRONT_AFTER = 91500
+
+
+@diagram
+def sdpa_backends_diagram() -> Diagram:
+    """How ``F.scaled_dot_product_attention`` picks a backend on CUDA in torch 2.13: the backends in their
+    default order of priority, what each refuses or takes, and when cuDNN moves to the front."""
+    lo, hi = FLASH_CAPABILITIES
+    cc = f"{lo[0]}.{lo[1]}\u2013{hi[0]}.{hi[1]}"
+    major, minor = divmod(CUDNN_FRONT_AFTER // 100, 100)
+    cudnn = f"{major}.{minor}.{CUDNN_FRONT_AFTER % 100}"
+    order = ", ".join(SDPA_ORDER)
+    d = Diagram(
+        "ch09_sdpa_backends", 380, 610, title=f"How SDPA picks a backend (CUDA, torch {SDPA_TORCH})",
+        alt=(f"How SDPA picks a backend on a CUDA GPU in torch {SDPA_TORCH}: it tries them in order, by default "
+             f"{order}, and the first that accepts the call runs. Flash refuses a dtype other than float16 and "
+             f"bfloat16, an explicit attn_mask, is_causal with S_q \u2260 S_k, head widths that differ or exceed "
+             f"{FLASH_MAX_HEAD}, and compute capability outside {cc}. Memory-efficient also takes masks and float32. "
+             f"Math materialises the weights. cuDNN moves to the front on compute capability 9.x or 10.x (CUDA 12 "
+             f"builds: 9.0, 10.0, 10.3) with a cuDNN newer than {cudnn}, unless TORCH_CUDNN_SDPA_DEPRIORITIZED=1."))
+    d.text(190, 26, "How SDPA picks a backend", size=16, weight="bold")
+    d.text(190, 46, f"on a CUDA GPU, torch {SDPA_TORCH}", size=13, color=MUTED)
+    d.box(20, 60, 340, 40, "F.scaled_dot_product_attention(...)", color="grey", size=14)
+    d.text(190, 122, "tries in this order; the first that accepts runs", size=12, color=MUTED)
+
+    def stage(y: float, height: float, head: str, lines: tuple[str, ...], colour: str) -> None:
+        d.rect(20, y, 340, height, fill=colour, tint=True, stroke=colour, width=2)
+        d.text(32, y + 22, head, size=14, anchor="start", weight="bold")
+        for k, line in enumerate(lines):
+            d.text(32, y + 42 + 18 * k, line, size=12, anchor="start")
+
+    def refused(y: float) -> None:
+        d.arrow(190, y, 190, y + 24)
+        d.text(200, y + 17, "if refused", size=12, anchor="start", color=MUTED)
+
+    y = 132
+    stage(y, 136, f"1. {SDPA_ORDER[0]} (FlashAttention-2 kernels)",
+          ("refuses: a dtype other than float16/bfloat16;", "an explicit attn_mask (only is_causal);",
+           "is_causal with S_q \u2260 S_k;", f"head widths that differ or exceed {FLASH_MAX_HEAD};",
+           f"compute capability outside {cc}"), "blue")
+    refused(y + 136)
+    y += 164
+    stage(y, 62, f"2. {SDPA_ORDER[1]}", ("also takes masks and float32",), "sky")
+    refused(y + 62)
+    y += 90
+    stage(y, 62, f"3. {SDPA_ORDER[2]}", ("the reference; materialises the weights",), "green")
+    refused(y + 62)
+    y += 90
+    stage(y, 118, f"4. {SDPA_ORDER[3]}, moved to the front when:",
+          ("compute capability 9.x or 10.x (CUDA 12", "builds: 9.0, 10.0, 10.3 only), and", f"cuDNN newer than {cudnn}, and",
+           "TORCH_CUDNN_SDPA_DEPRIORITIZED is not 1"), "orange")
     return d
