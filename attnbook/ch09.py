@@ -13,7 +13,9 @@
   and its exponentials in turn.
 * :func:`check_merge_partials`: Flash-Decoding's merge of two partial results through their logsumexps.
 * :func:`execution_hierarchy_diagram`: a kernel's grid of thread blocks, warps and threads on the SMs;
-  :func:`window_tile_kinds` and :func:`window_block_mask_diagram`: the tiles a sliding window computes or skips.
+  :func:`window_tile_kinds` and :func:`window_block_mask_diagram`: the tiles a sliding window computes or skips;
+  :func:`split_k_split_q_diagram`: how FlashAttention-1 and -2 split a tile between warps;
+  :func:`sdpa_backends_diagram`: the order in which SDPA (torch 2.13, CUDA) tries its backends, and what each refuses.
 * :func:`check_sliding_window`: a sliding window added to a fused kernel (the mask inside a tile and
   the first key block a query block visits), run in Triton where it is installed, else in the same
   tiled loop in PyTorch (:func:`windowed_tiled_attention`).
@@ -21,7 +23,8 @@
 The checkers diagnose the usual mistakes: one matmul counted instead of two (or d, d^2 FLOPs per
 score), the exponentials' share or a ratio of times (capped at 1 or not) returned instead of the
 matmuls' share, a rate (per second) used where a time belongs; partial results averaged, weighted by
-their key counts, by upside-down weights or by log-weights without ``exp``, ``exp(lse)`` overflowing;
+their key counts, by a softmax over the queries or heads instead of the two parts, by upside-down weights
+or by log-weights without ``exp``, ``exp(lse)`` overflowing;
 an inverted ``visible`` mask (True where the key is hidden) and Python's ``and`` in it (a lambda runs
 in the PyTorch loop, since Triton cannot compile one); and a right answer returned in float16 or
 bfloat16, cast down from the inputs' dtype (:func:`attnbook.ch08.narrowed_dtype`), or computed in
@@ -258,21 +261,22 @@ def flash_v1_io(N: int, d: int, M: int | None = None, *, block_k: int | None = N
 def loop_order_figure() -> Any:
     """Two panels: the order in which FlashAttention-1 and FlashAttention-2 visit a 4 x 4 grid of tiles.
 
-    Each tile is numbered by the step that computes it; the orange tiles are the first four steps,
-    during which one block stays in on-chip SRAM, and the text under each grid says what stays
-    and what moves through HBM. Returns the matplotlib ``Figure``.
+    Each tile is numbered by the step that computes it: FlashAttention-1 walks the grid column by column,
+    1 to 16; FlashAttention-2 runs the rows in parallel, one thread block each, so each row is numbered 1
+    to 4. The orange tiles are what one block keeps in on-chip SRAM during its first four steps, and the
+    text under each grid says what stays and what moves through HBM. Returns the matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
     n = 4
     # one grid above the other: each keeps 12 pt text legible in a phone's column
-    fig, axes = plt.subplots(2, 1, figsize=(4.6, 9.8))
+    fig, axes = plt.subplots(2, 1, figsize=(4.6, 10.4))
     orders = (
         ("FlashAttention-1: key blocks outside", lambda i, j: j * n + i, lambda i, j: j == 0,
-         "steps 1-4: K1, V1 stay in SRAM\nevery step: read Q_i, and read and\nwrite back O_i, l_i, m_i in HBM"),
-        ("FlashAttention-2: query blocks outside", lambda i, j: i * n + j, lambda i, j: i == 0,
-         "steps 1-4: Q1, its acc, l and m stay\nin SRAM; every step: read K_j, V_j;\nO1 written once, after step 4"),
+         "orange, steps 1-4: K1, V1 stay in SRAM;\nevery step: read Q_i, and read and\nwrite back O_i, l_i, m_i in HBM"),
+        ("FlashAttention-2: query blocks outside,\nrows run in parallel", lambda i, j: j, lambda i, j: i == 0,
+         "orange: Q1, its acc, l and m stay in\nSRAM; every step: read K_j, V_j;\nO1 written once, after step 4"),
     )
     for ax, (title, step, first, text) in zip(axes, orders):
         for i in range(n):
@@ -288,8 +292,8 @@ def loop_order_figure() -> Any:
         ax.set_ylabel("query blocks", fontsize=12)
         ax.tick_params(length=0)
         ax.text(0.0, -0.16, text, ha="left", va="top", fontsize=12, transform=ax.transAxes)
-    fig.suptitle("Tiles numbered in the order computed\n(orange: steps 1-4)", fontsize=12)
-    fig.subplots_adjust(left=0.16, right=0.97, top=0.9, bottom=0.1, hspace=0.62)
+    fig.suptitle("Tiles numbered in the order computed", fontsize=12)
+    fig.subplots_adjust(left=0.16, right=0.97, top=0.91, bottom=0.12, hspace=0.7)
     return fig
 
 
@@ -464,6 +468,17 @@ def _merge_by_counts(oa: Tensor, la: Tensor, ob: Tensor, lb: Tensor, na: int, nb
     return (na * oa + nb * ob) / (na + nb)
 
 
+def _softmax_merge(oa: Tensor, la: Tensor, ob: Tensor, lb: Tensor, dim: int) -> Tensor:
+    """The merge with weights ``torch.softmax(torch.stack([lse_a, lse_b]), dim=dim)``: right for ``dim=0``, the
+    axis the stack added; ``dim=-1`` (the queries) and ``dim=1`` (the heads) are the slips. Over an axis of size
+    1 the slip gives the plain sum, named by its own mistake, so it is not computed there."""
+    stacked = torch.stack([la, lb])  # [2, H, S_q]
+    if stacked.shape[dim] == 1:
+        raise ValueError(f"a softmax over an axis of size 1 is the plain sum; dim {dim} of {tuple(stacked.shape)}")
+    w = torch.softmax(stacked, dim=dim)  # [2, H, S_q]
+    return w[0][..., None] * oa + w[1][..., None] * ob  # [H, S_q, D_v]
+
+
 _MERGE_MISTAKES = (
     Mistake("mean", lambda oa, la, ob, lb, na, nb: (oa + ob) / 2,
             "the two parts are not worth the same: weight each by its share of the softmax denominator, "
@@ -500,6 +515,12 @@ _MERGE_MISTAKES = (
             "you used lse_a and lse_b themselves as the weights, without exp: an lse is the log of a part's "
             "denominator, like a score before softmax. The weight of a part is its share of the total "
             "denominator, exp(lse_part - lse_total), where lse_total = torch.logaddexp(lse_a, lse_b)."),
+    Mistake("softmax over the queries", lambda oa, la, ob, lb, na, nb: _softmax_merge(oa, la, ob, lb, -1),
+            "your softmax runs over the queries, not over the two parts: each query's two weights must sum to 1. "
+            "Normalise across the axis that stack added."),
+    Mistake("softmax over the heads", lambda oa, la, ob, lb, na, nb: _softmax_merge(oa, la, ob, lb, 1),
+            "your softmax runs over the heads, not over the two parts: each query's two weights must sum to 1. "
+            "Normalise across the axis that stack added."),
     Mistake("weights by key counts", _merge_by_counts,
             "you weighted the parts by how many keys each has: what matters is how much of the softmax denominator "
             "each part holds, exp(lse_part - lse_total), which depends on the scores, not on the counts."),
@@ -617,11 +638,12 @@ def _merge_one(fn: Callable[..., Any], case: int) -> Feedback | None:
             if close(got_out, own, atol=1e-4, rtol=1e-4):
                 hint = wrong("your out follows from your lse, weight exp(lse_part - lse), so the error is in lse: the "
                              "merged lse is the log of the total denominator, log(exp(lse_a) + exp(lse_b)).")
-        return hint or wrong("the merged output differs from attention over all keys: "
-                             "out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b.")
+        return hint or wrong("the merged output differs from attention over all keys: each part is normalised over "
+                             "its own keys, so weight it by its share of the whole softmax denominator, and check "
+                             "that the two weights sum to 1 for every query.")
     if not close(got_lse, lse, atol=1e-4, rtol=1e-4):
-        return lse_hint or wrong("the output is right but lse is not: lse = log(exp(lse_a) + exp(lse_b)) = "
-                                 "torch.logaddexp(lse_a, lse_b).")
+        return lse_hint or wrong("the output is right but lse is not: the merged lse is the log of the whole "
+                                 "softmax denominator, and each part's denominator is exp of its lse.")
     return None
 
 
@@ -714,26 +736,26 @@ CAP_MISTAKES = (
             "that is the share of the time spent on exponentials. You get it when you return t_exp / (t_matmul + "
             "t_exp), and also when you put rates where the times belong: matmul_flops / (4 d) and exps_per_s are "
             "scores per second, and the share of the faster rate is the share of the shorter time, the other one. "
-            "A time per score is the work divided by the rate, t_matmul = 4 d / matmul_flops and t_exp = "
-            "1 / exps_per_s, and the cap is the tensor cores' share: t_matmul / (t_matmul + t_exp)."),
+            "A time per score is the work divided by the rate, and the cap is the share of the time that goes "
+            "to the matmuls."),
     Mistake("ratio of the times", _cap(share_of="ratio"),
-            "you divided the matmul time by the exponential time; the kernel spends both in turn, so divide by "
-            "their sum: t_matmul / (t_matmul + t_exp)."),
+            "you divided the matmul time by the exponential time; the kernel spends the two times one after the "
+            "other: what share of the total is the matmul time?"),
     Mistake("ratio capped at 1", _cap(share_of="capped ratio"),
             "you capped the ratio t_matmul / t_exp at 1: that treats the matmuls and the exponentials as if they ran "
-            "at the same time. A kernel that takes turns spends both, one after the other, so the tensor cores are "
-            "busy t_matmul / (t_matmul + t_exp) of the time, below 1 even when the exponentials are fast."),
+            "at the same time. A kernel that takes turns spends both, one after the other: what share of that "
+            "total is the matmul time? It stays below 1 even when the exponentials are fast."),
     Mistake("inverse ratio", _cap(share_of="inverse ratio"),
             "you divided the exponential time by the matmul time, t_exp / t_matmul: that is upside down, and "
-            "it is not a share either. The kernel spends both times in turn, so the tensor cores are busy "
-            "t_matmul / (t_matmul + t_exp) of the time."),
+            "it is not a share either. The kernel spends the two times one after the other: what share of the "
+            "total is the matmul time?"),
     *(Mistake(f"{n} d FLOPs per score", _cap(flops_per_score=n), f"you counted {n} d FLOPs per score ({why}): "
               "Q K^T and P V are each one dot product of length d per score, d multiply-adds = 2 d FLOPs, so "
               "4 d FLOPs in all.")
       for n, why in ((8, "a multiply-add counted as 2 FLOPs twice over"), (3, "2 d for Q K^T but d for P V"))),
     Mistake("the two rates swapped", lambda d, F, E: reference_serial_cap(d, E, F),
             "you swapped the two rates: the matmul FLOPs run at matmul_flops per second and the exponentials at "
-            "exps_per_s, so t_matmul = 4 d / matmul_flops and t_exp = 1 / exps_per_s."),
+            "exps_per_s. Check which rate divides which work."),
     Mistake("4 d exponentials per score", lambda d, F, E: (4 * d / F) / (4 * d / F + 4 * d / E),
             "you gave each score 4 d exponentials, as many as its matmul FLOPs: a score has ONE exponential, "
             "exp(score - m), whatever d is, so t_exp = 1 / exps_per_s per score."),
@@ -747,12 +769,10 @@ CAP_MISTAKES = (
     Mistake("a rate for the matmul time", lambda d, F, E: (F / (4 * d)) / (F / (4 * d) + 1 / E),
             "your fraction is 1 on every GPU, as if the exponentials took no time: your t_matmul is not a time. "
             "matmul_flops / (4 d) is a rate, scores per second (and 4 d * matmul_flops is neither). The time per "
-            "score is the work divided by the rate: t_matmul = 4 d / matmul_flops seconds, next to "
-            "t_exp = 1 / exps_per_s."),
+            "score is the work divided by the rate."),
     Mistake("a rate for the exponential time", lambda d, F, E: (4 * d / F) / (4 * d / F + E),
             "your fraction is almost 0 on every GPU: your t_exp is exps_per_s, a rate (exponentials per second), "
-            "not a time. One exponential takes 1 / exps_per_s seconds: t_exp = 1 / exps_per_s, next to "
-            "t_matmul = 4 d / matmul_flops."),
+            "not a time. How many seconds does one exponential take at exps_per_s exponentials per second?"),
     Mistake("a percentage", lambda d, F, E: 100 * reference_serial_cap(d, F, E),
             "return a fraction of 1 (0.5 for half the peak), not a percentage."),
 )
@@ -809,8 +829,9 @@ def check_serial_cap(fn: Callable[[int, float, float], float]) -> Feedback:
     if _rounded(tuple(answers), _cap_vector(reference_serial_cap)):
         return wrong("your fractions are the right ones rounded: return the value unrounded (no round(...)); "
                      "rounding is for printing, and the checker compares to six significant digits.")
-    return wrong("per score the forward pass does 4 d matmul FLOPs and one exponential: t_matmul = 4 d / matmul_flops, "
-                 "t_exp = 1 / exps_per_s, and the cap is t_matmul / (t_matmul + t_exp).")
+    return wrong("work out the time per score of each part, work divided by rate: how many matmul FLOPs and how "
+                 "many exponentials one score needs, each at its own rate. Then the cap is the share of the total "
+                 "time that goes to the matmuls.")
 
 
 # ---- exercise: a sliding window in the fused kernel -------------------------------------------------
@@ -1010,13 +1031,13 @@ _PRECEDENCE = (
 VISIBLE_MISTAKES = (
     Mistake("causal only", lambda r, c, w: c <= r,
             "that is the causal mask alone: the window also hides every key more than window - 1 positions "
-            "before the query, (rows - cols < window)."),
+            "before the query."),
     Mistake("window only", lambda r, c, w: r - c < w,
-            "your tile lets a query see keys after it: the window sits behind the query, so combine it with the "
-            "causal part (cols <= rows)."),
+            "your tile lets a query see keys after it: the window sits behind the query, so it needs a causal "
+            "condition beside it."),
     Mistake("one key too many", lambda r, c, w: (c <= r) & (r - c <= w),
             "each query sees window keys, itself and the window - 1 before it: rows - cols <= window lets it see one "
-            "more. Use rows - cols < window."),
+            "more."),
     Mistake("one key too few", lambda r, c, w: (c <= r) & (r - c < w - 1),
             "each query sees window keys, itself and the window - 1 before it: yours sees one fewer."),
     Mistake("rows and cols swapped", lambda r, c, w: (r <= c) & (c - r < w),
@@ -1025,7 +1046,7 @@ VISIBLE_MISTAKES = (
     Mistake("or for and", lambda r, c, w: (c <= r) | (r - c < w),
             "a key is visible when both conditions hold: combine them with &, not |."),
     Mistake("strictly causal", lambda r, c, w: (c < r) & (r - c < w),
-            "a query also sees itself (cols == rows): use cols <= rows."),
+            "a query also sees itself (cols == rows), and your causal part leaves it out."),
     Mistake("& before <=", lambda r, c, w: c <= (r & (r - c < w)),
             _PRECEDENCE),
     Mistake("inverted", lambda r, c, w: (c > r) | (r - c >= w),
@@ -1107,9 +1128,9 @@ def _with_first_key(problem: Feedback, first_key: Callable[[int, int], Any]) -> 
 def _visible_one(fn: Callable[..., Any], rows: Tensor, cols: Tensor, window: int) -> Feedback | None:
     got, fb = run_reader_code(fn, rows, cols, window)
     if fb is not None and "Boolean value of Tensor" in fb.message:
-        return wrong("Python's `and` (like `or`, `not` and `if`) asks for one True or False, and a tile of "
-                     "comparisons holds many: combine the two conditions with &, element by element, each in parentheses: "
-                     "(cols <= rows) & (rows - cols < window).")
+        return wrong("Python's `and` (like `or`, `not` and `if`) needs one True or False, and a tile of comparisons "
+                     "holds many: which operator combines two boolean tiles element by element? Put each comparison "
+                     "in its own parentheses before combining them.")
     if fb is not None:
         return fb
     expected = reference_visible(rows, cols, window)
@@ -1686,4 +1707,119 @@ def lazy_rescale_diagram() -> Diagram:
     d.line(20, ly + 16, 36, ly + 16, color="orange", width=3)
     d.text(40, ly + 20, "m, kept stale; band up to m + \u03c4", size=12, anchor="start")
     d.text(190, ly + 44, f"exact online softmax: {exact} rescales; lazy: {len(moves)}", size=13, weight="bold")
+    return d
+
+
+# ---- diagram: split-K against split-Q inside one thread block (section 9.3) -------------------------
+
+#: Warps per thread block in section 9.3's comparison of split-K (FlashAttention-1) and split-Q (FlashAttention-2).
+SPLIT_WARPS = 4
+
+
+@diagram
+def split_k_split_q_diagram() -> Diagram:
+    """How one thread block splits its tile (a query block against a key/value block) between its warps:
+    split-K (FlashAttention-1), where the warps own column slices of K and V and must add their partial
+    outputs through shared memory, against split-Q (FlashAttention-2), where they own row slices of Q."""
+    n = SPLIT_WARPS
+    colours = ("sky", "orange", "green", "purple")[:n]
+    warps = [f"W{k + 1}" for k in range(n)]
+    d = Diagram(
+        "ch09_split_k_split_q", 380, 568, title="Split-K against split-Q",
+        alt=(f"One thread block's tile, queries (rows) against keys and values (columns), split between its {n} "
+             f"warps W1 to W{n} in two ways. Above, split-K (FlashAttention-1): each warp takes its own slice of the "
+             "key/value columns against all the query rows and holds a partial output for every row; the warps add "
+             "these up through shared memory, waiting for each other. Below, split-Q (FlashAttention-2): each warp "
+             "takes its own slice of the query rows against the whole key/value block and writes its own output "
+             "rows, with no exchange."))
+    d.text(190, 26, f"One tile, {n} warps: two ways to split it", size=16, weight="bold")
+    d.text(190, 46, "rows: the block's queries; columns: its keys and values", size=12, color=MUTED)
+    x0, w, h = 40, 160, 112
+
+    # split-K: column slices
+    d.text(20, 80, "split-K (FlashAttention-1)", size=14, anchor="start", weight="bold")
+    y0 = 94
+    for k in range(n):
+        d.rect(x0 + k * w / n, y0, w / n, h, fill=colours[k], tint=True, stroke=INK, rx=0, width=1)
+        d.text(x0 + (k + 0.5) * w / n, y0 + h / 2 + 5, warps[k], size=13)
+    for k, line in enumerate(("each warp: its own", "K/V columns, all", "the Q rows: a partial", "output for every row")):
+        d.text(214, y0 + 22 + 22 * k, line, size=12, anchor="start")
+    d.arrow(x0 + w / 2, y0 + h + 4, x0 + w / 2, y0 + h + 34)
+    d.box(20, y0 + h + 38, 340, 54, f"shared memory: add the {n} partials", sub="the warps wait for each other",
+          color="vermillion", size=14)
+
+    # split-Q: row slices
+    d.text(20, 334, "split-Q (FlashAttention-2)", size=14, anchor="start", weight="bold")
+    y1 = 348
+    for k in range(n):
+        d.rect(x0, y1 + k * h / n, w, h / n, fill=colours[k], tint=True, stroke=INK, rx=0, width=1)
+        d.text(x0 + w / 2, y1 + (k + 0.5) * h / n + 5, warps[k], size=13)
+    for k, line in enumerate(("each warp: its own", "Q rows, the whole", "K/V block")):
+        d.text(214, y1 + 22 + 22 * k, line, size=12, anchor="start")
+    d.arrow(x0 + w / 2, y1 + h + 4, x0 + w / 2, y1 + h + 34)
+    d.box(20, y1 + h + 38, 340, 54, "each warp writes its own output rows", sub="no exchange, no waiting",
+          color="green", size=14)
+    return d
+
+
+# ---- diagram: how SDPA picks a backend (section 9.9) ------------------------------------------------
+
+#: The torch version whose SDPA rules section 9.9 states, and those rules on CUDA: the default order of the
+#: backends, what the flash backend needs (compute capabilities, the widest head), and the cuDNN version
+#: that must be exceeded for cuDNN to move to the front (:func:`cudnn_first`).
+SDPA_TORCH = "2.13"
+SDPA_ORDER = ("flash", "memory-efficient", "math", "cuDNN")
+FLASH_CAPABILITIES = ((8, 0), (12, 1))
+FLASH_MAX_HEAD = 256
+CUDNN_FRONT_AFTER = 91500
+
+
+@diagram
+def sdpa_backends_diagram() -> Diagram:
+    """How ``F.scaled_dot_product_attention`` picks a backend on CUDA in torch 2.13: the backends in their
+    default order of priority, what each refuses or takes, and when cuDNN moves to the front."""
+    lo, hi = FLASH_CAPABILITIES
+    cc = f"{lo[0]}.{lo[1]}\u2013{hi[0]}.{hi[1]}"
+    major, minor = divmod(CUDNN_FRONT_AFTER // 100, 100)
+    cudnn = f"{major}.{minor}.{CUDNN_FRONT_AFTER % 100}"
+    order = ", ".join(SDPA_ORDER)
+    d = Diagram(
+        "ch09_sdpa_backends", 380, 610, title=f"How SDPA picks a backend (CUDA, torch {SDPA_TORCH})",
+        alt=(f"How SDPA picks a backend on a CUDA GPU in torch {SDPA_TORCH}: it tries them in order, by default "
+             f"{order}, and the first that accepts the call runs. Flash refuses a dtype other than float16 and "
+             f"bfloat16, an explicit attn_mask, is_causal with S_q \u2260 S_k, head widths that differ or exceed "
+             f"{FLASH_MAX_HEAD}, and compute capability outside {cc}. Memory-efficient also takes masks and float32. "
+             f"Math materialises the weights. cuDNN moves to the front on compute capability 9.x or 10.x (CUDA 12 "
+             f"builds: 9.0, 10.0, 10.3) with a cuDNN newer than {cudnn}, unless TORCH_CUDNN_SDPA_DEPRIORITIZED=1."))
+    d.text(190, 26, "How SDPA picks a backend", size=16, weight="bold")
+    d.text(190, 46, f"on a CUDA GPU, torch {SDPA_TORCH}", size=13, color=MUTED)
+    d.box(20, 60, 340, 40, "F.scaled_dot_product_attention(...)", color="grey", size=14)
+    d.text(190, 122, "tries in this order; the first that accepts runs", size=12, color=MUTED)
+
+    def stage(y: float, height: float, head: str, lines: tuple[str, ...], colour: str) -> None:
+        d.rect(20, y, 340, height, fill=colour, tint=True, stroke=colour, width=2)
+        d.text(32, y + 22, head, size=14, anchor="start", weight="bold")
+        for k, line in enumerate(lines):
+            d.text(32, y + 42 + 18 * k, line, size=12, anchor="start")
+
+    def refused(y: float) -> None:
+        d.arrow(190, y, 190, y + 24)
+        d.text(200, y + 17, "if refused", size=12, anchor="start", color=MUTED)
+
+    y = 132
+    stage(y, 136, f"1. {SDPA_ORDER[0]} (FlashAttention-2 kernels)",
+          ("refuses: a dtype other than float16/bfloat16;", "an explicit attn_mask (only is_causal);",
+           "is_causal with S_q \u2260 S_k;", f"head widths that differ or exceed {FLASH_MAX_HEAD};",
+           f"compute capability outside {cc}"), "blue")
+    refused(y + 136)
+    y += 164
+    stage(y, 62, f"2. {SDPA_ORDER[1]}", ("also takes masks and float32",), "sky")
+    refused(y + 62)
+    y += 90
+    stage(y, 62, f"3. {SDPA_ORDER[2]}", ("the reference; materialises the weights",), "green")
+    refused(y + 62)
+    y += 90
+    stage(y, 118, f"4. {SDPA_ORDER[3]}, moved to the front when:",
+          ("compute capability 9.x or 10.x (CUDA 12", "builds: 9.0, 10.0, 10.3 only), and", f"cuDNN newer than {cudnn}, and",
+           "TORCH_CUDNN_SDPA_DEPRIORITIZED is not 1"), "orange")
     return d

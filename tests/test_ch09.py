@@ -79,10 +79,12 @@ def test_loop_order_figure_shows_both_orders() -> None:
 
     fig = loop_order_figure()
     titles = [ax.get_title() for ax in fig.axes]
-    assert titles == ["FlashAttention-1: key blocks outside", "FlashAttention-2: query blocks outside"]
-    # FA-1 numbers down the columns, FA-2 along the rows: tile (row 0, column 1) is step 5 and step 2
+    assert titles == ["FlashAttention-1: key blocks outside",
+                      "FlashAttention-2: query blocks outside,\nrows run in parallel"]
+    # FA-1 numbers down the columns, 1 to 16; FA-2 runs its rows in parallel and numbers each row 1 to 4
     steps = [[t.get_text() for t in ax.texts][:16] for ax in fig.axes]
-    assert steps[0][1] == "5" and steps[1][1] == "2"
+    assert steps[0] == [str(j * 4 + i + 1) for i in range(4) for j in range(4)]
+    assert steps[1] == [str(j + 1) for i in range(4) for j in range(4)]
     plt.close(fig)
 
 
@@ -363,7 +365,8 @@ def test_serial_cap_mistakes_get_their_own_hint() -> None:
         assert fb.status == "wrong" and fb.message.endswith(m.hint), (m.name, fb.message)
         hints.add(fb.message)
     assert len(hints) == len(CAP_MISTAKES)
-    assert "4 d" in check_serial_cap(lambda *a: 0.3).message
+    generic = check_serial_cap(lambda *a: 0.3).message
+    assert "time per score of each part, work divided by rate" in generic, generic
 
 
 def test_serial_cap_names_d_and_d_squared_flops_and_a_ratio_capped_at_1() -> None:
@@ -432,7 +435,7 @@ def _visible_with_or(rows, cols, window):
 def test_sliding_window_python_and_is_translated_into_a_hint(visible) -> None:
     fb = check_sliding_window(visible, reference_first_key)
     assert fb.status == "wrong"
-    assert "combine the two conditions with &" in fb.message and "Python's `and`" in fb.message, fb
+    assert "combines two boolean tiles element by element" in fb.message and "Python's `and`" in fb.message, fb
     assert "raised" not in fb.message
 
 
@@ -908,3 +911,102 @@ def test_lazy_rescale_diagram_counts_what_lazy_online_softmax_counts() -> None:
     alt = lazy_rescale_diagram().alt
     assert f"rescales {exact} times" in alt and f"the lazy one {lazy} times" in alt, alt
     assert LAZY_THRESHOLD == 8  # the threshold of the chapter's lazy_online_softmax cell
+
+
+# --- hints end at the diagnosis; the softmax over the wrong axis; the new diagrams -------------
+
+_ANSWERS = ("(cols <= rows) & (rows - cols < window)", "t_matmul / (t_matmul + t_exp)", "4 d / matmul_flops",
+            "t_exp = 1 / exps_per_s", "exp(lse_a - lse) * out_a", "= torch.logaddexp(lse_a, lse_b)")
+
+
+def test_hints_that_used_to_hand_over_the_answer_end_at_the_diagnosis() -> None:
+    from attnbook.ch09 import check_serial_cap, reference_serial_cap
+
+    fbs = [check_sliding_window(_visible_with_and, reference_first_key),
+           check_serial_cap(lambda d, F, E: (4 * d / F) / (1 / E)),  # the ratio of the times
+           check_serial_cap(lambda d, F, E: min(1, (4 * d / F) / (1 / E))),
+           check_serial_cap(lambda d, F, E: (1 / E) / (4 * d / F)),
+           check_serial_cap(lambda d, F, E: reference_serial_cap(d, E, F)),
+           check_serial_cap(lambda d, F, E: (4 * d / F) / (4 * d / F + E)),
+           check_serial_cap(lambda d, F, E: (F / (4 * d)) / (F / (4 * d) + 1 / E)),
+           check_serial_cap(lambda *a: 0.3),
+           check_merge_partials(lambda oa, la, ob, lb: (0.3 * oa + 0.7 * ob, torch.logaddexp(la, lb))),
+           check_merge_partials(lambda oa, la, ob, lb: (reference_merge_partials(oa, la, ob, lb)[0], la + 2 * lb))]
+    for fb in fbs:
+        assert fb.status == "wrong", fb
+        for answer in _ANSWERS:
+            assert answer not in fb.message, (answer, fb.message)
+    assert "what share of the total is the matmul time?" in fbs[1].message, fbs[1]
+    assert "work divided by rate" in fbs[7].message, fbs[7]
+    assert "share of the whole softmax denominator" in fbs[8].message, fbs[8]
+
+
+def test_merge_softmax_over_the_wrong_axis_is_named() -> None:
+    def queries(oa, la, ob, lb):
+        w = torch.softmax(torch.stack([la, lb]), dim=-1)
+        return w[0][..., None] * oa + w[1][..., None] * ob, torch.logaddexp(la, lb)
+
+    def heads(oa, la, ob, lb):
+        w = torch.softmax(torch.stack([la, lb]), dim=1)
+        return w[0][..., None] * oa + w[1][..., None] * ob, torch.logaddexp(la, lb)
+
+    def parts(oa, la, ob, lb):
+        w = torch.softmax(torch.stack([la, lb]), dim=0)
+        return w[0][..., None] * oa + w[1][..., None] * ob, torch.logaddexp(la, lb)
+
+    fb = check_merge_partials(queries)
+    assert fb.status == "wrong" and fb.message.startswith("your softmax runs over the queries"), fb
+    assert "the axis that stack added" in fb.message
+    fb = check_merge_partials(heads)
+    assert fb.status == "wrong" and fb.message.startswith("your softmax runs over the heads"), fb
+    assert check_merge_partials(parts).passed
+
+
+def _chapter_text() -> str:
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "book" / "09_flash_attention_on_gpus.ipynb").read_text())
+    return " ".join(" ".join("".join(c["source"]).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+def test_split_diagram_draws_what_section_9_3_says() -> None:
+    from attnbook.ch09 import SPLIT_WARPS, split_k_split_q_diagram
+
+    text = _chapter_text()
+    assert SPLIT_WARPS == 4 and "split the key/value block between its four warps" in text
+    assert "write partial results to shared memory, synchronise and add them up" in text
+    assert "gives each warp its own query rows against the whole key/value block" in text
+    d = split_k_split_q_diagram()
+    svg = d.svg()
+    assert all(f">W{k + 1}<" in svg for k in range(SPLIT_WARPS)) and ">W5<" not in svg
+    assert "split-K (FlashAttention-1)" in svg and "split-Q (FlashAttention-2)" in svg
+    assert "its own slice of the key/value columns" in d.alt and "through shared memory" in d.alt
+    assert "its own slice of the query rows against the whole key/value block" in d.alt
+
+
+def test_sdpa_diagram_states_the_rules_the_chapter_states_and_torch_follows() -> None:
+    from attnbook.ch09 import (CUDNN_FRONT_AFTER, FLASH_CAPABILITIES, FLASH_MAX_HEAD, SDPA_ORDER, SDPA_TORCH,
+                               cudnn_first, sdpa_backends_diagram)
+    from torch.nn.attention import SDPBackend
+
+    text = _chapter_text()
+    d = sdpa_backends_diagram()
+    (lo, hi) = FLASH_CAPABILITIES
+    assert f"in torch {SDPA_TORCH}" in text
+    assert f"compute capability {lo[0]}.{lo[1]} to {hi[0]}.{hi[1]} in torch {SDPA_TORCH}" in text
+    assert f"at most {FLASH_MAX_HEAD}" in text and f"`[sm{lo[0]}{lo[1]}, sm{hi[0]}{hi[1]}]`" in text
+    assert f"The default order is {', '.join(SDPA_ORDER[:-1])}, {SDPA_ORDER[-1]}." in text
+    assert f"`torch.backends.cudnn.version() > {CUDNN_FRONT_AFTER}`" in text and "newer than 9.15.0" in text
+    assert "newer than 9.15.0" in d.alt and f"by default {', '.join(SDPA_ORDER)}" in d.alt
+    assert f"outside {lo[0]}.{lo[1]}\u2013{hi[0]}.{hi[1]}" in d.alt and f"exceed {FLASH_MAX_HEAD}" in d.alt
+    # the cuDNN rule the diagram draws is the one cudnn_first encodes
+    assert cudnn_first((9, 0), CUDNN_FRONT_AFTER + 1, "13.0", {}) and not cudnn_first((9, 0), CUDNN_FRONT_AFTER, "13.0", {})
+    assert not cudnn_first((9, 0), CUDNN_FRONT_AFTER + 1, "13.0", {"TORCH_CUDNN_SDPA_DEPRIORITIZED": "1"})
+    # and the order is torch's own where the named version runs
+    if torch.__version__.startswith(SDPA_TORCH + "."):
+        names = {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "memory-efficient", "MATH": "math",
+                 "CUDNN_ATTENTION": "cuDNN"}
+        order = [names[SDPBackend(i).name] for i in torch._C._get_sdp_priority_order() if SDPBackend(i).name in names]
+        if not torch.cuda.is_available():
+            assert tuple(order) == SDPA_ORDER, order
