@@ -241,15 +241,21 @@ def not_finite(got: Any, *, name: str = "your result") -> Feedback | None:
     return None
 
 
-def lost_precision(got: Any, expected: Tensor, *, name: str = "your result") -> Feedback | None:
+def lost_precision(got: Any, expected: Tensor, *, name: str = "your result",
+                   input_name: str = "the input") -> Feedback | None:
     """The hint for a result in a narrower dtype than the inputs: float16/bfloat16 (when it is right to
-    that precision) or float32 from float64 inputs (always: a cast inside the function loses digits)."""
+    that precision) or float32 from float64 inputs (always: a cast inside the function loses digits, and so does
+    a buffer made without ``dtype=``). ``input_name`` is the argument the hint tells the reader to take the dtype
+    from (``queries``)."""
     half = low_precision(got, expected, name=name)
     if half is not None:
         return half
     if isinstance(got, Tensor) and got.dtype == torch.float32 and expected.dtype == torch.float64:
-        return wrong(f"{name} is torch.float32 but the inputs are torch.float64: keep the inputs' dtype "
-                     "(no .float() or .to(torch.float32) inside the function).")
+        source = f"{input_name}.dtype" if input_name.isidentifier() else f"{input_name}'s dtype"
+        return wrong(f"{name} is torch.float32 but the inputs are torch.float64: keep the inputs' dtype. A .float() "
+                     "or .to(torch.float32) narrows it, and so does a tensor made without dtype=: torch.zeros(...), "
+                     "torch.empty(...) and torch.tensor(...) are float32 by default, so a buffer your loop fills, or "
+                     f"a tensor built from Python numbers, holds only 7 digits; pass dtype={source}.")
     return None
 
 
@@ -339,7 +345,7 @@ def _lookup_one(fn: Callable[..., Any], inputs: tuple[Tensor, Tensor, Tensor],
     if not isinstance(result, Tensor):
         return wrong(f"return a torch.Tensor of shape [M, D_v], got {describe(result)}.")
     expected = _lookup(*inputs)
-    lost = lost_precision(result, expected)
+    lost = lost_precision(result, expected, input_name="queries")
     if lost is not None:
         return lost
     if inputs[0].dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused even where it fits ATOL
@@ -407,8 +413,10 @@ def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Feedbac
 # ---------------------------------------------------------------- shapes of single-head attention
 
 SHAPE_KEYS: tuple[str, ...] = ("q", "k", "v", "scores", "weights", "context", "output")
-#: The configurations the shape checker tries, ``(B, S, D, D_k, D_v)``: every size differs.
-SHAPE_CONFIGS: tuple[tuple[int, int, int, int, int], ...] = ((2, 5, 12, 4, 3), (3, 7, 10, 6, 2))
+#: The configurations the shape checker tries, ``(B, S, D, D_k, D_v)``: every size differs, from the other
+#: configuration's too, and no size is another's +-1, so that a slip by one (a token left out of its own row,
+#: ``S - 1``) cannot land on another size's shape.
+SHAPE_CONFIGS: tuple[tuple[int, int, int, int, int], ...] = ((3, 7, 12, 5, 9), (4, 9, 14, 6, 12))
 
 
 def reference_shapes(B: int, S: int, D: int, D_k: int, D_v: int) -> dict[str, tuple[int, ...]]:
@@ -427,7 +435,7 @@ def _with(**changes: str) -> Callable[..., dict[str, tuple[int, ...]]]:
     """A wrong answer: the reference shapes with some steps replaced, written with axis names."""
 
     def shapes(B: int, S: int, D: int, D_k: int, D_v: int) -> dict[str, tuple[int, ...]]:
-        env = {"B": B, "S": S, "D": D, "D_k": D_k, "D_v": D_v, "1": 1}
+        env = {"B": B, "S": S, "D": D, "D_k": D_k, "D_v": D_v, "1": 1, "S-1": S - 1}
         out = reference_shapes(B, S, D, D_k, D_v)
         out.update({step: tuple(env[a] for a in axes.split()) for step, axes in changes.items()})
         return out
@@ -499,6 +507,9 @@ SHAPE_MISTAKES: tuple[Mistake, ...] = (
             "says it maps D to."),
     Mistake("scores with a head axis", _with(scores="B 1 S S", weights="B 1 S S"),
             _ONE_HEAD),
+    Mistake("scores leave out the token itself", _with(scores="B S S-1", weights="B S S-1"),
+            "'{step}' has one column fewer than the sequence has tokens, as if a token did not attend to itself: "
+            "every query is compared with every key, its own included."),
     Mistake("scores like q", _with(scores="B S D_k", weights="B S D_k"),
             "'{step}' has the shape of 'q', but it holds one score for every pair of a query and a key: every "
             "query is compared with every key, so count the queries and the keys of one sequence."),

@@ -323,8 +323,9 @@ def _diagnose(result: object, x_q: Tensor, x_kv: Tensor, w_q: Tensor, w_k: Tenso
     expected_out, expected_w = reference_attention(*args)
     from .ch01 import lost_precision, not_finite, rounded_like_half, unfilled_rows
 
+    input_name = "x" if x_q is x_kv else "x_q"  # the self-attention checker passes x as both
     for name, t, ref in (("output", output, expected_out), ("weights", weights, expected_w)):
-        lost = lost_precision(t, ref, name=f"your {name}")
+        lost = lost_precision(t, ref, name=f"your {name}", input_name=input_name)
         if lost is not None:
             return lost
     if x_q.dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused even where it fits ATOL
@@ -471,11 +472,36 @@ _KEY_NAME = re.compile(r"\b(k|keys|key|K)\w*\b")
 _VALUES_TRANSPOSED = re.compile(r"\b(v|values|value|V)\w*\s*\.\s*(T\b|mT\b|transpose\b|permute\b)")
 
 
-def _score_product(line: str) -> bool:
-    """True for a line that multiplies the queries with the keys (it names both, and a product): where a transpose of
-    the wrong axes raises. A line that mixes the values or projects x is not one."""
+_ASSIGNED = re.compile(r"^\s*[\w\s,.\[\]:-]*?(?<![=!<>])(?:[-+*/@%]|//)?=(?!=)")
+_WEIGHT_NAME = r"\bw_?[qkvQKV]\w*"
+_PROJECTION_SLIP = re.compile(
+    _WEIGHT_NAME + r"\s*\.\s*(T\b|mT\b|t\s*\(|transpose\b|permute\b)"  # w_q.T: nn.Linear's layout
+    + r"|" + _WEIGHT_NAME + r"\s*(\.\s*T\s*)?@"  # w_q @ x: the weight first
+    + r"|\b(torch\s*\.\s*)?matmul\s*\(\s*" + _WEIGHT_NAME  # torch.matmul(w_q, x)
+)
+
+
+def _right_side(line: str) -> str:
+    """The code of a source line without its comment and, for an assignment, without its targets (``q, k, v =``)."""
     code = line.split("#")[0]
-    return bool(_PRODUCT.search(code) and _QUERY_NAME.search(code) and _KEY_NAME.search(code))
+    target = _ASSIGNED.match(code)
+    return code[target.end():] if target else code
+
+
+def _score_product(line: str) -> bool:
+    """True for a line that multiplies the queries with the keys (its right-hand side names both, and a product): where
+    a transpose of the wrong axes raises. A line that mixes the values or projects x is not one, whatever it assigns to
+    (``q, k, v = x @ w_q.T, ...`` names q and k only as targets)."""
+    code = _right_side(line)
+    names_both = _QUERY_NAME.search(code) and _KEY_NAME.search(code)
+    projects_both = re.search(r"\bw_?[qQ]\w*", code) and re.search(r"\bw_?[kK]\w*", code)  # (x @ w_q) @ (x @ w_k).T
+    return bool(_PRODUCT.search(code) and (names_both or projects_both))
+
+
+def _projection_slip(line: str) -> bool:
+    """True for a line that projects x with a weight transposed (``x @ w_q.T``, the nn.Linear habit) or put first
+    (``w_q @ x``)."""
+    return bool(_PROJECTION_SLIP.search(_right_side(line)))
 
 
 def _failing_line(fn: Callable[..., object], args: tuple[Tensor, ...]) -> str | None:
@@ -511,6 +537,15 @@ def _source(fn: Callable[..., object]) -> str:
         return ""
 
 
+_DTYPE_ADVICE = (" (It raised on the checker's float64 case: a tensor made without dtype=, such as a buffer from "
+                 "torch.zeros(...) or torch.empty(...), is float32 by default, and a product of float32 with float64 "
+                 "raises. Make every tensor in the inputs' dtype: pass dtype=x.dtype.)")
+
+_PROJECTION_ADVICE = (" (The line that raised, `{line}`, projects x. The exercise's w_q and w_k are the book's [D, D_k] "
+                      "matrices and w_v is [D, D_v], not nn.Linear's .weight, which is stored as [D_k, D]: they need no "
+                      "transpose, and x, [B, S, D], comes first in the product, so that its last axis, D, meets their "
+                      "first.)")
+
 _SHAPES_ADVICE = (" (The line that raised is `{line}`. With x of shape [B, S, D]: q = x @ w_q and k are [B, S, D_k], "
                   "v = x @ w_v is [B, S, D_v] (x comes first: x @ w), the weights are [B, S, S] and the output [B, S, D_v]; "
                   "write the shape of each tensor on that line next to it.)")
@@ -533,8 +568,16 @@ def check_self_attention(fn: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Te
             line = _failing_line(fn, (t["x_batch"], t["w_q"], t["w_k"], t["w_v"]))
             if line is not None and _VALUES_TRANSPOSED.search(line.split("#")[0]) and _PRODUCT.search(line):
                 return wrong(feedback.message + _VALUES_ADVICE)
+            if re.search(r"same dtype|Float did not match Double|Double did not match Float|expected scalar type "
+                         r"(Float|Double)", feedback.message):  # raised on the float64 case only
+                return wrong(feedback.message + _DTYPE_ADVICE)
+            if line is not None and _projection_slip(line):
+                return wrong(feedback.message + _PROJECTION_ADVICE.format(line=line.strip()))
             sizes = {int(n) for n in re.findall(r"\b\d+\b", feedback.message)}
-            if line is None or _score_product(line) or D_K in sizes:  # D_k = 5 only as a wrong score product's axis
+            projects_x = line is not None and re.search(_WEIGHT_NAME, _right_side(line)) is not None
+            projects_x = projects_x and not _score_product(line)
+            # D_k = 5 only as a wrong score product's axis (a line that projects x with w_q, w_k, w_v is not one)
+            if line is None or _score_product(line) or (D_K in sizes and not projects_x):
                 return wrong(feedback.message + _TRANSPOSE_ADVICE)
             if "zeros_like(x" in line or ("expanded size" in feedback.message and "zeros_like(x" in _source(fn)):
                 return wrong(feedback.message + _ZEROS_LIKE_ADVICE)

@@ -111,7 +111,8 @@ def test_shapes_name_each_mistake_of_its_table(mistake) -> None:
 def test_shapes_unknown_mistake_does_not_give_the_shape_away() -> None:
     other = lambda *a: {**reference_shapes(*a), "output": (1, 2, 3)}  # noqa: E731
     message = check_attention_shapes(other).message
-    assert "which is not its shape" in message and "(2, 5, 12)" not in message  # the answer is not given away
+    right_output = str(reference_shapes(*SHAPE_CONFIGS[0])["output"])
+    assert "which is not its shape" in message and right_output not in message  # the answer is not given away
 
 
 # ---------------------------------------------------------------- reach
@@ -283,7 +284,7 @@ def _shapes_with(**changes):
         (_shapes_with(weights="B 1 S S"), "'weights' has an axis of size 1 for the heads: this exercise has a single head"),
         (_shapes_with(weights="S S"), "'weights' has lost the batch axis: each sequence"),
         (_shapes_with(q="B S D_v", k="B S D_v", v="B S D_k", context="B S D_k"), "you swapped D_k and D_v"),
-        (_shapes_with(k="B S D_v"), "'k' has the values' width D_v = 3"),
+        (_shapes_with(k="B S D_v"), "'k' has the values' width D_v = 9"),
         (_shapes_with(v="B D_v S"), "nothing in attention transposes V"),
         (_shapes_with(q="S D_k", k="S D_k", v="S D_v"), "'q' has lost the batch axis"),
         (_shapes_with(v="S D_v"), "'v' has lost the batch axis"),
@@ -548,3 +549,38 @@ def test_unfilled_rows_words_each_loop_that_stopped_early() -> None:
     batch = torch.ones(2, 3, 3)
     batch[1, 2] = 0
     assert unfilled_rows(batch).message.startswith("row 2 of sequence 1 was never filled")
+
+
+def test_shape_configurations_keep_every_size_apart() -> None:
+    """No size equals another or is another's +-1, in a configuration, so that S - 1 cannot pass for D_k; and the two
+    configurations differ in every size."""
+    for config in SHAPE_CONFIGS:
+        for i, a in enumerate(config):
+            for b in config[i + 1:]:
+                assert abs(a - b) > 1, config
+    assert all(a != b for a, b in zip(*SHAPE_CONFIGS))
+
+
+def test_shapes_name_scores_that_leave_out_the_token_itself() -> None:
+    def no_self(B, S, D, D_k, D_v):
+        return {**reference_shapes(B, S, D, D_k, D_v), "scores": (B, S, S - 1), "weights": (B, S, S - 1)}
+
+    fb = check_attention_shapes(no_self)
+    assert fb.status == "wrong" and "its own included" in fb.message, fb
+    assert "has the shape of 'q'" not in fb.message, fb
+
+
+@pytest.mark.parametrize("kind", ["zeros buffer", "torch.tensor of lists"])
+def test_soft_lookup_names_a_float32_tensor_made_without_dtype(kind: str) -> None:
+    """A float32 result from float64 inputs that the reader did not cast names the default dtype of a new tensor."""
+    def zeros_buffer(queries, keys, values):
+        out = torch.zeros(queries.shape[0], values.shape[1])
+        for i in range(queries.shape[0]):
+            out[i] = torch.softmax(keys @ queries[i], dim=-1) @ values
+        return out
+
+    def from_lists(queries, keys, values):
+        return torch.tensor([(torch.softmax(keys @ q, dim=-1) @ values).tolist() for q in queries])
+
+    fb = check_soft_lookup(zeros_buffer if kind == "zeros buffer" else from_lists)
+    assert fb.status == "wrong" and "made without dtype=" in fb.message and "dtype=queries.dtype" in fb.message, fb

@@ -538,7 +538,7 @@ def _projection_reversed(x, w_q, w_k, w_v):
 @pytest.mark.parametrize("fn, hint", [
     (_zeros_like_x, "Your buffer torch.zeros_like(x) has x's shape"),
     (_values_transposed, "The error is in the product with the values, which you transposed"),
-    (_projection_reversed, "The line that raised is `v = w_v @ x`"),
+    (_projection_reversed, "The line that raised, `v = w_v @ x`, projects x"),
 ])
 def test_errors_outside_the_score_product_are_not_blamed_on_it(fn, hint: str) -> None:
     fb = check_self_attention(fn)
@@ -554,3 +554,73 @@ def test_cross_attention_names_the_two_sequences_swapped() -> None:
 
     fb = check_cross_attention(swapped)
     assert fb.status == "wrong" and "you swapped the two sequences" in fb.message, fb
+
+
+def _projected_like_linear_on_one_line(x, w_q, w_k, w_v):  # the nn.Linear habit: x @ weight.T
+    q, k, v = x @ w_q.T, x @ w_k.T, x @ w_v.T
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1]), dim=-1)
+    return weights @ v, weights
+
+
+def _weight_first(x, w_q, w_k, w_v):
+    q = w_q @ x
+    k = w_k @ x
+    v = w_v @ x
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1]), dim=-1)
+    return weights @ v, weights
+
+
+def _weight_transposed_first(x, w_q, w_k, w_v):
+    q, k, v = w_q.T @ x, w_k.T @ x, w_v.T @ x
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1]), dim=-1)
+    return weights @ v, weights
+
+
+def _inline_score_product_transposed(x, w_q, w_k, w_v):
+    weights = torch.softmax((x @ w_q) @ (x @ w_k).T / math.sqrt(w_k.shape[-1]), dim=-1)
+    return weights @ (x @ w_v), weights
+
+
+@pytest.mark.parametrize("fn, line", [
+    (_projected_like_linear_on_one_line, "q, k, v = x @ w_q.T, x @ w_k.T, x @ w_v.T"),
+    (_weight_first, "q = w_q @ x"),
+    (_weight_transposed_first, "q, k, v = w_q.T @ x, w_k.T @ x, w_v.T @ x"),
+])
+def test_a_projection_slip_is_named_not_blamed_on_the_score_product(fn, line: str) -> None:
+    """q, k on the left of a projection line, or D_k = 5 in the error text, do not make it a score product."""
+    fb = check_self_attention(fn)
+    assert fb.status == "wrong" and f"The line that raised, `{line}`, projects x" in fb.message, fb
+    assert "[D, D_k]" in fb.message and "nn.Linear" in fb.message, fb
+    assert "score product" not in fb.message and "last two axes of k" not in fb.message, fb
+    assert "x @ w_q" not in fb.message.replace(line, ""), fb  # the hint does not write the answer line
+
+
+def test_a_transposed_score_product_written_inline_still_gets_the_transpose_advice() -> None:
+    fb = check_self_attention(_inline_score_product_transposed)
+    assert fb.status == "wrong" and "The error is in the score product" in fb.message, fb
+
+
+def test_a_float32_buffer_names_the_missing_dtype() -> None:
+    """A loop that fills torch.zeros(...) (float32 by default) on float64 input is told about dtype=, not .float()."""
+    def buffer_without_dtype(x, w_q, w_k, w_v):
+        q, k, v = x @ w_q, x @ w_k, x @ w_v
+        weights = torch.zeros(x.shape[0], x.shape[1], x.shape[1])
+        output = torch.zeros(x.shape[0], x.shape[1], v.shape[-1])
+        for b in range(x.shape[0]):
+            w = torch.softmax(q[b] @ k[b].T / math.sqrt(k.shape[-1]), dim=-1)
+            weights[b] = w
+            output[b] = w @ v[b]
+        return output, weights
+
+    def mixed_with_the_buffer(x, w_q, w_k, w_v):  # the float32 buffer meets float64 values: PyTorch raises
+        q, k, v = x @ w_q, x @ w_k, x @ w_v
+        weights = torch.zeros(x.shape[0], x.shape[1], x.shape[1])
+        for b in range(x.shape[0]):
+            weights[b] = torch.softmax(q[b] @ k[b].T / math.sqrt(k.shape[-1]), dim=-1)
+        return weights @ v, weights
+
+    fb = check_self_attention(buffer_without_dtype)
+    assert fb.status == "wrong" and "torch.zeros(...)" in fb.message and "dtype=x.dtype" in fb.message, fb
+    fb = check_self_attention(mixed_with_the_buffer)
+    assert fb.status == "wrong" and "float64 case" in fb.message and "dtype=x.dtype" in fb.message, fb
+    assert "score product" not in fb.message, fb
