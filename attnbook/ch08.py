@@ -409,6 +409,12 @@ _NEW_TILE_RESCALED = (
     "acc_new = acc * exp(m_old - m_new) + exp(s - m_new) @ v."
 )
 
+_RESCALE_WITHOUT_EXP = (
+    "your rescale factor has no exponential: m_old - m_new is a difference of exponents, not a factor. On the first "
+    "tile it is -inf, and l * (-inf) = 0 * (-inf) is NaN. What was summed against m_old is converted to m_new by "
+    "multiplying it by exp(m_old - m_new), which is 0 on the first tile and at most 1 after it."
+)
+
 _INVERTED_RESCALE = (
     "your rescale factor is upside down: exp(m_new - m_old) grows (and is inf on the first tile, where m_old = -inf). "
     "What was summed against m_old shrinks when the maximum rises: multiply it by exp(m_old - m_new), at most 1."
@@ -515,14 +521,16 @@ def _first_tile_hint(result: tuple[Tensor, Tensor, Tensor], ref: tuple[Tensor, T
     return None
 
 
-def _inverted_rescale(fn: Callable[..., Any], state: tuple[Tensor, Tensor, Tensor], s2: Tensor, v2: Tensor) -> bool:
-    """Whether ``fn``, started from the right state after the first tile, rescales by exp(m_new - m_old)."""
+def _rescales_by(fn: Callable[..., Any], state: tuple[Tensor, Tensor, Tensor], s2: Tensor, v2: Tensor,
+                 factor: Callable[[Tensor, Tensor], Tensor]) -> bool:
+    """Whether ``fn``, started from the right state after the first tile, rescales ``l`` by
+    ``factor(m_old, m_new)`` (a wrong factor: the first tile alone gave NaN, so the second one shows which)."""
     result, fb = run_reader_code(fn, *(t.clone() for t in state), s2.clone(), v2.clone())
     if fb is not None or _triple(result) is not None:
         return False
     m_old, l_old, _ = state
     m_new = torch.maximum(m_old, s2.amax(-1, keepdim=True))
-    return close(result[1], l_old * torch.exp(m_new - m_old) + torch.exp(s2 - m_new).sum(-1, keepdim=True))
+    return close(result[1], l_old * factor(m_old, m_new) + torch.exp(s2 - m_new).sum(-1, keepdim=True))
 
 
 _SCALAR_IDIOMS = (
@@ -656,11 +664,13 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
                 "new maximum first and exponentiate against it: exp(s - m_new), and rescale by exp(m_old - m_new)."
             )
         if torch.isnan(got).any():
-            if _inverted_rescale(fn, ref1, s[:, split:], v[split:]):
+            if _rescales_by(fn, ref1, s[:, split:], v[split:], lambda old, new: torch.exp(new - old)):
                 return wrong(_INVERTED_RESCALE)
+            if _rescales_by(fn, ref1, s[:, split:], v[split:], lambda old, new: old - new):
+                return wrong(_RESCALE_WITHOUT_EXP)
             return wrong(
                 f"{name} contains NaN on the first tile, where m = -inf: compute the new maximum first and "
-                "exponentiate against m_new (exp(m - m_new) = exp(-inf) = 0 is fine; -inf - (-inf) is not)."
+                "exponentiate against m_new (exp(m - m_new) = exp(-inf) = 0 is fine; -inf - (-inf) and 0 * (-inf) are not)."
             )
     m1, l1, acc1 = result
     rounded = _rounded_inside(result, ref1)

@@ -901,3 +901,16 @@ def test_probe3_online_update_softmax_in_the_tile_is_still_told_it_normalised() 
 def test_probe3_tile_weights_averaged_lse_is_named(fn) -> None:
     fb = check_tile_weights(fn)
     assert fb.status == "wrong" and "lse.mean()" in fb.message and "its own logsumexp" in fb.message, fb.message
+
+
+def test_online_update_rescale_without_exp_is_named() -> None:
+    """m_old - m_new used as the factor: NaN on the first tile comes from 0 * (-inf), and the hint says so."""
+
+    def no_exp(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p, alpha = torch.exp(s - m_new), m - m_new
+        return m_new, l * alpha + p.sum(-1, keepdim=True), acc * alpha + p @ v
+
+    fb = check_online_softmax_update(no_exp)
+    assert fb.status == "wrong" and "no exponential" in fb.message and "0 * (-inf)" in fb.message
+
