@@ -111,6 +111,27 @@ def steady_median_ms(fns: dict[str, Callable[[], Any]], *, repeats: int, warmup:
         torch.set_num_threads(threads)
 
 
+def tensor_peaks_one_thread(fns: dict[str, Callable[[], Any]]) -> dict[str, int]:
+    """:func:`attnbook.measure.peak_tensor_bytes` of each callable, counted with PyTorch on one thread.
+
+    The count records the operations of the thread that calls it. On a CPU with several threads,
+    ``attnlib.flash_attention`` without gradients hands each thread a share of the heads, and the
+    tiles those threads make would not be counted; on one thread every tensor is, and the count is
+    the same on every machine. The thread setting is restored afterwards.
+
+    >>> tensor_peaks_one_thread({"double": lambda: torch.ones(256) * 2})  # two 1 KiB tensors
+    {'double': 2048}
+    """
+    from .measure import peak_tensor_bytes
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {name: peak_tensor_bytes(fn) for name, fn in fns.items()}
+    finally:
+        torch.set_num_threads(threads)
+
+
 def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.device | str = "cpu"
                                ) -> tuple[float, dict[str, list[float]], list[int]]:
     """Time the four projections of a ``MultiHeadSelfAttention(D, H)`` and three attention cores at
@@ -121,8 +142,9 @@ def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.d
     and ``"SDPA core"`` the median seconds at each size; and the most bytes of tensors the readable
     core holds at once at each size (:func:`attnbook.measure.peak_tensor_bytes`, exact on every device). The callables of one size
     take turns (:func:`steady_median_ms`: medians of interleaved repeats, 7 up to S = 512 and 3
-    above). The last line compares the growth from the fourth size to the last (S = 512 to 2048
-    in the chapter).
+    above). The second-last line compares the growth from the fourth size to the last (S = 512 to
+    2048 in the chapter); the last divides each time at the largest size by its FLOP line, the FLOPs
+    divided by the matmul speed.
     """
     import torch.nn.functional as F
 
@@ -162,6 +184,10 @@ def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.d
         print(f"growth from S = {sizes[3]} to {sizes[-1]}: projections "
               f"~{times['projections'][-1] / times['projections'][3]:.1f}x (FLOPs {sizes[-1] // sizes[3]}x), attnlib "
               f"core ~{times['attnlib core'][-1] / times['attnlib core'][3]:.1f}x (FLOPs {(sizes[-1] // sizes[3]) ** 2}x)")
+    S, flops = sizes[-1], {"projections": 8 * sizes[-1] * D**2, "core": 4 * sizes[-1] ** 2 * D}
+    print(f"at S = {S}, measured time / FLOP line: "
+          + ", ".join(f"{name} ~{t[-1] * peak_gflops * 1e9 / flops['projections' if name == 'projections' else 'core']:.1f}x"
+                      for name, t in times.items()))
     return peak_gflops, times, core_mem
 
 
@@ -971,6 +997,7 @@ def backward_loop_diagram() -> Diagram:
              f"visits query blocks {key} to {n - 1} in order (steps 1 to {n - key}). The forward pass saved only the "
              "output O and one logsumexp per query row. Each tile recomputes its scores Z and weights "
              "P = exp(Z \u2212 lse), adds P\u1d40dO into dV of the key block, forms dZ = P \u2218 (dP \u2212 \u0394), "
+             "\u2218 being the elementwise product, "
              "adds dZ\u1d40Q into dK of the key block, complete after the walk, and adds dZ K into dQ of the "
              "query block, which sums over all key blocks."))
     d.text(190, 28, "One key block walks its query blocks", size=16, weight="bold")
@@ -990,7 +1017,7 @@ def backward_loop_diagram() -> Diagram:
     d.rect(14, top + 40, 352, 228, fill="sky", tint=True, stroke="blue", width=2)
     d.text(34, top + 64, "each tile (query block i, key block j):", size=14, anchor="start", color=MUTED)
     _formula_lines(d, top + 90, ("Z = Q\u1d62 K\u2c7c\u1d40 \u00b7 scale   (recomputed)", "P = e^{Z \u2212 lse}   (recomputed)",
-                                 "dV\u2c7c += P\u1d40 dO\u1d62,   dP = dO\u1d62 V\u2c7c\u1d40", "dZ = P \u2218 (dP \u2212 \u0394)",
+                                 "dV\u2c7c += P\u1d40 dO\u1d62,   dP = dO\u1d62 V\u2c7c\u1d40", "dZ = P \u2218 (dP \u2212 \u0394)   (\u2218: elementwise)",
                                  "dK\u2c7c += dZ\u1d40 Q\u1d62 \u00b7 scale", "dQ\u1d62 += dZ K\u2c7c \u00b7 scale"))
     d.text(34, top + 236, "dK\u2c7c, dV\u2c7c are complete after the walk;", size=13, anchor="start", color=MUTED)
     d.text(34, top + 256, "dQ\u1d62 sums over all key blocks j", size=13, anchor="start", color=MUTED)
