@@ -111,6 +111,27 @@ def steady_median_ms(fns: dict[str, Callable[[], Any]], *, repeats: int, warmup:
         torch.set_num_threads(threads)
 
 
+def tensor_peaks_one_thread(fns: dict[str, Callable[[], Any]]) -> dict[str, int]:
+    """:func:`attnbook.measure.peak_tensor_bytes` of each callable, counted with PyTorch on one thread.
+
+    The count records the operations of the thread that calls it. On a CPU with several threads,
+    ``attnlib.flash_attention`` without gradients hands each thread a share of the heads, and the
+    tiles those threads make would not be counted; on one thread every tensor is, and the count is
+    the same on every machine. The thread setting is restored afterwards.
+
+    >>> tensor_peaks_one_thread({"double": lambda: torch.ones(256) * 2})  # two 1 KiB tensors
+    {'double': 2048}
+    """
+    from .measure import peak_tensor_bytes
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {name: peak_tensor_bytes(fn) for name, fn in fns.items()}
+    finally:
+        torch.set_num_threads(threads)
+
+
 def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.device | str = "cpu"
                                ) -> tuple[float, dict[str, list[float]], list[int]]:
     """Time the four projections of a ``MultiHeadSelfAttention(D, H)`` and three attention cores at
@@ -121,8 +142,9 @@ def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.d
     and ``"SDPA core"`` the median seconds at each size; and the most bytes of tensors the readable
     core holds at once at each size (:func:`attnbook.measure.peak_tensor_bytes`, exact on every device). The callables of one size
     take turns (:func:`steady_median_ms`: medians of interleaved repeats, 7 up to S = 512 and 3
-    above). The last line compares the growth from the fourth size to the last (S = 512 to 2048
-    in the chapter).
+    above). The second-last line compares the growth from the fourth size to the last (S = 512 to
+    2048 in the chapter); the last divides each time at the largest size by its FLOP line, the FLOPs
+    divided by the matmul speed.
     """
     import torch.nn.functional as F
 
@@ -162,6 +184,10 @@ def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.d
         print(f"growth from S = {sizes[3]} to {sizes[-1]}: projections "
               f"~{times['projections'][-1] / times['projections'][3]:.1f}x (FLOPs {sizes[-1] // sizes[3]}x), attnlib "
               f"core ~{times['attnlib core'][-1] / times['attnlib core'][3]:.1f}x (FLOPs {(sizes[-1] // sizes[3]) ** 2}x)")
+    S, flops = sizes[-1], {"projections": 8 * sizes[-1] * D**2, "core": 4 * sizes[-1] ** 2 * D}
+    print(f"at S = {S}, measured time / FLOP line: "
+          + ", ".join(f"{name} ~{t[-1] * peak_gflops * 1e9 / flops['projections' if name == 'projections' else 'core']:.1f}x"
+                      for name, t in times.items()))
     return peak_gflops, times, core_mem
 
 
@@ -409,6 +435,12 @@ _NEW_TILE_RESCALED = (
     "acc_new = acc * exp(m_old - m_new) + exp(s - m_new) @ v."
 )
 
+_RESCALE_WITHOUT_EXP = (
+    "your rescale factor has no exponential: m_old - m_new is a difference of exponents, not a factor. On the first "
+    "tile it is -inf, and l * (-inf) = 0 * (-inf) is NaN. What was summed against m_old is converted to m_new by "
+    "multiplying it by exp(m_old - m_new), which is 0 on the first tile and at most 1 after it."
+)
+
 _INVERTED_RESCALE = (
     "your rescale factor is upside down: exp(m_new - m_old) grows (and is inf on the first tile, where m_old = -inf). "
     "What was summed against m_old shrinks when the maximum rises: multiply it by exp(m_old - m_new), at most 1."
@@ -515,14 +547,16 @@ def _first_tile_hint(result: tuple[Tensor, Tensor, Tensor], ref: tuple[Tensor, T
     return None
 
 
-def _inverted_rescale(fn: Callable[..., Any], state: tuple[Tensor, Tensor, Tensor], s2: Tensor, v2: Tensor) -> bool:
-    """Whether ``fn``, started from the right state after the first tile, rescales by exp(m_new - m_old)."""
+def _rescales_by(fn: Callable[..., Any], state: tuple[Tensor, Tensor, Tensor], s2: Tensor, v2: Tensor,
+                 factor: Callable[[Tensor, Tensor], Tensor]) -> bool:
+    """Whether ``fn``, started from the right state after the first tile, rescales ``l`` by
+    ``factor(m_old, m_new)`` (a wrong factor: the first tile alone gave NaN, so the second one shows which)."""
     result, fb = run_reader_code(fn, *(t.clone() for t in state), s2.clone(), v2.clone())
     if fb is not None or _triple(result) is not None:
         return False
     m_old, l_old, _ = state
     m_new = torch.maximum(m_old, s2.amax(-1, keepdim=True))
-    return close(result[1], l_old * torch.exp(m_new - m_old) + torch.exp(s2 - m_new).sum(-1, keepdim=True))
+    return close(result[1], l_old * factor(m_old, m_new) + torch.exp(s2 - m_new).sum(-1, keepdim=True))
 
 
 _SCALAR_IDIOMS = (
@@ -656,11 +690,13 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
                 "new maximum first and exponentiate against it: exp(s - m_new), and rescale by exp(m_old - m_new)."
             )
         if torch.isnan(got).any():
-            if _inverted_rescale(fn, ref1, s[:, split:], v[split:]):
+            if _rescales_by(fn, ref1, s[:, split:], v[split:], lambda old, new: torch.exp(new - old)):
                 return wrong(_INVERTED_RESCALE)
+            if _rescales_by(fn, ref1, s[:, split:], v[split:], lambda old, new: old - new):
+                return wrong(_RESCALE_WITHOUT_EXP)
             return wrong(
                 f"{name} contains NaN on the first tile, where m = -inf: compute the new maximum first and "
-                "exponentiate against m_new (exp(m - m_new) = exp(-inf) = 0 is fine; -inf - (-inf) is not)."
+                "exponentiate against m_new (exp(m - m_new) = exp(-inf) = 0 is fine; -inf - (-inf) and 0 * (-inf) are not)."
             )
     m1, l1, acc1 = result
     rounded = _rounded_inside(result, ref1)
@@ -961,6 +997,7 @@ def backward_loop_diagram() -> Diagram:
              f"visits query blocks {key} to {n - 1} in order (steps 1 to {n - key}). The forward pass saved only the "
              "output O and one logsumexp per query row. Each tile recomputes its scores Z and weights "
              "P = exp(Z \u2212 lse), adds P\u1d40dO into dV of the key block, forms dZ = P \u2218 (dP \u2212 \u0394), "
+             "\u2218 being the elementwise product, "
              "adds dZ\u1d40Q into dK of the key block, complete after the walk, and adds dZ K into dQ of the "
              "query block, which sums over all key blocks."))
     d.text(190, 28, "One key block walks its query blocks", size=16, weight="bold")
@@ -980,7 +1017,7 @@ def backward_loop_diagram() -> Diagram:
     d.rect(14, top + 40, 352, 228, fill="sky", tint=True, stroke="blue", width=2)
     d.text(34, top + 64, "each tile (query block i, key block j):", size=14, anchor="start", color=MUTED)
     _formula_lines(d, top + 90, ("Z = Q\u1d62 K\u2c7c\u1d40 \u00b7 scale   (recomputed)", "P = e^{Z \u2212 lse}   (recomputed)",
-                                 "dV\u2c7c += P\u1d40 dO\u1d62,   dP = dO\u1d62 V\u2c7c\u1d40", "dZ = P \u2218 (dP \u2212 \u0394)",
+                                 "dV\u2c7c += P\u1d40 dO\u1d62,   dP = dO\u1d62 V\u2c7c\u1d40", "dZ = P \u2218 (dP \u2212 \u0394)   (\u2218: elementwise)",
                                  "dK\u2c7c += dZ\u1d40 Q\u1d62 \u00b7 scale", "dQ\u1d62 += dZ K\u2c7c \u00b7 scale"))
     d.text(34, top + 236, "dK\u2c7c, dV\u2c7c are complete after the walk;", size=13, anchor="start", color=MUTED)
     d.text(34, top + 256, "dQ\u1d62 sums over all key blocks j", size=13, anchor="start", color=MUTED)

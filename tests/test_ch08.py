@@ -795,7 +795,7 @@ def test_quiz_names_6D_typed_for_the_whole_layer_crossover() -> None:
 
     from attnbook.quiz import load_quiz, read_answer
 
-    question = next(q for q in load_quiz("08_attention_cost_and_tiling") if "MLP D -> 4D -> D" in q["question"])
+    question = next(q for q in load_quiz("08_attention_cost_and_tiling") if "(MLP) D -> 4D -> D" in q["question"])
     value, problem = read_answer(question, "6D")
     assert problem is None and value == 6
     matches = [a for a in question["answers"] if a["type"] == "value" and _math.isclose(a["value"], value)]
@@ -901,3 +901,30 @@ def test_probe3_online_update_softmax_in_the_tile_is_still_told_it_normalised() 
 def test_probe3_tile_weights_averaged_lse_is_named(fn) -> None:
     fb = check_tile_weights(fn)
     assert fb.status == "wrong" and "lse.mean()" in fb.message and "its own logsumexp" in fb.message, fb.message
+
+
+def test_online_update_rescale_without_exp_is_named() -> None:
+    """m_old - m_new used as the factor: NaN on the first tile comes from 0 * (-inf), and the hint says so."""
+
+    def no_exp(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p, alpha = torch.exp(s - m_new), m - m_new
+        return m_new, l * alpha + p.sum(-1, keepdim=True), acc * alpha + p @ v
+
+    fb = check_online_softmax_update(no_exp)
+    assert fb.status == "wrong" and "no exponential" in fb.message and "0 * (-inf)" in fb.message
+
+
+def test_tensor_peaks_one_thread_counts_the_tiles_of_every_thread() -> None:
+    """On several threads flash_attention's workers make the tiles; counted on one thread, they show."""
+    import attnlib
+    from attnbook.ch08 import tensor_peaks_one_thread
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 512, 16, generator=gen) for _ in range(3))
+    threads = torch.get_num_threads()
+    with torch.inference_mode():
+        peaks = tensor_peaks_one_thread({"tiled": lambda: attnlib.flash_attention(q, k, v, causal=True, block_q=128, block_k=128)})
+    assert torch.get_num_threads() == threads
+    # at least the output, the scaled copy of q and one [4, 128, 128] float32 tile
+    assert peaks["tiled"] >= 2 * q.nbytes + 4 * 128 * 128 * 4
