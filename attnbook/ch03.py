@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from typing import Callable, Iterator
 
 import torch
@@ -132,9 +133,24 @@ _NO_BATCH_HINT = (
 )
 
 
+_KEEPDIM_HINT = (
+    "a reduction over the keys lost its axis: a row's sum (or maximum) taken with dim=-1 has shape [..., S_q], "
+    "which does not line up with the [..., S_q, S_k] scores, so dividing (or subtracting) fails to broadcast. "
+    "Keep the reduced axis as a size-1 axis with keepdim=True, so that each row's sum sits beside its row."
+)
+
+
+def _lost_keepdim(message: str, s_q: int, s_k: int) -> bool:
+    """Whether PyTorch's broadcast error names S_k against S_q, as ``scores / scores.sum(dim=-1)`` gives."""
+    found = re.search(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)", message)
+    return found is not None and s_q != s_k and {int(found[1]), int(found[2])} == {s_q, s_k}
+
+
 def _weights_one(fn: Callable[..., Tensor], q: Tensor, k: Tensor, t: float) -> Feedback | None:
     """``None`` when ``fn`` gives the right weights for ``(q, k, t)``, else the feedback."""
     got, fb = run_reader_code(fn, q.clone(), k.clone(), t)
+    if fb is not None and fb.message.startswith("your code raised") and _lost_keepdim(fb.message, q.shape[-2], k.shape[-2]):
+        return wrong(_KEEPDIM_HINT)
     if fb is not None:
         return fb
     expected = _right(q, k, t)
@@ -149,7 +165,7 @@ def _weights_one(fn: Callable[..., Tensor], q: Tensor, k: Tensor, t: float) -> F
         sums = as_cpu_float64(got).sum(dim=-1)
         if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
             return wrong(f"your rows should each sum to 1 but sum to between {float(sums.min()):.3f} and {float(sums.max()):.3f}.")
-    return compare_tensors(got, expected, name=f"the weights for T = {t}")
+    return compare_tensors(got, expected, name=f"the weight tensor for T = {t}")
 
 
 def _kept_dtype(got: Tensor, x: Tensor, what: str) -> Feedback | None:

@@ -15,6 +15,7 @@ Each checker keeps its known mistakes in one table (:class:`attnbook.feedback.Mi
 from __future__ import annotations
 
 import math
+import re
 import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -330,6 +331,10 @@ LOOP_MISTAKES: tuple[Mistake, ...] = (
             "divide q_h k_h^T by sqrt(D_k) once."),
     Mistake("softmax over queries", lambda m, x: _loop(m, x, dim=-2),
             "your softmax normalises over the queries (dim=-2): each query's weights over the keys must sum to 1, so use dim=-1."),
+    Mistake("softmax without dim", lambda m, x: _loop(m, x, dim=0),
+            "your softmax normalises over the batch axis: F.softmax called without dim picks dim 0 for a 3-D tensor "
+            "(PyTorch warns that this implicit choice is deprecated), so each weight is shared out among the B "
+            "sequences. Always name the axis: each query's weights over the keys must sum to 1."),
     Mistake("softmax over the whole matrix", lambda m, x: _loop(m, x, dim=(-2, -1)),
             "your softmax normalises over the whole [S, S] matrix of a head, so each row sums to less than 1: each query's "
             "weights over the keys must sum to 1, softmax(..., dim=-1)."),
@@ -417,6 +422,9 @@ class _AllHeadsSpy(TorchDispatchMode):  # type: ignore[misc, valid-type]
         self.d_k = d_k
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if (func is torch.ops.aten.permute.default and len(args) > 1 and isinstance(args[0], Tensor)
+                and args[0].dim() == 3 and list(args[1]) == [2, 1, 0]):
+            self.used.add(".T of a 3-D tensor")  # .T reverses every axis: [B, S, D_k] -> [D_k, S, B]
         out = func(*args, **(kwargs or {}))
         if isinstance(out, Tensor):
             if tuple(out.shape) == self.shape:
@@ -472,6 +480,23 @@ def _loop_guard(all_heads_shape: tuple[int, ...] = (), d_k: int = 0) -> Iterator
         F.scaled_dot_product_attention = sdpa
 
 
+_THREE_D_T = (
+    "your code transposed a 3-D tensor with .T (k.T, for instance): for a tensor with more than two axes .T "
+    "reverses all of them, so k [B, S, D_k] becomes [D_k, S, B] and the batch axis moves too, which is why the "
+    "matmul could not broadcast. Swap only the last two axes, with transpose(-2, -1) (or .mT)."
+)
+
+
+def _weight_layout_hint(message: str, rows: int, d: int, d_k: int) -> str | None:
+    """The hint for ``x @ lin.weight[rows]`` without ``.T``: PyTorch's message names ``[B·S, D]`` and ``[D_k, D]``."""
+    found = re.search(r"shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", message)
+    if found is None or [int(g) for g in found.groups()] != [rows, d, d_k, d]:
+        return None
+    return ("your code multiplied x [B, S, D] by a head's slice of a weight as it is stored, [D_k, D]: nn.Linear "
+            "keeps weight as [out, in], one row per output feature, so head h's rows have to be transposed to "
+            "[D, D_k] before x can multiply them.")
+
+
 def _slice_width_hint(width: int, d_k: int) -> str:
     return (f"each head's output has {width} features, not D_k = {d_k}: each head's slice must hold D_k rows of "
             "each weight and bias. The end of h*d_k:(h+1)*d_k is exclusive, so slice(h * d_k, (h + 1) * d_k) "
@@ -502,6 +527,12 @@ def _loop_one(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor], case: int)
     width = next((w for w in used if w.startswith("head width ")), None)
     if width is not None and (fb is not None or not close(got, expected)):
         return wrong(_slice_width_hint(int(width.rsplit(" ", 1)[1]), D // H))
+    if fb is not None and fb.status == "wrong" and fb.message.startswith("your code raised"):
+        if ".T of a 3-D tensor" in used:
+            return wrong(_THREE_D_T)
+        layout = _weight_layout_hint(fb.message, B * S, D, D // H)
+        if layout is not None:
+            return wrong(layout)
     if fb is not None:
         if case > 0 and fb.status == "wrong" and fb.message.startswith("your code raised"):
             return wrong(_hard_coded_hint(case))
@@ -728,6 +759,7 @@ def check_weights_bytes(fn: Callable[[int, int, int, torch.dtype], int]) -> Feed
     allocated). The answers on all configurations together identify a known mistake.
     """
     answers, expected = [], []
+    floats: list[bool] = []
     for B, H, S, dtype in BYTES_CONFIGS:
         used: set[str] = set()
         with _NoAllocation(B * H * S * S, used):
@@ -747,7 +779,14 @@ def check_weights_bytes(fn: Callable[[int, int, int, torch.dtype], int]) -> Feed
             return problem  # type: ignore[return-value]
         answers.append(value)
         expected.append(right)
+        floats.append(isinstance(got, float) or type(got).__module__ == "numpy" and "float" in type(got).__name__
+                      or isinstance(got, Tensor) and got.is_floating_point())
     if all(math.isclose(a, e, rel_tol=1e-9) for a, e in zip(answers, expected)):
+        if any(floats):
+            return wrong("your numbers are right but come back as floats: the exercise asks for an int, an exact "
+                         "count of bytes. `/` always returns a float (even 8 / 2 is 4.0), and a float stops holding "
+                         "every whole number exactly above 2**53: keep to integer arithmetic (*, //) or convert at "
+                         "the end with int(...).")
         return correct("B·H·S²·(bytes per element): linear in H, quadratic in S. At S = 4096 and H = 32 in float16 that is already 1 GiB per sequence and layer.")
     bad = next(i for i, (a, e) in enumerate(zip(answers, expected)) if not math.isclose(a, e, rel_tol=1e-9))
     B, H, S, dtype = BYTES_CONFIGS[bad]
@@ -932,4 +971,53 @@ def kv_sharing_diagram() -> Diagram:
             for h in range(g * group, (g + 1) * group):
                 cx = x0 + h * (qw + gap) + qw / 2
                 d.line(cx, y + 42, first + span / 2, y + 74, color=MUTED, width=1)
+    return d
+
+
+#: Sizes of the cost diagram of section 5.4: S and D, as in the chapter's FLOP count, and the head counts drawn.
+HEADS_COST_SIZES, HEADS_COST_COUNTS = (256, 512), (1, 4)
+
+
+def score_cost(num_heads: int, S: int = HEADS_COST_SIZES[0], D: int = HEADS_COST_SIZES[1]) -> tuple[int, int]:
+    """The multiply-adds of all heads' ``Q_h K_h^T`` products and the number of ``[S, S]`` score matrices, for
+    one sequence with ``H D_k = D``: ``H`` products ``[S, D_k] x [D_k, S]`` of ``S * S * D_k`` multiply-adds each."""
+    d_k = D // num_heads
+    return num_heads * S * S * d_k, num_heads
+
+
+@diagram
+def heads_cost_diagram() -> Diagram:
+    """H = 1 against H = 4 at the same D: the same multiply-adds for the scores, H times the S x S matrices."""
+    S, D = HEADS_COST_SIZES
+    h1, h4 = HEADS_COST_COUNTS
+    (macs1, sheets1), (macs4, sheets4) = score_cost(h1), score_cost(h4)
+    d_k = D // h4
+    d = Diagram(
+        "ch05_heads_cost", 420, 500, title="One head against four: the same multiply-adds, four times the score matrices",
+        alt=(f"Two panels for one sequence of S = {S} tokens and width D = {D}. With H = {h1} head, one product of "
+             f"Q, {S} by {D}, and Kᵀ, {D} by {S}, gives one S by S matrix of scores: {macs1:,} multiply-adds. "
+             f"With H = {h4} heads, {h4} products of a head's Q, {S} by {d_k}, and Kᵀ, {d_k} by {S}, give {sheets4} "
+             f"S by S matrices, drawn the same size: {h4} times {macs4 // h4:,}, again {macs4:,} multiply-adds. "
+             f"The same arithmetic, {sheets4 // sheets1} times the score matrices to store."))
+    sub = "₀₁₂₃₄₅₆₇"
+
+    def product(y: float, q: str, k: str, d_k: int) -> None:  # one head's Q_h K_h^T and its S x S scores
+        d.box(14, y, 104, 48, q, sub=f"[{S}, {d_k}]", color="blue", size=15)
+        d.text(131, y + 30, "×", size=18)
+        d.box(144, y, 104, 48, k, sub=f"[{d_k}, {S}]", color="sky", size=15)
+        d.arrow(248, y + 24, 280, y + 24)
+        d.rect(284, y - 4, 56, 56, fill="orange", tint=True, stroke="orange", width=2, rx=0)
+        d.text(312, y + 29, "S × S", size=14)
+
+    d.text(14, 26, f"H = {h1}: one head, D_k = {D}", size=15, anchor="start", weight="bold")
+    product(48, "Q", "Kᵀ", D)
+    d.text(14, 134, f"{S}·{S}·{D} = {macs1:,} multiply-adds", size=14, anchor="start", color=MUTED)
+    d.text(14, 154, f"{sheets1} score matrix to store", size=14, anchor="start", color=MUTED)
+    d.line(14, 170, 406, 170, color=MUTED, width=1, dash=True)
+    d.text(14, 196, f"H = {h4}: {h4} heads, D_k = {d_k}", size=15, anchor="start", weight="bold")
+    for h in range(h4):
+        product(218 + 62 * h, f"Q{sub[h]}", f"K{sub[h]}ᵀ", d_k)
+    d.text(14, 468, f"{h4}·{S}·{S}·{d_k} = {macs4:,} multiply-adds", size=14, anchor="start", color=MUTED)
+    d.text(14, 490, f"{sheets4} score matrices to store: {sheets4 // sheets1}× the memory", size=14, anchor="start",
+           weight="bold")
     return d

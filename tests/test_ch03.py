@@ -282,3 +282,14 @@ def test_a_tiny_epsilon_inside_the_log_is_named(eps: float) -> None:
 def test_a_clamp_or_threshold_below_the_long_rows_weights_is_named(fn) -> None:
     fb = check_entropy(fn)
     assert fb.status == "wrong" and "1e-4 are ordinary" in fb.message and "1e-9" in fb.message, fb
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_hand_written_softmax_without_keepdim_is_named(shift: bool) -> None:
+    def weights(q: Tensor, k: Tensor, temperature: float = 1.0) -> Tensor:
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) / temperature  # [..., S_q, S_k]
+        e = torch.exp(s - s.max(dim=-1).values) if shift else torch.exp(s)  # no keepdim: [..., S_q] does not broadcast
+        return e / e.sum(dim=-1)
+
+    fb = check_scaled_weights(weights)
+    assert fb.status == "wrong" and "keepdim=True" in fb.message and "raised" not in fb.message, fb.message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -574,3 +575,57 @@ def test_weights_bytes_accepts_a_meta_tensor_and_names_mb_and_a_missing_dtype() 
     sizes = {torch.float32: 4, torch.float16: 2, torch.float64: 8}
     fb = check_weights_bytes(lambda B, H, S, dt: B * H * S * S * sizes[dt])
     assert not fb.passed and "KeyError for torch.bfloat16" in fb.message and "element_size" in fb.message
+
+
+def _slip_loop(x: torch.Tensor, m: MultiHeadSelfAttention, *, weight_t: bool = True, k_t: str = "transpose",
+               implicit_softmax: bool = False) -> torch.Tensor:
+    """A reader's loop with one of three common slips: the weight rows not transposed, ``k.T`` on 3-D keys,
+    ``F.softmax`` without ``dim``."""
+    d_k, heads = m.d_k, []
+    for h in range(m.num_heads):
+        r = slice(h * d_k, (h + 1) * d_k)
+        q, k, v = ((x @ lin.weight[r].T if weight_t else x @ lin.weight[r]) + lin.bias[r] for lin in (m.w_q, m.w_k, m.w_v))
+        s = (q @ (k.T if k_t == "T" else k.transpose(-2, -1))) / math.sqrt(d_k)  # [B, S, S]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # F.softmax's warning about the implicit dim
+            w = torch.nn.functional.softmax(s) if implicit_softmax else torch.softmax(s, dim=-1)
+        heads.append(w @ v)  # [B, S, D_k]
+    return m.w_o(torch.cat(heads, dim=-1))
+
+
+@pytest.mark.parametrize("kwargs, hint", [
+    (dict(weight_t=False), "[out, in]"),
+    (dict(k_t="T"), "transpose(-2, -1)"),
+    (dict(implicit_softmax=True), "without dim picks dim 0"),
+])
+def test_per_head_loop_names_weight_layout_3d_transpose_and_softmax_without_dim(kwargs: dict, hint: str) -> None:
+    fb = check_per_head_loop(lambda x, m: _slip_loop(x, m, **kwargs))
+    assert fb.status == "wrong" and hint in fb.message and "raised" not in fb.message, fb.message
+    assert "weight[rows].T" not in fb.message and "dim=-1)" not in fb.message  # the hint never hands over the line
+    assert check_per_head_loop(_slip_loop).passed
+
+
+@pytest.mark.parametrize("as_float", [float, lambda n: torch.tensor(float(n)), lambda n: __import__("numpy").float64(n)])
+def test_weights_bytes_refuses_a_right_count_as_a_float(as_float) -> None:  # type: ignore[no-untyped-def]
+    fb = check_weights_bytes(lambda B, H, S, dt: as_float(B * H * S * S * torch.empty((), dtype=dt).element_size()))
+    assert fb.status == "wrong" and "an int" in fb.message, fb.message
+    assert check_weights_bytes(lambda B, H, S, dt: torch.tensor(B * H * S * S * dt.itemsize)).passed  # an integer tensor
+
+
+def test_heads_cost_diagram_says_what_the_code_computes() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    S, D = ch05.HEADS_COST_SIZES
+    alt = ch05.heads_cost_diagram().alt
+    for H in ch05.HEADS_COST_COUNTS:
+        macs, sheets = ch05.score_cost(H)
+        q = k = torch.zeros(1, H, S, D // H)  # [B, H, S, D_k]
+        with FlopCounterMode(display=False) as counter:
+            scores = q @ k.transpose(-2, -1)  # [B, H, S, S]
+        assert counter.get_total_flops() == 2 * macs  # a multiply-add counts as 2 FLOPs
+        with torch.device("meta"):
+            block = MultiHeadSelfAttention(D, H)
+        weights = block(torch.empty(1, S, D, device="meta")).attention_weights
+        assert tuple(scores.shape) == tuple(weights.shape) == (1, sheets, S, S)
+        assert f"{macs:,} multiply-adds" in alt and f"H = {H} head" in alt
+    assert ch05.score_cost(1)[0] == ch05.score_cost(4)[0]
