@@ -493,6 +493,14 @@ def _repeats_everywhere(fn: Callable[..., Any], answer: Callable[..., Tensor]) -
     return True
 
 
+def _at_positions(weights: Tensor, i: int, j: int) -> tuple[int, int]:
+    """``(layer, head)`` of the largest ``weights[:, :, i, j]``: the answer of fixed positions ``i, j``
+    (``(-1, -1)`` when the sentence is too short to have them)."""
+    if max(i, j) >= weights.shape[-1]:
+        return -1, -1
+    return divmod(int(weights[:, :, i, j].argmax()), weights.shape[1])
+
+
 def _solution_link(weights: Tensor, toks: list[str], query: str, key: str) -> tuple[int, int]:
     i, j = toks.index(query), toks.index(key)
     layer, head = divmod(int(weights[:, :, i, j].argmax()), weights.shape[1])
@@ -529,6 +537,15 @@ def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Fe
                 and _gives_on_another(fn, case, lambda *c: reference_strongest_link(*link_case(0))):
             return wrong(f"you returned {got} for {LINK_CASES[case][0]!r} too, the answer for the book's sentence: "
                          "find the head from the weights you are given, not from the chapter.")
+        _, toks0, query0, key0 = link_case(0)
+        i0, j0 = toks0.index(query0), toks0.index(key0)  # the positions in the book's sentence
+        # before the table: on one case the book's positions and "without [CLS]" give the same head, so
+        # this hint is given first, and only when the reader's function repeats the positions on another case
+        if (case != 0 and max(i0, j0) < len(toks) and (i0, j0) != (toks.index(query), toks.index(key))
+                and got == _at_positions(weights, i0, j0)
+                and _gives_on_another(fn, case, lambda w, *_: _at_positions(w, i0, j0))):
+            return wrong(f"for {LINK_CASES[case][0]!r} you used the positions of the book's sentence ({i0}, {j0}): find "
+                         f"the query's and the key's positions in each sentence with tokens.index(...), counting [CLS].")
         hint = diagnose(torch.tensor(got), LINK_MISTAKES, weights, toks, query, key)
         if hint is not None:
             return hint
@@ -545,12 +562,6 @@ def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Fe
             if torch.equal(torch.tensor(got), look_alike(weights, toks, query, key)) \
                     and _gives_on_another(fn, case, lambda *c, f=look_alike: tuple(f(*c).tolist())):
                 return wrong(look_alike_hint)
-        _, toks0, query0, key0 = link_case(0)
-        i0, j0 = toks0.index(query0), toks0.index(key0)  # the positions in the book's sentence
-        if (case != 0 and max(i0, j0) < len(toks) and (i0, j0) != (toks.index(query), toks.index(key))
-                and got == divmod(int(weights[:, :, i0, j0].argmax()), H)):
-            return wrong(f"for {LINK_CASES[case][0]!r} you used the positions of the book's sentence ({i0}, {j0}): find "
-                         f"the query's and the key's positions in each sentence with tokens.index(...), counting [CLS].")
         if not (0 <= got[0] < L and 0 <= got[1] < H):
             return wrong(f"({got[0]}, {got[1]}) is not a head of this model: layers are 0..{L - 1}, heads 0..{H - 1}.")
         return wrong(f"for {LINK_CASES[case][0]!r} (query {query!r}, key {key!r}) you returned {got}; the weight there is "
@@ -577,12 +588,11 @@ PREVIOUS_MISTAKES: tuple[Mistake, ...] = (
             "whatever the sentence's length."),
     Mistake("wrap-around with roll", lambda w: (w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) + w[..., 0, -1]) / w.shape[-1],
             "your score wraps around: query 0 counts its weight on the LAST token as its 'previous' one (a shift "
-            "with torch.roll does this). Query 0 has no previous token: average weights[..., i, i-1] over i = 1 .. S-1 only, "
-            "weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)."),
+            "with torch.roll does this). Query 0 has no previous token: average weights[..., i, i-1] over i = 1 .. S-1 only."),
     Mistake("next token with roll", lambda w: (w.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1) + w[..., -1, 0]) / w.shape[-1],
             "your score is the mean weight on the NEXT token, and it wraps around: the last query counts [CLS] as its "
             "next token (a torch.roll the wrong way does this). The previous token is [i, i-1], just "
-            "below the diagonal, and query 0 has none: weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)."),
+            "below the diagonal, and query 0 has none."),
     Mistake("without the [SEP] query", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., :-1].mean(-1),
             "you left out the last query, [SEP]: it is a token of the sentence like any other and has a previous "
             "token, so average over every query i = 1 .. S-1."),
@@ -604,6 +614,12 @@ PREVIOUS_MISTAKES: tuple[Mistake, ...] = (
     Mistake("every earlier token", lambda w: w.tril(-1).sum(-1)[..., 1:].mean(-1),
             "you averaged the weight on all earlier tokens (everything left of the diagonal); the score counts only "
             "the token just before, i - 1, one entry per row."),
+    Mistake("S fixed at 10", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., :9].mean(-1),
+            "your score is right for the book's 10-token sentence, not for a sentence of another length: your queries "
+            "stop at i = 9, as with range(1, 10). Take S from weights.shape[-1], so that every query i = 1 .. S-1 counts."),
+    Mistake("divided by 9", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / 9,
+            "your score is right for the book's 10-token sentence, not for a sentence of another length: you divided "
+            "by 9, the S - 1 of that sentence. Take S from weights.shape[-1], or let mean() count the queries."),
 )
 
 #: The sentences the previous-token checker uses: the book's, and one of another length.
