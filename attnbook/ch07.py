@@ -1644,3 +1644,41 @@ def embedding_test() -> Diagram:
     d.text(20, 438, f"unrelated: different meanings ({count['unrelated']} pairs)", size=14, anchor="start")
     d.text(20, 460, f"role swap: same words, roles exchanged ({count['swap']} pairs)", size=14, anchor="start")
     return d
+
+
+def _default(fn: Callable[..., Any], name: str) -> Any:
+    return inspect.signature(fn).parameters[name].default
+
+
+@diagram
+def resampling() -> Diagram:
+    """The two resampling tests of section 7.8: split-half for the gap, the bootstrap for the swaps."""
+    count = {k: load_sentence_pairs().kinds.count(k) for k in PAIR_KINDS}
+    pairs, half = count["paraphrase"] + count["unrelated"], (count["paraphrase"] + count["unrelated"]) // 2
+    splits, k = _default(split_half, "n"), _default(split_half, "k")
+    draws, swaps = _default(Ablation.bootstrap_swap_share, "n"), count["swap"]
+    d = Diagram(
+        "ch07_resampling", 440, 470, title="Two ways to resample the sentence pairs",
+        alt=f"Top, split-half, repeated for {splits} random splits: the {pairs} pairs ({count['paraphrase']} paraphrase, "
+            f"{count['unrelated']} unrelated) go into two halves of {half}, each keeping its top {k} heads by gap drop; "
+            f"one count per split: the heads both lists share. Bottom, the bootstrap, repeated {draws:,} times: the "
+            f"{swaps} swap pairs drawn with replacement (some twice, some not at all), and one head's share of the swap "
+            "distance on each draw.")
+    d.text(220, 24, "Two ways to resample the pairs", size=15, weight="bold")
+    d.text(20, 54, f"split-half, \u00d7 {splits} random splits", size=14, weight="bold", anchor="start")
+    d.box(110, 64, 220, 46, f"{pairs} pairs", sub=f"{count['paraphrase']} paraphrase, {count['unrelated']} unrelated",
+          color="grey", size=16)
+    for x in (20, 230):
+        d.arrow(220, 112, x + 95, 136)
+        d.box(x, 138, 190, 46, f"half of {half} pairs", sub=f"top {k} heads by gap drop", color="blue", size=16)
+        d.arrow(x + 95, 186, 220, 210)
+    d.box(90, 212, 260, 46, "heads in both top lists", sub="one count per split", color="orange", size=16)
+    d.line(20, 286, 420, 286, color=MUTED, dash=True)
+    d.text(20, 316, f"bootstrap, \u00d7 {draws:,} draws", size=14, weight="bold", anchor="start")
+    d.box(20, 326, 170, 46, f"{swaps} swap pairs", sub="as written", color="grey", size=16)
+    d.arrow(192, 349, 248, 349)
+    d.box(250, 326, 170, 46, f"{swaps} drawn", sub="with replacement", color="green", size=16)
+    d.arrow(335, 374, 300, 398)
+    d.box(90, 400, 260, 46, "one share per draw", sub="a head's part of the swap distance", color="orange", size=16)
+    d.text(220, 464, "some pairs come twice, some not at all", size=14, color=MUTED)
+    return d

@@ -989,3 +989,16 @@ def test_load_minilm_stays_offline_after_transformers_was_imported() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_resampling_diagram_draws_the_numbers_the_procedures_use() -> None:
+    """The resampling diagram states the split count, top-k and draws that split_half and the bootstrap default to."""
+    d = ch07.resampling()
+    svg, kinds = d.svg(), ch07.load_sentence_pairs().kinds
+    pairs = kinds.count("paraphrase") + kinds.count("unrelated")
+    assert (pairs, kinds.count("swap")) == (36, 12)  # the numbers section 7.8's prose quotes
+    assert "50 random splits" in svg and f"{pairs} pairs" in svg and f"half of {pairs // 2} pairs" in svg
+    assert "top 5 heads by gap drop" in svg and "2,000 draws" in svg and "12 swap pairs" in svg
+    assert ch07._default(ch07.split_half, "n") == 50 and ch07._default(ch07.split_half, "k") == 5
+    assert ch07._default(ch07.Ablation.bootstrap_swap_share, "n") == 2000
+    assert "50 random splits" in d.alt and "2,000 times" in d.alt and "with replacement" in d.alt
