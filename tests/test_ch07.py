@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -72,6 +76,11 @@ OTHER_LINK_MISTAKES = {
         "whose largest weight of the query falls on the key",
     ),
     "hard-coded positions": (lambda w, t, q, k: (6, 2), "the positions of the query and the key"),
+    # the book's positions read on every sentence: on one case this lands on the "without [CLS]" head
+    "book's positions": (
+        lambda w, t, q, k: divmod(int(w[:, :, 6, 2].argmax()), w.shape[1]),
+        "you used the positions of the book's sentence (6, 2)",
+    ),
     "positions": (lambda w, t, q, k: (t.index(q), t.index(k)), "the positions of the query and the key"),
     "argmin": (
         lambda w, t, q, k: divmod(int(w[:, :, t.index(q), t.index(k)].argmin()), w.shape[1]),
@@ -934,3 +943,62 @@ def test_embedding_test_diagram_counts_the_shipped_pairs() -> None:
         assert f"{label}:" in svg and f"({kinds.count(kind)} pairs)" in svg
     pairs = ch07.load_sentence_pairs()
     assert ("swap", *ch07.SWAP_EXAMPLE) in zip(pairs.kinds, pairs.first, pairs.second)  # a shipped role swap
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda w: torch.stack([w[..., i, i - 1] for i in range(1, 10)], -1).mean(-1),
+        lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / 9,
+        lambda w: torch.stack([w[..., i, i - 1] for i in range(1, 10)], -1).sum(-1) / 9,
+    ],
+)
+def test_previous_token_score_names_a_length_fixed_at_the_books_sentence(answer) -> None:  # type: ignore[no-untyped-def]
+    fb = check_previous_token_score(answer)
+    assert fb.status == "wrong" and "10-token sentence" in fb.message and "weights.shape[-1]" in fb.message, fb
+
+
+def test_previous_token_score_hints_leave_the_solution_code_out() -> None:
+    for mistake in ch07.PREVIOUS_MISTAKES:
+        assert ".mean(-1)" not in mistake.hint and "diagonal(offset=-1, dim1" not in mistake.hint, mistake
+
+
+def test_load_minilm_stays_offline_after_transformers_was_imported() -> None:
+    """What the chapter says: huggingface_hub reads HF_HUB_OFFLINE only on its first import, which
+    `import transformers` (the chapter's first cell) has done, so the variables load_minilm sets do not
+    switch later downloads off; load_minilm itself opens no connection (local_files_only=True)."""
+    code = textwrap.dedent(
+        """
+        import os, socket
+        os.environ.pop("HF_HUB_OFFLINE", None)
+        os.environ.pop("TRANSFORMERS_OFFLINE", None)
+        import transformers
+        from huggingface_hub import constants
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("load_minilm opened a connection")
+
+        socket.socket.connect = socket.create_connection = refuse
+        from attnlib import pretrained
+
+        pretrained.load_minilm()
+        assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["TRANSFORMERS_OFFLINE"] == "1"
+        assert constants.HF_HUB_OFFLINE is False  # read when transformers imported it, before load_minilm
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_resampling_diagram_draws_the_numbers_the_procedures_use() -> None:
+    """The resampling diagram states the split count, top-k and draws that split_half and the bootstrap default to."""
+    d = ch07.resampling()
+    svg, kinds = d.svg(), ch07.load_sentence_pairs().kinds
+    pairs = kinds.count("paraphrase") + kinds.count("unrelated")
+    assert (pairs, kinds.count("swap")) == (36, 12)  # the numbers section 7.8's prose quotes
+    assert "50 random splits" in svg and f"{pairs} pairs" in svg and f"half of {pairs // 2} pairs" in svg
+    assert "top 5 heads by gap drop" in svg and "2,000 draws" in svg and "12 swap pairs" in svg
+    assert ch07._default(ch07.split_half, "n") == 50 and ch07._default(ch07.split_half, "k") == 5
+    assert ch07._default(ch07.Ablation.bootstrap_swap_share, "n") == 2000
+    assert "50 random splits" in d.alt and "2,000 times" in d.alt and "with replacement" in d.alt
