@@ -52,7 +52,7 @@ __all__ = [
     "mha_all_padding_outputs", "mask_seen_by_attention", "document_mask", "prefix_lm_mask",
     "PADDED_BATCH", "LEFT_PADDED_TOKENS", "LEFT_PADDED_MASK", "STACK_FILLS", "left_padded_stack",
     "fully_masked_row_by_dtype", "ENCODER_DECODER", "mask_conventions_agree", "bert_padding_equals_alone",
-    "PREFIX_PASSES_S",
+    "PREFIX_PASSES_S", "NEXT_TOKEN_TEXT", "NEXT_TOKEN_QUERY",
 ]
 
 #: The attention mask the combined-mask checker feeds in: ``[B, S] = [3, 5]``, 1 = real token.
@@ -1153,6 +1153,47 @@ PADDED_BATCH: list[list[str]] = [list(BOOKS_SENTENCE), ["The", "books", "are", "
 #: The sizes of the encoder / decoder / cross-attention example: batch, heads, head width,
 #: source length S and target length T.
 ENCODER_DECODER: dict[str, int] = {"B": 2, "H": 4, "D_k": 8, "S": 7, "T": 5}
+
+
+#: The next-token diagram of section 4.1: a window of characters, the text's next character after it,
+#: and the position whose label is drawn among its keys.
+NEXT_TOKEN_TEXT, NEXT_TOKEN_QUERY = "The dogs", 4
+
+
+@diagram
+def next_token_diagram() -> Diagram:
+    """Next-token training: position i is scored on token i+1, which sits among its keys without a mask."""
+    text, i = NEXT_TOKEN_TEXT, NEXT_TOKEN_QUERY
+    S, cell, x0, y0 = len(text) - 1, 44, 76, 44
+    shown = [c if c != " " else "\u2423" for c in text]
+    y1 = y0 + cell + 56
+    d = Diagram("ch04_next_token", x0 + S * cell + 14, y1 + cell + 76,
+                title="Next-token training",
+                alt=f"Two rows of {S} cells for the text '{text[:S]}' (a space drawn as an open box): the input "
+                    f"characters at positions 0 to {S - 1}, and below them the label of each position, the next "
+                    "character, so the labels are the input shifted left by one. Position "
+                    f"{i}, '{text[i]}', is scored on '{text[i + 1]}', and an arrow shows that '{text[i + 1]}' is "
+                    f"the input at position {i + 1}: without a mask it is among position {i}'s keys, and a causal "
+                    "mask hides it.")
+    for j in range(S):
+        xc = x0 + j * cell + cell / 2
+        d.text(xc, y0 - 10, str(j), size=14, color=MUTED)
+        d.rect(x0 + j * cell, y0, cell, cell, fill="orange" if j == i + 1 else "sky", tint=True, rx=0,
+               width=2.5 if j == i else 1)
+        d.text(xc, y0 + cell / 2 + 6, shown[j], size=17)
+        d.rect(x0 + j * cell, y1, cell, cell, fill="orange" if j == i else "grey", tint=True, rx=0,
+               width=2.5 if j == i else 1)
+        d.text(xc, y1 + cell / 2 + 6, shown[j + 1], size=17)
+    d.text(x0 - 8, y0 + cell / 2 + 5, "input", size=14, anchor="end")
+    d.text(x0 - 8, y1 + cell / 2 + 5, "label", size=14, anchor="end")
+    d.text(8, y0 - 10, "position", size=14, anchor="start", color=MUTED)
+    xa = x0 + i * cell + cell / 2
+    d.arrow(xa + 8, y1 - 2, x0 + (i + 1) * cell + cell / 2 - 4, y0 + cell + 8, color="vermillion")
+    yt = y1 + cell + 28
+    d.text(8, yt, f"position {i} is scored on '{text[i + 1]}', which is its key {i + 1}:", size=14,
+           anchor="start")
+    d.text(8, yt + 24, "visible without a mask, hidden by a causal one", size=14, anchor="start")
+    return d
 
 
 @diagram

@@ -717,3 +717,14 @@ def test_combined_mask_names_the_batch_size_taken_for_the_length() -> None:
     fb = check_combined_mask(first_size)
     assert fb.status == "wrong" and "attention_mask.shape[0]" in fb.message and "is the batch" in fb.message, fb
     assert "[1, 1, B, S]" not in fb.message, fb
+
+
+def test_next_token_diagram_shifts_the_labels_by_one() -> None:
+    # the label of position i is the character at i + 1, drawn among position i's keys
+    d = ch04.next_token_diagram()
+    text, i = ch04.NEXT_TOKEN_TEXT, ch04.NEXT_TOKEN_QUERY
+    S = len(text) - 1
+    assert 0 <= i < S - 1
+    assert f"Two rows of {S} cells for the text '{text[:S]}'" in d.alt
+    assert f"Position {i}, '{text[i]}', is scored on '{text[i + 1]}'" in d.alt
+    assert f"the input at position {i + 1}" in d.alt
