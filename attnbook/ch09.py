@@ -1521,9 +1521,9 @@ def ping_pong_diagram() -> Diagram:
     return d
 
 
-# ---- diagram: a sliding-window block mask (section 9.7) ---------------------------------------------
+# ---- diagram: a sliding-window block mask (section 9.8) ---------------------------------------------
 
-#: The block mask of section 9.7: S queries and keys, a window of FLEX_WINDOW keys, square blocks.
+#: The block mask of section 9.8: S queries and keys, a window of FLEX_WINDOW keys, square blocks.
 FLEX_S, FLEX_WINDOW, FLEX_BLOCK = 1024, 256, 128
 
 
@@ -1589,7 +1589,7 @@ def window_block_mask_diagram() -> Diagram:
 
 @diagram
 def lse_merge_diagram() -> Diagram:
-    """Section 9.8's merge: two partial results over disjoint keys, each an output normalised over its own
+    """Section 9.9's merge: two partial results over disjoint keys, each an output normalised over its own
     keys and the logsumexp of its scores, combined with weights exp(lse_i - lse). The split is that of
     exercise 9.3's first case (:data:`MERGE_CASES`)."""
     S_k, split = MERGE_CASES[0][2], MERGE_CASES[0][3]
@@ -1628,7 +1628,7 @@ def lse_merge_diagram() -> Diagram:
 # ---- diagram: FlashAttention-4's lazy rescaling ------------------------------------------------------
 
 #: The lazy-rescaling diagram: one query row's running maximum after each of its key blocks (made up,
-#: growing at every block, as in the "climbing" scores of section 9.6's cell), and the threshold tau, the
+#: growing at every block, as in the "climbing" scores of section 9.7's cell), and the threshold tau, the
 #: same as the cell's ``lazy_online_softmax(..., threshold=8.0)``.
 LAZY_MAXIMA: tuple[int, ...] = (3, 5, 6, 9, 10, 12, 13, 17, 18, 21)
 LAZY_THRESHOLD = 8
@@ -1762,9 +1762,9 @@ def split_k_split_q_diagram() -> Diagram:
     return d
 
 
-# ---- diagram: how SDPA picks a backend (section 9.9) ------------------------------------------------
+# ---- diagram: how SDPA picks a backend (section 9.10) ------------------------------------------------
 
-#: The torch version whose SDPA rules section 9.9 states, and those rules on CUDA: the default order of the
+#: The torch version whose SDPA rules section 9.10 states, and those rules on CUDA: the default order of the
 #: backends, what the flash backend needs (compute capabilities, the widest head), and the cuDNN version
 #: that must be exceeded for cuDNN to move to the front (:func:`cudnn_first`).
 SDPA_TORCH = "2.13"

@@ -799,7 +799,7 @@ def test_merge_computed_in_float32_and_cast_back_is_refused_on_the_float64_case(
 def test_window_tile_kinds_match_flex_attentions_block_mask_and_the_diagram() -> None:
     from attnbook.ch09 import FLEX_BLOCK, FLEX_S, FLEX_WINDOW, window_block_mask_diagram, window_tile_kinds
 
-    assert (FLEX_S, FLEX_WINDOW, FLEX_BLOCK) == (1024, 256, 128)  # the sizes of section 9.7's cell
+    assert (FLEX_S, FLEX_WINDOW, FLEX_BLOCK) == (1024, 256, 128)  # the sizes of section 9.8's cell
     kinds = window_tile_kinds(FLEX_S, FLEX_WINDOW, FLEX_BLOCK)
     partial = [row.count("partial") for row in kinds]
     full = [row.count("full") for row in kinds]
