@@ -184,10 +184,11 @@ def time_projections_and_cores(sizes: list[int], D: int, H: int, device: torch.d
         print(f"growth from S = {sizes[3]} to {sizes[-1]}: projections "
               f"~{times['projections'][-1] / times['projections'][3]:.1f}x (FLOPs {sizes[-1] // sizes[3]}x), attnlib "
               f"core ~{times['attnlib core'][-1] / times['attnlib core'][3]:.1f}x (FLOPs {(sizes[-1] // sizes[3]) ** 2}x)")
-    S, flops = sizes[-1], {"projections": 8 * sizes[-1] * D**2, "core": 4 * sizes[-1] ** 2 * D}
+    S = sizes[-1]
+    # each FLOP line in seconds: the FLOPs at S divided by the matmul speed (the chart's dashed lines)
+    line = {name: (8 * S * D**2 if name == "projections" else 4 * S**2 * D) / (peak_gflops * 1e9) for name in times}
     print(f"at S = {S}, measured time / FLOP line: "
-          + ", ".join(f"{name} ~{t[-1] * peak_gflops * 1e9 / flops['projections' if name == 'projections' else 'core']:.1f}x"
-                      for name, t in times.items()))
+          + ", ".join(f"{name} ~{t[-1] / line[name]:.1f}x" for name, t in times.items()))
     return peak_gflops, times, core_mem
 
 
