@@ -142,8 +142,10 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
             "you averaged all rows equally. The weights must depend on how well each key matches the query, "
             "through its score."),
     Mistake("softmax over the queries", lambda q, k, v: torch.softmax(_s(q, k), dim=0) @ v,
-            "your softmax ran over the queries (dim=0), so each key's column sums to 1. Each query spreads its "
-            "own attention over the keys: softmax over the last axis, dim=-1."),
+            "your weights are normalised over the queries, so each key's column sums to 1 (softmax with dim=0 on "
+            "queries @ keys.T, [M, N], or with dim=-1 on keys @ queries.T, [N, M], which has one row per key). Each "
+            "query spreads its own attention over the keys: normalise along the keys' axis, so that each query's "
+            "weights sum to 1."),
     Mistake("scored the values", lambda q, k, v: torch.softmax(q @ v.T, dim=-1) @ v,
             "you scored the queries against the values. The match is measured against the keys: queries @ keys.T."),
     Mistake("mixed the keys", lambda q, k, v: _w(q, k) @ k,
@@ -181,6 +183,10 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
     Mistake("weighted rows not summed", lambda q, k, v: _w(q, k)[..., None] * v,
             "you returned one weighted row per query and key, shape [M, N, D_v]: add them up over the keys "
             "(weights @ values), so the result has shape [M, D_v]."),
+    Mistake("weighted rows summed over the queries", lambda q, k, v: (_w(q, k)[..., None] * v).sum(dim=0),
+            "you summed the weighted rows over the queries (dim=0), which gives one row per key, [N, D_v]. Add "
+            "them up over the keys, the axis of size N (or use weights @ values), so that each query gets its own "
+            "mix, [M, D_v]."),
     Mistake("last key dropped", lambda q, k, v: torch.softmax(q @ k[:-1].T, dim=-1) @ v[:-1],
             "you left out the last key and value (a range or slice that stops one early, such as keys[:-1] or "
             "range(N - 1)): every one of the N rows takes part."),
