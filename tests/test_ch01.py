@@ -629,10 +629,10 @@ def test_the_rope_diagram_claims_what_rope_does() -> None:
     """The RoPE diagram's two panels share one offset; ch01.rope gives their query-key pairs one score."""
     from attnbook.ch01 import ROPE_PANELS, rope, rope_diagram
 
-    (offset,) = {n - m for m, n in ROPE_PANELS}
+    (offset,) = {j - i for i, j in ROPE_PANELS}
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(8, generator=g), torch.randn(8, generator=g)
-    scores = [float(rope(q, m) @ rope(k, n)) for m, n in ROPE_PANELS]
+    scores = [float(rope(q, i) @ rope(k, j)) for i, j in ROPE_PANELS]
     assert abs(scores[0] - scores[1]) < 1e-5
     assert float(rope(q, 0) @ rope(k, offset + 1)) != pytest.approx(scores[0], abs=1e-3)  # another offset differs
     assert f"the offset is {offset}" in rope_diagram().alt
