@@ -142,8 +142,10 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
             "you averaged all rows equally. The weights must depend on how well each key matches the query, "
             "through its score."),
     Mistake("softmax over the queries", lambda q, k, v: torch.softmax(_s(q, k), dim=0) @ v,
-            "your softmax ran over the queries (dim=0), so each key's column sums to 1. Each query spreads its "
-            "own attention over the keys: softmax over the last axis, dim=-1."),
+            "your weights are normalised over the queries, so each key's column sums to 1 (softmax with dim=0 on "
+            "queries @ keys.T, [M, N], or with dim=-1 on keys @ queries.T, [N, M], which has one row per key). Each "
+            "query spreads its own attention over the keys: normalise along the keys' axis, so that each query's "
+            "weights sum to 1."),
     Mistake("scored the values", lambda q, k, v: torch.softmax(q @ v.T, dim=-1) @ v,
             "you scored the queries against the values. The match is measured against the keys: queries @ keys.T."),
     Mistake("mixed the keys", lambda q, k, v: _w(q, k) @ k,
@@ -181,6 +183,10 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
     Mistake("weighted rows not summed", lambda q, k, v: _w(q, k)[..., None] * v,
             "you returned one weighted row per query and key, shape [M, N, D_v]: add them up over the keys "
             "(weights @ values), so the result has shape [M, D_v]."),
+    Mistake("weighted rows summed over the queries", lambda q, k, v: (_w(q, k)[..., None] * v).sum(dim=0),
+            "you summed the weighted rows over the queries (dim=0), which gives one row per key, [N, D_v]. Add "
+            "them up over the keys, the axis of size N (or use weights @ values), so that each query gets its own "
+            "mix, [M, D_v]."),
     Mistake("last key dropped", lambda q, k, v: torch.softmax(q @ k[:-1].T, dim=-1) @ v[:-1],
             "you left out the last key and value (a range or slice that stops one early, such as keys[:-1] or "
             "range(N - 1)): every one of the N rows takes part."),
@@ -1055,9 +1061,9 @@ def reach_diagram() -> Diagram:
 def rope(vec: Tensor, p: int) -> Tensor:
     """Rotate a ``[D]`` query or key for position ``p`` (RoPE, "rotate half" pairs).
 
-    Feature pair ``(vec[m], vec[m + D/2])`` is turned, as a point in the plane, by the angle
+    Feature pair ``m``, ``(vec[m], vec[m + D/2])``, is turned, as a point in the plane, by the angle
     ``p * omega_m`` with ``omega_m = 10000 ** (-m / (D/2))``. The dot product of a query rotated for
-    position ``m`` with a key rotated for ``n`` then depends on the positions only through ``m - n``.
+    position ``i`` with a key rotated for ``j`` then depends on the positions only through ``i - j``.
     """
     half = vec.shape[-1] // 2
     angle = p * 10000.0 ** (-torch.arange(half, dtype=torch.float32) / half)  # [D/2]
@@ -1076,33 +1082,33 @@ ROPE_PANELS = ((1, 3), (4, 6))
 def rope_diagram() -> Diagram:
     """Chapter 1, section 1.9: RoPE turns one feature pair of q and k by their positions; the angle between them is set by the offset."""
     step, k0 = ROPE_STEP_DEG, ROPE_KEY_START_DEG
-    gaps = {k0 + step * (n - m) for m, n in ROPE_PANELS}
+    gaps = {k0 + step * (j - i) for i, j in ROPE_PANELS}
     (gap,) = gaps  # both panels share one offset, so one angle between q and k
     panels = "; ".join(
-        f"query at position {m} turned {step * m} degrees, key at position {n} turned {step * n} degrees"
-        for m, n in ROPE_PANELS)
+        f"query at position {i} turned {step * i} degrees, key at position {j} turned {step * j} degrees"
+        for i, j in ROPE_PANELS)
     alt = (f"Two panels, each a plane holding one feature pair of a query (blue arrow) and a key (orange arrow). "
            f"The pair turns {step} degrees per position, and the key starts {k0} degrees ahead of the query. {panels[0].upper() + panels[1:]}. In both panels the offset is "
            f"{ROPE_PANELS[0][1] - ROPE_PANELS[0][0]} and the angle between the two arrows is the same, {gap} degrees, "
            "so their dot product, the score, is the same: it depends on the offset, not on where the pair stands.")
     d = Diagram("ch01_rope", 360, 262, title="RoPE: a rotation per position, a score per offset", alt=alt)
     r, rad = 62, math.pi / 180
-    for i, (m, n) in enumerate(ROPE_PANELS):
-        cx, cy = 90 + 180 * i, 128
+    for panel, (i, j) in enumerate(ROPE_PANELS):
+        cx, cy = 90 + 180 * panel, 128
         d.line(cx - 76, cy, cx + 76, cy, color=MUTED, width=1)
         d.line(cx, cy - 76, cx, cy + 76, color=MUTED, width=1)
-        aq, ak = step * m, k0 + step * n
+        aq, ak = step * i, k0 + step * j
         pts = [(cx + 30 * math.cos(a * rad), cy - 30 * math.sin(a * rad)) for a in range(aq, ak + 1, 8)]
         for (x1, y1), (x2, y2) in zip(pts, pts[1:] + [(cx + 30 * math.cos(ak * rad), cy - 30 * math.sin(ak * rad))]):
             d.line(x1, y1, x2, y2, color=MUTED, width=1.5)
-        for ang, colour, label in ((aq, "blue", f"q at {m}"), (ak, "orange", f"k at {n}")):
+        for ang, colour, label in ((aq, "blue", f"q at {i}"), (ak, "orange", f"k at {j}")):
             x, y = cx + r * math.cos(ang * rad), cy - r * math.sin(ang * rad)
             d.arrow(cx, cy, x, y, color=colour)
             d.text(cx + (r + 14) * math.cos(ang * rad), cy - (r + 14) * math.sin(ang * rad) + 5, label,
                    size=14, color=colour, weight="bold")
         mid = (aq + ak) / 2 * rad
         d.text(cx + 44 * math.cos(mid), cy - 44 * math.sin(mid) + 5, f"{gap}\u00b0", size=13, color=MUTED)
-        d.text(cx, 34, f"positions {m} and {n}", size=15)
+        d.text(cx, 34, f"positions {i} and {j}", size=15)
     d.text(180, 232, f"each pair turns {step}\u00b0 per position (one pair shown)", size=13, color=MUTED)
     d.text(180, 252, f"offset {ROPE_PANELS[0][1] - ROPE_PANELS[0][0]} in both: same angle, same score", size=14)
     return d

@@ -62,6 +62,45 @@ def test_soft_lookup_names_sqrt_d_v_and_refuses_a_dtype_change() -> None:
     assert fb.status == "wrong" and "one row per query" in fb.message, fb
 
 
+def _mistake_hint(name: str) -> str:
+    return next(m.hint for m in SOFT_LOOKUP_MISTAKES if m.name == name)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda q, k, v: torch.softmax(q @ k.T, dim=0) @ v,  # [M, N], normalised down a column
+        lambda q, k, v: torch.softmax(k @ q.T, dim=-1).T @ v,  # [N, M], one row per key
+    ],
+    ids=["dim=0 on queries @ keys.T", "dim=-1 on keys @ queries.T"],
+)
+def test_soft_lookup_names_softmax_over_the_queries_in_both_layouts(fn) -> None:
+    """Both ways of normalising over the queries get a hint that names the form the reader wrote."""
+    fb = check_soft_lookup(fn)
+    assert fb.status == "wrong" and fb.message == _mistake_hint("softmax over the queries"), fb
+    assert "dim=-1 on keys @ queries.T" in fb.message and "dim=0 on queries @ keys.T" in fb.message
+
+
+def test_soft_lookup_accepts_keys_at_queries_normalised_over_the_keys() -> None:
+    assert check_soft_lookup(lambda q, k, v: torch.softmax(k @ q.T, dim=0).T @ v).passed
+
+
+@pytest.mark.parametrize(
+    ("fn", "right"),
+    [
+        (lambda q, k, v: (torch.softmax(q @ k.T, dim=-1)[..., None] * v[None]).sum(0), False),
+        (lambda q, k, v: (torch.softmax(q @ k.T, dim=-1)[..., None] * v[None]).sum(1), True),
+    ],
+    ids=["summed over the queries", "summed over the keys"],
+)
+def test_soft_lookup_broadcast_sum_over_each_axis(fn, right: bool) -> None:
+    fb = check_soft_lookup(fn)
+    if right:
+        assert fb.passed, fb
+    else:
+        assert fb.status == "wrong" and fb.message == _mistake_hint("weighted rows summed over the queries"), fb
+
+
 @pytest.mark.parametrize(
     ("fn", "hint"),
     [
@@ -590,10 +629,10 @@ def test_the_rope_diagram_claims_what_rope_does() -> None:
     """The RoPE diagram's two panels share one offset; ch01.rope gives their query-key pairs one score."""
     from attnbook.ch01 import ROPE_PANELS, rope, rope_diagram
 
-    (offset,) = {n - m for m, n in ROPE_PANELS}
+    (offset,) = {j - i for i, j in ROPE_PANELS}
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(8, generator=g), torch.randn(8, generator=g)
-    scores = [float(rope(q, m) @ rope(k, n)) for m, n in ROPE_PANELS]
+    scores = [float(rope(q, i) @ rope(k, j)) for i, j in ROPE_PANELS]
     assert abs(scores[0] - scores[1]) < 1e-5
     assert float(rope(q, 0) @ rope(k, offset + 1)) != pytest.approx(scores[0], abs=1e-3)  # another offset differs
     assert f"the offset is {offset}" in rope_diagram().alt
