@@ -443,7 +443,14 @@ MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
 
 def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k: Tensor, v: Tensor) -> Feedback | None:
     got, fb = call_reader(fn, (q.clone(), k.clone(), v.clone()), axes=("B", "H", "S_q", "S_k"))
-    if fb is not None and _SIZE_MISMATCH.search(fb.message):
+    mismatch = _SIZE_MISMATCH.search(fb.message) if fb is not None else None
+    S, D_k = q.shape[-2], q.shape[-1]
+    if mismatch is not None and {int(mismatch[1]), int(mismatch[2])} == {S, D_k}:
+        return wrong(
+            fb.message + f". Something is sized by D_k = {D_k} (q.shape[-1]) where the number of positions "
+            f"S = {S} (q.shape[-2]) belongs: the scores and the causal mask are both [S, S]."
+        )
+    if mismatch is not None:
         return wrong(
             fb.message + ". If you divided by a sum: a sum over one axis drops that axis (`w.sum(-1)` of "
             "[B, H, S_q, S_k] is [B, H, S_q]), and broadcasting lines shapes up from the right, so its query axis "

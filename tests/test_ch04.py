@@ -497,6 +497,26 @@ def test_masking_order_names_minus_inf_written_into_the_weights() -> None:
 def test_masking_order_names_renormalising_without_keepdim_in_axis_names() -> None:
     fb = check_masking_order(_post_softmax(lambda w, future: (lambda z: z / z.sum(-1))(w.masked_fill(future, 0.0))))
     assert fb.status == "wrong" and "is S_q in [B, H, S_q, S_k]" in fb.message, fb
+    assert "keepdim=True" in fb.message and "sized by D_k" not in fb.message, fb
+
+
+def test_masking_order_names_a_mask_or_scores_sized_by_d_k() -> None:
+    def mask_of_d_k(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, H, S, S]
+        w = torch.softmax(scores.masked_fill(~causal_mask(q.shape[-1]), float("-inf")), dim=-1)  # mask [D_k, D_k]
+        return w @ v, w
+
+    def scores_of_d_k(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = q.transpose(-2, -1) @ k / math.sqrt(q.shape[-1])  # [B, H, D_k, D_k]
+        w = torch.softmax(scores.masked_fill(~causal_mask(q.shape[-2]), float("-inf")), dim=-1)
+        return w @ v, w
+
+    B, H, S, D_k, _ = ch04.MASKING_ORDER_CASES[0]
+    for fn in (mask_of_d_k, scores_of_d_k):
+        fb = check_masking_order(fn)
+        assert fb.status == "wrong", fb
+        assert f"sized by D_k = {D_k} (q.shape[-1]) where the number of positions S = {S}" in fb.message, fb
+        assert "keepdim" not in fb.message, fb
 
 
 def test_lower_right_mask_accepts_right_answers_and_matches_attnlib() -> None:
