@@ -52,7 +52,7 @@ __all__ = [
     "mha_all_padding_outputs", "mask_seen_by_attention", "document_mask", "prefix_lm_mask",
     "PADDED_BATCH", "LEFT_PADDED_TOKENS", "LEFT_PADDED_MASK", "STACK_FILLS", "left_padded_stack",
     "fully_masked_row_by_dtype", "ENCODER_DECODER", "mask_conventions_agree", "bert_padding_equals_alone",
-    "PREFIX_PASSES_S", "NEXT_TOKEN_TEXT", "NEXT_TOKEN_QUERY",
+    "PREFIX_PASSES_S", "NEXT_TOKEN_TEXT", "NEXT_TOKEN_QUERY", "loss_curve_alt",
 ]
 
 #: The attention mask the combined-mask checker feeds in: ``[B, S] = [3, 5]``, 1 = real token.
@@ -443,7 +443,14 @@ MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
 
 def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k: Tensor, v: Tensor) -> Feedback | None:
     got, fb = call_reader(fn, (q.clone(), k.clone(), v.clone()), axes=("B", "H", "S_q", "S_k"))
-    if fb is not None and _SIZE_MISMATCH.search(fb.message):
+    mismatch = _SIZE_MISMATCH.search(fb.message) if fb is not None else None
+    S, D_k = q.shape[-2], q.shape[-1]
+    if mismatch is not None and {int(mismatch[1]), int(mismatch[2])} == {S, D_k}:
+        return wrong(
+            fb.message + f". Something is sized by D_k = {D_k} (q.shape[-1]) where the number of positions "
+            f"S = {S} (q.shape[-2]) belongs: the scores and the causal mask are both [S, S]."
+        )
+    if mismatch is not None:
         return wrong(
             fb.message + ". If you divided by a sum: a sum over one axis drops that axis (`w.sum(-1)` of "
             "[B, H, S_q, S_k] is [B, H, S_q]), and broadcasting lines shapes up from the right, so its query axis "
@@ -709,6 +716,48 @@ def causal_eval_stats(model: Any, data: Tensor, *, seq_len: int, batch_size: int
     }
 
 
+def loss_curve_alt(curves: dict[str, list[float]]) -> str:
+    """The alt text of section 4.1's loss figure, written from the two training curves.
+
+    ``curves`` maps ``"no mask"`` and ``"causal mask"`` to the training loss of each step (step 1
+    first). The steps and levels it states are rounded (steps to 5 or 10) and each is checked for a
+    margin that last-bit differences between CPUs cannot cross: it raises ``AssertionError`` naming
+    the number that has none, so the description never states what a reader's run does not show.
+    """
+    free, masked = list(curves["no mask"]), list(curves["causal mask"])
+    if len(free) != len(masked) or len(free) < 100:
+        raise ValueError(f"expected two curves of the same length, at least 100 steps, got {len(free)} and {len(masked)}")
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise AssertionError(f"the loss figure's description has no margin: {what}")
+
+    start = round(free[0])
+    need(all(abs(c[0] - start) < 0.3 for c in (free, masked)), f"both curves start near {start}")
+    # together: until the unmasked loss is 0.25 below the masked one, rounded to 10 steps
+    split = next(i + 1 for i, (f, m) in enumerate(zip(free, masked)) if m - f > 0.25)
+    together = 10 * round(split / 10)
+    need(abs(split - (together - 5)) >= 2 and abs(split - (together + 5)) >= 2,
+         f"the curves part at step {split}, near a rounding boundary")
+    # below 1 by step `below_one` (a multiple of 5), and not yet 5 steps earlier
+    below_one = 5 * math.ceil(next(i + 1 for i, f in enumerate(free) if f < 1) / 5)
+    need(free[below_one - 1] < 0.9 and free[below_one - 6] > 1.1, f"the loss crosses 1 near step {below_one}")
+    # below 0.25 from step `low` on (a multiple of 10), and not from 10 steps earlier
+    low = 10 * math.ceil((max(i + 1 for i, f in enumerate(free) if f >= 0.25) + 1) / 10)
+    need(max(free[low - 1:]) < 0.23 and max(free[low - 11:]) > 0.27, f"the loss stays below 0.25 from step {low}")
+    need(free[-1] < 0.09, "the last step's loss is below 0.1")
+    # the masked curve's level: every 10-step mean of its second half, between two halves
+    means = [sum(masked[j:j + 10]) / 10 for j in range(len(masked) // 2, len(masked) - 9)]
+    lo, hi = math.floor(2 * min(means)) / 2, math.ceil(2 * max(means)) / 2
+    need(min(means) - lo > 0.02 and hi - max(means) > 0.02, f"the masked loss levels off between {lo:g} and {hi:g}")
+    return (
+        f"Line plot of training loss against training step for two tiny models. Both start near {start} and "
+        f"fall together for about {together} steps. Then the model trained without the causal mask falls "
+        f"steeply: below 1 by step {below_one}, below 0.25 from step {low} on, and it ends below 0.1. The "
+        f"model trained with the mask falls more slowly and levels off between {lo:g} and {hi:g}."
+    )
+
+
 # --- the parallel pass against the prefix passes ------------------------------------------
 
 
@@ -830,7 +879,9 @@ def mask_conventions_agree(mha: torch.nn.MultiheadAttention, x: Tensor, hf_mask:
 
     ``mha`` is a one-head ``nn.MultiheadAttention`` (batch first); ``x`` ``[B, S, D]``; ``hf_mask`` ``[B, S]``
     (1 = keep), ``blocked`` ``[B, S]`` (True = blocked), ``may_attend`` ``[B, 1, 1, S]`` (True = may attend) and
-    ``additive`` ``[B, 1, 1, S]`` (0 keep, finfo.min hide) are the same padding. The reference is attnlib with
+    ``additive`` ``[B, 1, 1, S]`` (0 keep, finfo.min hide) are the same padding; the module takes ``blocked``
+    as its ``key_padding_mask`` and, expanded to one ``[S, S]`` mask per sequence, as its bool ``attn_mask``, and
+    ``additive`` as its float ``attn_mask``. The reference is attnlib with
     ``padding_mask(hf_mask)``, run on the module's own projections (its packed ``in_proj_weight``, chapter 6,
     and ``out_proj``); each API's output is compared with it to 1e-5.
     """
@@ -841,8 +892,12 @@ def mask_conventions_agree(mha: torch.nn.MultiheadAttention, x: Tensor, hf_mask:
         projections = zip(mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3))
         q, k, v = (F.linear(x, w, b)[:, None] for w, b in projections)  # [B, 1, S, D] each: one head
         reference = mha.out_proj(scaled_dot_product_attention(q, k, v, padding_mask(hf_mask)).output[:, 0])
+        B, S = blocked.shape
         outputs = {
             "nn.MultiheadAttention, True = blocked": mha(x, x, x, key_padding_mask=blocked)[0],
+            # a per-sequence attn_mask is [B * H, S_q, S_k], here with H = 1: [B, S, S]
+            "nn.MultiheadAttention, bool attn_mask": mha(x, x, x, attn_mask=blocked[:, None, :].expand(B, S, S))[0],
+            "nn.MultiheadAttention, additive attn_mask": mha(x, x, x, attn_mask=additive[:, 0].expand(B, S, S))[0],
             "SDPA, bool True = may attend": mha.out_proj(F.scaled_dot_product_attention(q, k, v, attn_mask=may_attend)[:, 0]),
             "SDPA, additive finfo.min": mha.out_proj(F.scaled_dot_product_attention(q, k, v, attn_mask=additive)[:, 0]),
         }
@@ -1169,9 +1224,9 @@ def next_token_diagram() -> Diagram:
     y1 = y0 + cell + 56
     d = Diagram("ch04_next_token", x0 + S * cell + 14, y1 + cell + 76,
                 title="Next-token training",
-                alt=f"Two rows of {S} cells for the text '{text[:S]}' (a space drawn as an open box): the input "
-                    f"characters at positions 0 to {S - 1}, and below them the label of each position, the next "
-                    "character, so the labels are the input shifted left by one. Position "
+                alt=f"Two rows of {S} cells for the text '{text}' (a space drawn as an open box): the input "
+                    f"characters '{text[:S]}' at positions 0 to {S - 1}, and below them the label of each position, "
+                    f"the next character, '{text[1:]}', so the labels are the input shifted left by one. Position "
                     f"{i}, '{text[i]}', is scored on '{text[i + 1]}', and an arrow shows that '{text[i + 1]}' is "
                     f"the input at position {i + 1}: without a mask it is among position {i}'s keys, and a causal "
                     "mask hides it.")

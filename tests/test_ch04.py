@@ -497,6 +497,26 @@ def test_masking_order_names_minus_inf_written_into_the_weights() -> None:
 def test_masking_order_names_renormalising_without_keepdim_in_axis_names() -> None:
     fb = check_masking_order(_post_softmax(lambda w, future: (lambda z: z / z.sum(-1))(w.masked_fill(future, 0.0))))
     assert fb.status == "wrong" and "is S_q in [B, H, S_q, S_k]" in fb.message, fb
+    assert "keepdim=True" in fb.message and "sized by D_k" not in fb.message, fb
+
+
+def test_masking_order_names_a_mask_or_scores_sized_by_d_k() -> None:
+    def mask_of_d_k(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, H, S, S]
+        w = torch.softmax(scores.masked_fill(~causal_mask(q.shape[-1]), float("-inf")), dim=-1)  # mask [D_k, D_k]
+        return w @ v, w
+
+    def scores_of_d_k(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = q.transpose(-2, -1) @ k / math.sqrt(q.shape[-1])  # [B, H, D_k, D_k]
+        w = torch.softmax(scores.masked_fill(~causal_mask(q.shape[-2]), float("-inf")), dim=-1)
+        return w @ v, w
+
+    B, H, S, D_k, _ = ch04.MASKING_ORDER_CASES[0]
+    for fn in (mask_of_d_k, scores_of_d_k):
+        fb = check_masking_order(fn)
+        assert fb.status == "wrong", fb
+        assert f"sized by D_k = {D_k} (q.shape[-1]) where the number of positions S = {S}" in fb.message, fb
+        assert "keepdim" not in fb.message, fb
 
 
 def test_lower_right_mask_accepts_right_answers_and_matches_attnlib() -> None:
@@ -618,7 +638,7 @@ def test_mask_conventions_agree_and_an_inverted_mask_does_not() -> None:
     may_attend = hf_mask.bool()[:, None, None, :]
     additive = torch.zeros(2, 1, 1, 5).masked_fill(~may_attend, torch.finfo(torch.float32).min)
     agree = ch04.mask_conventions_agree(mha, x, hf_mask, hf_mask == 0, may_attend, additive)
-    assert len(agree) == 3 and all(agree.values()), agree
+    assert len(agree) == 5 and all(agree.values()), agree
     # each convention given the other one's meaning no longer agrees
     wrong = ch04.mask_conventions_agree(mha, x, hf_mask, hf_mask == 1, ~may_attend, additive.flip(-1))
     assert not any(wrong.values()), wrong
@@ -725,6 +745,55 @@ def test_next_token_diagram_shifts_the_labels_by_one() -> None:
     text, i = ch04.NEXT_TOKEN_TEXT, ch04.NEXT_TOKEN_QUERY
     S = len(text) - 1
     assert 0 <= i < S - 1
-    assert f"Two rows of {S} cells for the text '{text[:S]}'" in d.alt
+    # the alt text names the whole text: the input row shows all but its last character, the label row
+    # all but its first
+    assert f"Two rows of {S} cells for the text '{text}'" in d.alt
+    assert f"the input characters '{text[:S]}' at positions 0 to {S - 1}" in d.alt
+    assert f"the next character, '{text[1:]}'" in d.alt
     assert f"Position {i}, '{text[i]}', is scored on '{text[i + 1]}'" in d.alt
     assert f"the input at position {i + 1}" in d.alt
+
+
+def _train_section_4_1() -> dict[str, list[float]]:
+    """The two training curves of section 4.1, trained as its cell trains them."""
+    from attnbook import toy_lm
+
+    text = toy_lm.load_text()
+    vocab = toy_lm.CharVocab(text)
+    data = vocab.encode(text)
+    train_data = data[: int(0.9 * len(data))]
+    curves = {}
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for name, causal in (("no mask", False), ("causal mask", True)):
+            torch.manual_seed(0)
+            model = toy_lm.TinyLM(len(vocab), d_model=48, num_heads=1, max_len=32)
+            curves[name] = toy_lm.train_next_token(model, train_data, causal=causal, steps=200, batch_size=16,
+                                                   seq_len=32, lr=1e-2, seed=0)
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    return curves
+
+
+def test_loss_curve_alt_is_the_stored_alt_text_and_refuses_a_number_without_margin() -> None:
+    import json
+    from pathlib import Path
+
+    curves = _train_section_4_1()
+    alt = ch04.loss_curve_alt(curves)
+    nb = json.loads((Path(__file__).parents[1] / "book" / "04_masks.ipynb").read_text())
+    figure = [c for c in nb["cells"] if c["cell_type"] == "code" and 'curves["no mask"],' in "".join(c["source"])
+              and "plt.show()" in "".join(c["source"])]
+    assert len(figure) == 1
+    assert figure[0]["metadata"]["mystnb"]["image"]["alt"] == alt
+    # the numbers it states, read off the curves
+    free, masked = curves["no mask"], curves["causal mask"]
+    assert "below 1 by step 45" in alt and free[44] < 1 < free[39]
+    assert "below 0.25 from step 60 on" in alt and max(free[59:]) < 0.25 < max(free[49:])
+    assert "ends below 0.1" in alt and free[-1] < 0.1
+    assert "for about 30 steps" in alt and max(m - f for f, m in zip(free[:30], masked[:30])) < 0.25
+    # a curve that crosses a stated level too near a rounding boundary has no margin: refused
+    near = dict(curves, **{"no mask": free[:44] + [0.95] + free[45:]})
+    with pytest.raises(AssertionError, match="crosses 1"):
+        ch04.loss_curve_alt(near)
