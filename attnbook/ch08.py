@@ -551,7 +551,7 @@ def _first_tile_hint(result: tuple[Tensor, Tensor, Tensor], ref: tuple[Tensor, T
                      "happens once, at the end (out = acc / l).")
     if close(l1, torch.exp2(s - ref[0]).sum(dim=-1, keepdim=True)):
         return wrong("you used base 2 (torch.exp2 or 2 ** x): softmax is in base e, so use torch.exp. (GPU kernels "
-                     "do use exp2, but on scores multiplied by log2(e) first, which gives the same numbers.)")
+                     "do use exp2, but on scores multiplied by log2(e) first, which gives the same weights up to rounding.)")
     if close(l1, torch.exp(s - ref[0]).sum().expand_as(l1)):
         return wrong("l_new is the same number on every row, the sum over the whole tile: sum each row over its "
                      "keys only, p.sum(dim=-1, keepdim=True).")
