@@ -474,6 +474,13 @@ _MAX_OF_TILE_AS_SUM = (
 )
 
 
+_OLD_MAX_RETURNED = (
+    "l_new and acc_new are right, but the m you returned is still -inf after the first tile: you returned the old "
+    "running maximum, the m your function received. Return the new one, the maximum you exponentiated against, so "
+    "that the next tile's l and acc are rescaled from it."
+)
+
+
 def _square_first_tile(fn: Callable[..., Any], S_q: int = 3, n: int = 2
                        ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor], tuple[Any, ...]] | None:
     """``fn`` on a first tile whose key count equals D_v (both ``n``), where some wrong shapes still broadcast
@@ -516,6 +523,9 @@ def _first_tile_hint(result: tuple[Tensor, Tensor, Tensor], ref: tuple[Tensor, T
     m1, l1 = result[0], result[1]
     if tuple(m1.shape) != tuple(ref[0].shape):
         return None
+    if torch.isneginf(m1).all() and all(tuple(result[i].shape) == tuple(ref[i].shape) and close(result[i], ref[i])
+                                        for i in (1, 2)):
+        return wrong(_OLD_MAX_RETURNED)
     if torch.isneginf(m1).all():
         return wrong("m_new is still -inf after the first tile: the running maximum is the larger of the old one and "
                      "the tile's, torch.maximum(m, s.amax(dim=-1, keepdim=True)); torch.minimum (or amin) keeps -inf.")
@@ -541,7 +551,7 @@ def _first_tile_hint(result: tuple[Tensor, Tensor, Tensor], ref: tuple[Tensor, T
                      "happens once, at the end (out = acc / l).")
     if close(l1, torch.exp2(s - ref[0]).sum(dim=-1, keepdim=True)):
         return wrong("you used base 2 (torch.exp2 or 2 ** x): softmax is in base e, so use torch.exp. (GPU kernels "
-                     "do use exp2, but on scores multiplied by log2(e) first, which gives the same numbers.)")
+                     "do use exp2, but on scores multiplied by log2(e) first, which gives the same weights up to rounding.)")
     if close(l1, torch.exp(s - ref[0]).sum().expand_as(l1)):
         return wrong("l_new is the same number on every row, the sum over the whole tile: sum each row over its "
                      "keys only, p.sum(dim=-1, keepdim=True).")
@@ -885,7 +895,8 @@ def _tile_one(fn: Callable[..., Any], case: int) -> Feedback | None:
 
 
 def _tile_log_hint(got: Tensor, s_tile: Tensor, lse: Tensor) -> Feedback | None:
-    """Hints for weights that are exp of the right exponent scaled, shifted, or computed in float32."""
+    """Hints for weights that are exp of the right exponent scaled, shifted, computed in float32, or taken against
+    one number for the whole tile (lse.sum(), lse.max())."""
     x = (s_tile - lse[:, None]).double()  # the right log-weights, at most 0
     if s_tile.dtype == torch.float64 and close(got, torch.exp(s_tile.float() - lse.float()[:, None])):
         return wrong("you computed in float32 (.float()): here the scores are float64 near 800, where float32 keeps "
@@ -895,6 +906,16 @@ def _tile_log_hint(got: Tensor, s_tile: Tensor, lse: Tensor) -> Feedback | None:
     if got.is_complex() or not (got.detach() > 0).all():
         return None
     logs = torch.log(got.detach().double())
+    one_number = s_tile.double() - logs  # what was subtracted from each score
+    if float(one_number.std(unbiased=False)) < 1e-5 and float(lse.double().std(unbiased=False)) > 1e-3:
+        c = one_number.mean()
+        named = (("lse.sum()", lse.sum()), ("lse.max()", lse.max()), ("lse.min()", lse.min()))
+        what = next((f" (it equals {name})" for name, x in named
+                     if abs(float(c) - float(x)) < 1e-4 * max(1.0, abs(float(x)))), "")
+        return wrong(f"you subtracted one number from every score of the tile{what}, where each query row has its "
+                     "own logsumexp, the log of its own row's softmax denominator: with one number for all "
+                     "rows, at most one row is divided by its own denominator. Subtract each row's own: lse[:, None] "
+                     "lines lse up with the rows.")
     ratio = logs / x.where(x.abs() > 1e-3, torch.ones_like(x))
     mask = x.abs() > 1e-3
     if mask.any() and float(ratio[mask].std(unbiased=False)) < 1e-5 and abs(float(ratio[mask].mean()) - 1) > 1e-3:

@@ -32,7 +32,7 @@ from . import _checks
 
 __all__ = ["flash_attention", "BLOCK_Q", "BLOCK_K"]
 
-#: Default tile edges: a starting point, chosen by timing S = 4096 on two CPU cores. The result never depends on them.
+#: Default tile edges: a starting point, chosen by timing S = 4096 on two CPU cores. The result depends on them only by rounding.
 BLOCK_Q, BLOCK_K = 256, 256
 
 

@@ -928,3 +928,33 @@ def test_tensor_peaks_one_thread_counts_the_tiles_of_every_thread() -> None:
     assert torch.get_num_threads() == threads
     # at least the output, the scaled copy of q and one [4, 128, 128] float32 tile
     assert peaks["tiled"] >= 2 * q.nbytes + 4 * 128 * 128 * 4
+
+
+def test_online_update_returning_the_old_maximum_is_named_not_the_max_call() -> None:
+    """m_new computed right but the received m returned: the hint points at the return, not at torch.maximum."""
+
+    def old_m_returned(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        p, alpha = torch.exp(s - m_new), torch.exp(m - m_new)
+        return m, l * alpha + p.sum(dim=-1, keepdim=True), acc * alpha + p @ v
+
+    fb = check_online_softmax_update(old_m_returned)
+    assert fb.status == "wrong" and "l_new and acc_new are right" in fb.message, fb.message
+    assert "old running maximum" in fb.message and "torch.maximum" not in fb.message, fb.message
+
+    def minimum(m, l, acc, s, v):  # still -inf because of the wrong reduction: the torch.maximum hint stays
+        m_new = torch.minimum(m, s.amax(dim=-1, keepdim=True))
+        p, alpha = torch.exp(s - m_new), torch.exp(m - m_new)
+        return m_new, l * alpha + p.sum(dim=-1, keepdim=True), acc * alpha + p @ v
+
+    fb = check_online_softmax_update(minimum)
+    assert fb.status == "wrong" and "m_new is still -inf" in fb.message and "torch.minimum" in fb.message, fb.message
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda s, lse: torch.exp(s - lse.sum()), "lse.sum()"),
+    (lambda s, lse: torch.exp(s - lse.max()), "lse.max()"),
+], ids=["exp(s - lse.sum())", "exp(s - lse.max())"])
+def test_tile_weights_one_lse_for_the_whole_tile_is_named(fn, words: str) -> None:
+    fb = check_tile_weights(fn)
+    assert fb.status == "wrong" and words in fb.message and "its own logsumexp" in fb.message, fb.message

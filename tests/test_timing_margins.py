@@ -98,9 +98,10 @@ def test_ch08_sdpa_beats_every_materialised_variant(two_busy_processes: None) ->
     mask = attnlib.causal_mask(S)
     variants = {
         "materialised, attnlib softmax": lambda: attnlib.scaled_dot_product_attention(q, k, v, mask).output,
+        # as in section 8.5, the torch.softmax variants scale q, not the [S, S] scores
         "materialised, torch.softmax": lambda: torch.softmax(
-            (q @ k.transpose(-2, -1) / 8).masked_fill(~mask, float("-inf")), dim=-1) @ v,
-        "materialised, no mask": lambda: torch.softmax(q @ k.transpose(-2, -1) / 8, dim=-1) @ v,
+            ((q / 8) @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf")), dim=-1) @ v,
+        "materialised, no mask": lambda: torch.softmax((q / 8) @ k.transpose(-2, -1), dim=-1) @ v,
         "SDPA": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
     with torch.inference_mode():
