@@ -700,7 +700,7 @@ def check_per_head_loop(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor]) 
     H = 5`` in float64) and compares with ``module(x).hidden_states``. The module passed in cannot
     be called directly (that would skip the exercise), and a version that calls ``split_heads``,
     ``F.scaled_dot_product_attention`` or computes all heads' ``[B, H, S, S]`` scores at once (no loop)
-    is refused with a hint that says so.
+    is refused with a hint that says so, and so is one that changes the module's weights or biases.
     """
     for case in range(len(LOOP_CASES)):
         problem = _loop_one(fn, case)
