@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import attnlib
 from attnlib.cost import attention_weights_bytes, mha_param_count
@@ -187,7 +188,7 @@ PARAM_MISTAKES: tuple[Mistake, ...] = (
     Mistake("one head's share", lambda D, H: 4 * D * (D // H),
             "that is one head's share (D×D_k per projection): the projections map D to H·D_k = D, so each is D×D (plus biases)."),
     Mistake("times H", lambda D, H: H * (4 * D * D + 4 * D),
-            "you multiplied by H: the heads share the D×D projections (each head owns D_k of their output columns), so H does not multiply the count."),
+            "you multiplied by H: the heads share the D×D projections (each head owns D_k of their output features), so H does not multiply the count."),
     Mistake("one bias per head", lambda D, H: 4 * D * D + 4 * D * H,
             "you gave every head its own bias of D numbers: each projection has one bias of D numbers, and head h "
             "uses its slice of D_k of them, so the biases add 4·D, not 4·D·H."),
@@ -222,7 +223,12 @@ def check_param_count(answer: object, *, d_model: int = 1024, num_heads: int = 1
         return todo("replace `None` with your number (an int), then run the cell again.")
     D, H = d_model, num_heads
     right = mha_param_count(D, H, bias=bias)
+    if isinstance(answer, str):  # the reader sets a variable: say so, not "return"
+        return wrong("set `answer` to a number (an int), not a string: write the digits without quotes (and without "
+                     "commas; Python reads 1_000 as a thousand).")
     value, problem = check_number(answer, right, integer=True, what="a number of parameters")
+    if value is None:
+        return wrong(f"set `answer` to a number of parameters (an int), got {describe(answer)}.")
     if problem is None:
         extra = " Note that H never entered the formula." if bias else ""
         return correct(f"{right:,} = 4·D² + 4·D: four D×D weight matrices and four bias vectors of D.{extra}" if bias
@@ -414,18 +420,43 @@ class _AllHeadsSpy(TorchDispatchMode):  # type: ignore[misc, valid-type]
     (``"torch.float16"``), and the H heads' ``[B, S, D_k]`` outputs concatenated on another axis than the
     last (``"cat dim 0"``, ``"cat dim 1"``)."""
 
-    def __init__(self, shape: tuple[int, ...], used: set[str], d_k: int = 0) -> None:
+    def __init__(self, shape: tuple[int, ...], used: set[str], d_k: int = 0,
+                 module: MultiHeadSelfAttention | None = None) -> None:
         super().__init__()
         self.shape, self.used = shape, used
         B, H, S, _ = shape
         self.num_heads, self.head_out = H, (B, S)  # each head's output is [B, S, D_k]
         self.d_k = d_k
+        # the memory of the module's q/k/v biases and of W_O's weight, to name what an operation that fails was given
+        self.qkv_biases = set() if module is None else {
+            lin.bias.untyped_storage().data_ptr() for lin in (module.w_q, module.w_k, module.w_v) if lin.bias is not None}
+        self.w_o = None if module is None else module.w_o.weight.untyped_storage().data_ptr()
+        self.d_model = 0 if module is None else module.d_model
+
+    def _failed(self, args: Any, kwargs: Any) -> None:
+        """Record what an operation that raised was given: a whole q/k/v bias ``[D]`` (added to a head's
+        ``[B, S, D_k]`` projection), or a ``[D, D_k]`` piece of W_O's weight (a head's output multiplied by it)."""
+        for t in tree_flatten((args, kwargs))[0]:
+            if not isinstance(t, Tensor):
+                continue
+            try:
+                ptr = t.untyped_storage().data_ptr()
+            except Exception:  # a tensor without storage (a meta or fake tensor) belongs to neither
+                continue
+            if ptr in self.qkv_biases and tuple(t.shape) == (self.d_model,):
+                self.used.add("whole q/k/v bias")
+            if ptr == self.w_o and tuple(t.shape) == (self.d_model, self.d_k):
+                self.used.add("W_O piece [D, D_k]")
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if (func is torch.ops.aten.permute.default and len(args) > 1 and isinstance(args[0], Tensor)
                 and args[0].dim() == 3 and list(args[1]) == [2, 1, 0]):
             self.used.add(".T of a 3-D tensor")  # .T reverses every axis: [B, S, D_k] -> [D_k, S, B]
-        out = func(*args, **(kwargs or {}))
+        try:
+            out = func(*args, **(kwargs or {}))
+        except Exception:
+            self._failed(args, kwargs)
+            raise
         if isinstance(out, Tensor):
             if tuple(out.shape) == self.shape:
                 self.used.add("all heads at once")
@@ -445,11 +476,13 @@ class _AllHeadsSpy(TorchDispatchMode):  # type: ignore[misc, valid-type]
 
 
 @contextmanager
-def _loop_guard(all_heads_shape: tuple[int, ...] = (), d_k: int = 0) -> Iterator[set[str]]:
+def _loop_guard(all_heads_shape: tuple[int, ...] = (), d_k: int = 0,
+                module: MultiHeadSelfAttention | None = None) -> Iterator[set[str]]:
     """While the reader's loop runs: refuse the module's own forward however it is reached (also
     ``MultiHeadSelfAttention.forward(module, x)``), and record calls of F.scaled_dot_product_attention,
     of ``split_heads`` (however it was imported: its code object is watched) and any tensor of shape
-    ``all_heads_shape`` (``[B, H, S, S]``)."""
+    ``all_heads_shape`` (``[B, H, S, S]``); with ``module``, also what a failing operation was given of
+    its weights (:class:`_AllHeadsSpy`)."""
     used: set[str] = set()
     forward, sdpa = MultiHeadSelfAttention.forward, F.scaled_dot_product_attention
     split_code, old_profile = split_heads.__code__, sys.getprofile()
@@ -470,7 +503,7 @@ def _loop_guard(all_heads_shape: tuple[int, ...] = (), d_k: int = 0) -> Iterator
     sys.setprofile(profile)
     try:
         if all_heads_shape:
-            with _AllHeadsSpy(all_heads_shape, used, d_k):
+            with _AllHeadsSpy(all_heads_shape, used, d_k, module):
                 yield used
         else:
             yield used
@@ -497,6 +530,48 @@ def _weight_layout_hint(message: str, rows: int, d: int, d_k: int) -> str | None
             "[D, D_k] before x can multiply them.")
 
 
+_WHOLE_BIAS = (
+    "you added the whole bias (D numbers) to head h's [B, S, D_k] projection: take the same slice of the bias as "
+    "of the weight, rows h·D_k .. (h+1)·D_k - 1 of both (F.linear(x, W[rows], b) needs b[rows] too)."
+)
+
+_W_O_PIECE = (
+    "you multiplied head h's output [B, S, D_k] by a [D, D_k] piece of W_O (module.w_o.weight[rows].T, or "
+    "module.w_o.weight[:, rows] without .T). nn.Linear stores module.w_o.weight as [out, in] = [D, H·D_k], so the "
+    "D_k inputs that head h feeds are its columns h·D_k .. (h+1)·D_k - 1, and the product needs them as [D_k, D], "
+    "that is module.w_o.weight[:, rows].T; add module.w_o.bias once, after summing the heads (or concatenate the "
+    "heads and call module.w_o)."
+)
+
+
+def _module_changes(module: torch.nn.Module, before: dict[str, Tensor]) -> list[str]:
+    """The entries of ``module``'s state that differ from ``before`` (a copy taken before the reader's loop ran).
+
+    A change of dtype alone (``module.float()``, ``module.to(torch.float16)``) is left to the precision hints."""
+    after = module.state_dict()
+    changed = sorted(set(before) ^ set(after))
+    for name in sorted(set(before) & set(after)):
+        old, new = before[name], after[name].detach()
+        if old.shape != new.shape:
+            changed.append(name)
+            continue
+        try:
+            same = torch.equal(old.to(new.dtype), new.cpu())
+        except Exception:  # a state entry that cannot be compared any more has been changed in some way
+            same = False
+        if not same:
+            changed.append(name)
+    return sorted(changed)
+
+
+def _module_changed_hint(names: list[str]) -> str:
+    listed = ", ".join(f"module.{n}" for n in names[:3]) + (" ..." if len(names) > 3 else "")
+    return (f"your loop changed the module itself ({listed}): an in-place operation on a weight or bias (mul_, /= "
+            "under torch.no_grad(), an assignment to .data) or a new layer assigned to module.w_q changes every later "
+            "call of the module. Only read the weights: compute new tensors from them (q = x @ W[rows].T + b[rows]) "
+            "and scale the scores, not the weights.")
+
+
 def _slice_width_hint(width: int, d_k: int) -> str:
     return (f"each head's output has {width} features, not D_k = {d_k}: each head's slice must hold D_k rows of "
             "each weight and bias. The end of h*d_k:(h+1)*d_k is exclusive, so slice(h * d_k, (h + 1) * d_k) "
@@ -519,8 +594,13 @@ def _loop_one(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor], case: int)
     with torch.no_grad():
         expected = ref(x).hidden_states  # [B, S, D]
     B, S = x.shape[:2]
-    with _loop_guard((B, H, S, S), D // H) as used:
+    state = {name: t.detach().clone() for name, t in module.state_dict().items()}
+    with _loop_guard((B, H, S, S), D // H, module) as used:
         got, fb = run_reader_code(fn, x.clone(), module)
+    if fb is None or fb.status == "wrong":
+        changed = _module_changes(module, state)
+        if changed:
+            return wrong(_module_changed_hint(changed))
     for dim in (0, 1):
         if f"cat dim {dim}" in used and (fb is not None or not close(got, expected)):
             return wrong(_CAT_AXIS[dim])
@@ -528,6 +608,10 @@ def _loop_one(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor], case: int)
     if width is not None and (fb is not None or not close(got, expected)):
         return wrong(_slice_width_hint(int(width.rsplit(" ", 1)[1]), D // H))
     if fb is not None and fb.status == "wrong" and fb.message.startswith("your code raised"):
+        if "whole q/k/v bias" in used:
+            return wrong(_WHOLE_BIAS)
+        if "W_O piece [D, D_k]" in used:
+            return wrong(_W_O_PIECE)
         if ".T of a 3-D tensor" in used:
             return wrong(_THREE_D_T)
         layout = _weight_layout_hint(fb.message, B * S, D, D // H)
@@ -616,7 +700,7 @@ def check_per_head_loop(fn: Callable[[Tensor, MultiHeadSelfAttention], Tensor]) 
     H = 5`` in float64) and compares with ``module(x).hidden_states``. The module passed in cannot
     be called directly (that would skip the exercise), and a version that calls ``split_heads``,
     ``F.scaled_dot_product_attention`` or computes all heads' ``[B, H, S, S]`` scores at once (no loop)
-    is refused with a hint that says so.
+    is refused with a hint that says so, and so is one that changes the module's weights or biases.
     """
     for case in range(len(LOOP_CASES)):
         problem = _loop_one(fn, case)

@@ -101,6 +101,13 @@ _HARD_CODED = (
     "(not numbers written in, nor another axis of x)."
 )
 
+_MERGE_HARD_CODED = (
+    "your code raised RuntimeError: {error}. The sizes in your view/reshape do not fit this input (the checker "
+    "tries two shapes): merge_heads receives [B, H, S, D_k] and has no num_heads argument, so read all four sizes "
+    "from x.shape, in that order, and merge the heads back into one feature axis of H * D_k (not numbers written "
+    "in, nor D_k alone)."
+)
+
 
 _FLOAT_SIZE = (
     "your code raised TypeError: a size you passed to view, reshape or expand is a float. `/` always gives a float "
@@ -222,7 +229,7 @@ def check_merge_heads(fn: Callable[[Tensor], Tensor], *, configs: tuple[tuple[in
         D = H * d_k
         x = tagged_tokens(B, S, D)  # [B, S, D]: the answer, tagged with (b, s, f)
         heads = split_heads(x, H).contiguous()  # [B, H, S, D_k], contiguous like an attention output
-        result, fb = _call(fn, heads.clone())
+        result, fb = _call(fn, heads.clone(), hard_coded=_MERGE_HARD_CODED)
         if fb is not None:
             return fb
         if not isinstance(result, Tensor):
@@ -527,11 +534,18 @@ def check_split_test(test_fn: Callable[[Callable[[Tensor, int], Tensor]], bool])
     """
     for name, (split_fn, is_right, hint) in SPLIT_ZOO.items():
         sizes: list[tuple[int, int]] = []  # (D, H) of every call the reader's test makes
+        distinct: list[int] = []  # how many different numbers each input of the reader's test holds (-1: all)
 
         def spied(x: Tensor, *args: Any, split_fn: Callable[..., Tensor] = split_fn, **kwargs: Any) -> Tensor:
             heads = args[0] if args else kwargs.get("num_heads", kwargs.get("H"))
             if isinstance(x, Tensor) and x.dim() == 3 and isinstance(heads, int):
                 sizes.append((x.shape[-1], heads))
+            if isinstance(x, Tensor) and x.numel() > 1:
+                try:
+                    n = int(x.detach().flatten().unique().numel())
+                except Exception:  # a tensor unique() cannot sort (complex): leave it out
+                    n = -1
+                distinct.append(-1 if n == x.numel() else n)
             return split_fn(x, *args, **kwargs)
 
         try:
@@ -553,6 +567,14 @@ def check_split_test(test_fn: Callable[[Callable[[Tensor, int], Tensor]], bool])
                 return wrong("your test accepted a split that gives head h every H-th feature, but only because every "
                              "input it tried has D_k = D // H = 1: with one feature per head that split equals the "
                              "right one. Use D_k > 1.")
+            if not is_right and name != "wrong shape" and distinct and -1 not in distinct:
+                if set(distinct) == {1}:
+                    return wrong("your test accepted a buggy split because your test data repeat one number (every "
+                                 "entry is the same, as torch.ones or torch.zeros make it), so every split gives the "
+                                 "same values: use distinct numbers, such as torch.arange or torch.randn.")
+                return wrong("your test accepted a buggy split because your test data repeat numbers (the same number "
+                             "in several places), so a split that moves a number onto an equal one looks right: use "
+                             "distinct numbers, such as torch.arange or torch.randn.")
             return wrong(hint)
     n_right = sum(1 for _, ok, _ in SPLIT_ZOO.values() if ok)
     return correct(f"your test accepts all {n_right} correct splits and rejects all {len(SPLIT_ZOO) - n_right} buggy ones.")
@@ -701,6 +723,13 @@ def _repeat_kv_one(fn: Callable[[Tensor, int], Tensor], case: tuple[int, int, in
     if not isinstance(result, Tensor):
         return wrong(f"the function should return a torch.Tensor, got {describe(result)}.")
     if tuple(result.shape) != (B, H, S, d_k):
+        first = REPEAT_KV_CASES[0]
+        G_first = first[4] // first[1]  # the group size of the first case, right there
+        if case != first and tuple(result.shape) == (B, H_kv * G_first, S, d_k):
+            return wrong(f"the result has {H_kv * G_first} heads, expected H = {H}: your code was right for the first "
+                         f"case (G = {G_first}) but gives each of these {H_kv} key/value heads {G_first} copies. Did "
+                         "you hard-code G? Take it from the shapes: G = num_heads // H_kv, with H_kv read from "
+                         "kv.shape.")
         if tuple(result.shape) == (B, H_kv * H_kv, S, d_k):
             return wrong(f"the result has {H_kv * H_kv} heads: you repeated each key/value head H_kv = {H_kv} times "
                          f"(repeat_interleave(H_kv)); the count is the group size G = H // H_kv = {H // H_kv}.")

@@ -711,7 +711,8 @@ def _second_look(ex: "Exercise", submitted: tuple[Any, ...], calls: list[Any]) -
         exp = _flat_tensors(expected)
         if isinstance(got, tuple) and not isinstance(expected, (tuple, list)) and any(_same(g, expected) for g in got):
             what = f"a tensor of shape {tuple(expected.shape)}" if isinstance(expected, Tensor) else "one value"
-            return wrong(f"your function returned a tuple of {len(got)} items with the answer among them: return "
+            return wrong(f"your function returned a tuple of {len(got)} item{'s' if len(got) != 1 else ''} with the answer "
+                         f"{'among them' if len(got) != 1 else 'in it'}: return "
                          f"only the answer, {what} (write `return x`, not `return x, y`).")
         mine = _flat_tensors(got)
         if exp and mine and len(exp) == len(mine) and any(g.dtype in (torch.float16, torch.bfloat16) for g in mine):

@@ -629,3 +629,81 @@ def test_heads_cost_diagram_says_what_the_code_computes() -> None:
         assert tuple(scores.shape) == tuple(weights.shape) == (1, sheets, S, S)
         assert f"{macs:,} multiply-adds" in alt and f"H = {H} head" in alt
     assert ch05.score_cost(1)[0] == ch05.score_cost(4)[0]
+
+
+# --- slips of the per-head loop that PyTorch answers with a raw error, and a loop that changes the module ---
+
+def _bias_loop(x: Tensor, m: MultiHeadSelfAttention, *, form: str) -> Tensor:
+    d_k, outs = m.d_k, []
+    for h in range(m.num_heads):
+        rows = slice(h * d_k, (h + 1) * d_k)
+        if form == "matmul":  # the weight's rows, the whole bias
+            q, k, v = (x @ lin.weight[rows].T + lin.bias for lin in (m.w_q, m.w_k, m.w_v))
+        elif form == "bias first":
+            q, k, v = (lin.bias + x @ lin.weight[rows].T for lin in (m.w_q, m.w_k, m.w_v))
+        else:  # F.linear with the weight's rows and the whole bias
+            q, k, v = (torch.nn.functional.linear(x, lin.weight[rows], lin.bias) for lin in (m.w_q, m.w_k, m.w_v))
+        outs.append(torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1) @ v)  # [B, S, D_k]
+    return m.w_o(torch.cat(outs, dim=-1))
+
+
+@pytest.mark.parametrize("form", ["matmul", "bias first", "F.linear"])
+def test_per_head_loop_names_the_whole_bias_added_to_a_head(form: str) -> None:
+    fb = check_per_head_loop(lambda x, m: _bias_loop(x, m, form=form))
+    assert fb.status == "wrong" and "you added the whole bias (D numbers)" in fb.message, fb.message
+    assert "take the same slice of the bias as of the weight" in fb.message and "raised" not in fb.message
+
+
+@pytest.mark.parametrize(
+    "piece",
+    [lambda m, rows: m.w_o.weight[rows].T, lambda m, rows: m.w_o.weight[:, rows]],
+    ids=["rows of W_O, transposed", "columns of W_O without .T"],
+)
+def test_per_head_loop_names_a_d_by_d_k_piece_of_w_o(piece) -> None:  # type: ignore[no-untyped-def]
+    def loop_(x: Tensor, m: MultiHeadSelfAttention) -> Tensor:
+        d_k = m.d_k
+        return sum(o @ piece(m, slice(h * d_k, (h + 1) * d_k)) for h, o in enumerate(_heads(x, m))) + m.w_o.bias
+
+    fb = check_per_head_loop(loop_)
+    assert fb.status == "wrong" and "[D, D_k] piece of W_O" in fb.message and "raised" not in fb.message, fb.message
+    right = lambda x, m: sum(  # noqa: E731 - the sum over heads through W_O's columns is right
+        o @ m.w_o.weight[:, h * m.d_k:(h + 1) * m.d_k].T for h, o in enumerate(_heads(x, m))) + m.w_o.bias
+    assert check_per_head_loop(right).passed
+
+
+def test_per_head_loop_refuses_a_loop_that_changes_the_module() -> None:
+    def folds_the_scale(x: Tensor, m: MultiHeadSelfAttention) -> Tensor:
+        with torch.no_grad():  # the scale folded into W_Q in place: right numbers, a corrupted module
+            m.w_q.weight /= math.sqrt(m.d_k)
+            m.w_q.bias /= math.sqrt(m.d_k)
+        d_k, outs = m.d_k, []
+        for h in range(m.num_heads):
+            rows = slice(h * d_k, (h + 1) * d_k)
+            q, k, v = (x @ lin.weight[rows].T + lin.bias[rows] for lin in (m.w_q, m.w_k, m.w_v))
+            outs.append(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v)
+        return m.w_o(torch.cat(outs, dim=-1))
+
+    def replaces_w_q(x: Tensor, m: MultiHeadSelfAttention) -> Tensor:
+        out = ch05._solution_loop(x, m)
+        m.w_q = torch.nn.Linear(m.d_model, m.d_model).to(x.dtype)
+        return out
+
+    for fn, name in ((folds_the_scale, "module.w_q.bias, module.w_q.weight"), (replaces_w_q, "module.w_q")):
+        fb = check_per_head_loop(fn)
+        assert fb.status == "wrong" and "changed the module itself" in fb.message and name in fb.message, fb.message
+    # a loop that only reads the module, also one that widens its dtype, is not refused for it
+    assert check_per_head_loop(ch05._solution_loop).passed
+    assert check_per_head_loop(lambda x, m: ch05._solution_loop(x.double(), m.double())).passed
+
+
+@pytest.mark.parametrize("answer", ["4198400", "4,198,400"])
+def test_param_count_says_set_a_number_not_a_string(answer: str) -> None:
+    fb = check_param_count(answer)
+    assert fb.status == "wrong" and fb.message.startswith("set `answer` to a number (an int), not a string"), fb.message
+    fb = check_param_count([4198400])
+    assert fb.status == "wrong" and fb.message.startswith("set `answer` to a number of parameters"), fb.message
+
+
+def test_param_count_times_h_hint_speaks_of_output_features() -> None:
+    fb = check_param_count(16 * (4 * 1024**2 + 4 * 1024))
+    assert fb.status == "wrong" and "D_k of their output features" in fb.message, fb.message

@@ -747,3 +747,62 @@ def test_repeat_kv_with_the_group_axis_first_in_einops_is_told_by_its_symptom() 
     fb = check_repeat_kv(lambda kv, H: einops.repeat(kv, "b h s d -> b (g h) s d", g=H // kv.shape[1]))
     assert fb.status == "wrong" and fb.message.startswith("query head 1 got key/value head 1, expected 0"), fb
     assert '"(g h)"' in fb.message and "you expanded" not in fb.message, fb
+
+
+# --- hints that fit the exercise the reader is in ---------------------------------------------
+
+
+def _merge_forgot_h(x: Tensor) -> Tensor:
+    B, H, S, d_k = x.shape
+    return x.transpose(1, 2).reshape(B, S, d_k)  # [B, S, D_k]: the H is missing
+
+
+@pytest.mark.parametrize(
+    "merge",
+    [_merge_forgot_h, lambda x: x.transpose(1, 2).reshape(2, 3, 20)],  # the second: the first case's sizes written in
+    ids=["B, S, D_k without H", "hard-coded sizes"],
+)
+def test_merge_with_sizes_that_do_not_fit_gets_the_merge_s_own_hint(merge) -> None:  # type: ignore[no-untyped-def]
+    for fb in (check_merge_heads(merge), check_split_merge(split_heads, merge)):
+        assert fb.status == "wrong" and "merge_heads receives [B, H, S, D_k]" in fb.message, fb.message
+        assert "num_heads argument and use" not in fb.message  # the split's wording does not fit the merge
+    assert "take H from the num_heads argument" in check_split_heads(lambda x, H: x.view(2, 3, 4, 5).transpose(1, 2)).message
+
+
+def _test_on(data: Tensor):  # type: ignore[no-untyped-def]
+    def test_fn(split_fn: object) -> bool:
+        B, S, D = data.shape
+        y = split_fn(data, 2)  # type: ignore[operator]
+        return tuple(y.shape) == (B, 2, S, D // 2) and all(
+            torch.equal(y[:, h], data[..., h * (D // 2):(h + 1) * (D // 2)]) for h in range(2))
+    return test_fn
+
+
+@pytest.mark.parametrize(
+    "data, hint",
+    [
+        (torch.ones(2, 3, 8), "your test data repeat one number"),
+        (torch.zeros(2, 3, 8), "your test data repeat one number"),
+        (torch.arange(3.0)[None, :, None].expand(2, 3, 8).clone(), "your test data repeat numbers"),  # one number per position
+    ],
+    ids=["ones", "zeros", "one number per position"],
+)
+def test_split_test_on_repeated_data_is_told_to_use_distinct_numbers(data: Tensor, hint: str) -> None:
+    fb = check_split_test(_test_on(data))
+    assert fb.status == "wrong" and hint in fb.message and "use distinct numbers" in fb.message, fb.message
+    assert "so compare values" not in fb.message
+    assert check_split_test(_test_on(torch.arange(48.0).view(2, 3, 8))).passed  # the same test on distinct numbers
+
+
+@pytest.mark.parametrize(
+    "reader",
+    [
+        lambda kv, H: kv[:, :, None].expand(kv.shape[0], kv.shape[1], 3, *kv.shape[2:]).reshape(
+            kv.shape[0], -1, *kv.shape[2:]),
+        lambda kv, H: kv.repeat_interleave(3, dim=1),
+    ],
+    ids=["expand with G = 3", "repeat_interleave(3)"],
+)
+def test_repeat_kv_with_a_hard_coded_group_size_is_asked_about_it(reader) -> None:  # type: ignore[no-untyped-def]
+    fb = check_repeat_kv(reader)
+    assert fb.status == "wrong" and "Did you hard-code G? Take it from the shapes" in fb.message, fb.message
