@@ -474,6 +474,11 @@ def _cat(*case: Tensor) -> tuple[Tensor, Tensor]:
 
 
 #: Outputs of the usual wrong answers on the checker's case, each with its hint.
+_WRONG_SIGN = (
+    "your diagonal's offset has the wrong sign: tril(S_new - S_k) moves the diagonal left, so the new queries see "
+    "few or no keys (a query that sees none gets zeros from scaled_dot_product_attention, or NaN from a softmax over "
+    "scores that are all -inf). The new queries are the last positions: shift the diagonal the other way.")
+
 _SOFTMAX_OVER_HEADS = (
     "your softmax runs over the heads axis (dim=1 of the scores [B, H, S_new, S_k]): each query's weights "
     "must sum to 1 over the keys, the last axis (softmax(dim=-1)).")
@@ -559,6 +564,8 @@ APPEND_MISTAKES = (
             "attention's output per head, [B, H, S_new, D_k], without the transpose and reshape."),
     Mistake("softmax over the heads axis", lambda *c: _manual_attend(c, softmax_dim=1, fill=-1e9),
             _SOFTMAX_OVER_HEADS),
+    Mistake("diagonal offset with the wrong sign", lambda *c: _attend(c[0], *_cat(*c), attn_mask=_wrong_sign(c)),
+            _WRONG_SIGN),
 )
 
 
@@ -587,13 +594,22 @@ def _bottom_right(case: tuple[Tensor, ...], shift: int = 0) -> Tensor:
     return torch.ones(S_new, S_k, dtype=torch.bool).tril(S_k - S_new + shift)  # [S_new, S_k]
 
 
+def _wrong_sign(case: tuple[Tensor, ...]) -> Tensor:
+    """The bottom-right mask with its diagonal offset negated, tril(S_new - S_k): [S_new, S_k]."""
+    S_new, S_k = case[0].shape[2], case[1].shape[2] + case[3].shape[2]
+    return torch.ones(S_new, S_k, dtype=torch.bool).tril(S_new - S_k)  # [S_new, S_k]
+
+
 def _manual_attend(case: tuple[Tensor, ...], softmax_dim: int = -1, mask_after: bool = False,
-                   fill: float | None = None) -> Tensor:
+                   fill: float | None = None, mask: Tensor | None = None) -> Tensor:
+    """Attention written out; with ``mask`` given, filled with -inf there and NaN left where a row sees no key."""
     q, (keys, values) = case[0], _cat(*case)
     H = q.shape[1]
     scores = q @ repeat_kv(keys, H).transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, H, S_new, S_k]
     if mask_after:  # softmax over all keys, then the hidden weights zeroed: rows sum to less than 1
         return (scores.softmax(-1) * _bottom_right(case)) @ repeat_kv(values, H)
+    if mask is not None:
+        return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ repeat_kv(values, H)
     scores = scores.masked_fill(~_bottom_right(case), float("-inf") if fill is None else fill)
     weights = scores.softmax(dim=softmax_dim)
     return (weights if fill is not None else weights.nan_to_num(0.0)) @ repeat_kv(values, H)
@@ -702,6 +718,9 @@ def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | 
         return wrong(_HALF_FILL.format(error=fb.message.removeprefix("your code raised ").rstrip("."), dtype=dtype,
                                        top=torch.finfo(dtype).max))
     S_new, S_k = case[0].shape[2], case[1].shape[2] + case[3].shape[2]
+    if fb is not None and re.search(r"causal_mask\(\) takes 1 positional argument", fb.message):
+        return wrong(f"{fb.message.rstrip('.')}: causal_mask takes the number of keys by keyword, "
+                     "causal_mask(S_new, S_k=...); its only positional argument is the number of queries.")
     if fb is not None and "must match the size of tensor" in fb.message:
         error = fb.message.removeprefix("your code raised ")
         sizes = set(mismatched_sizes(fb.message) or ())
@@ -782,6 +801,10 @@ def _append_one(fn: Callable[..., Any], case: tuple[Tensor, ...]) -> Feedback | 
     if close(out, ref_out):
         return None
     if isinstance(out, Tensor) and out.is_floating_point() and bool(out.isnan().any()):
+        wrong_sign = _manual_attend(case, mask=_wrong_sign(case))  # NaN in the rows that see no key
+        if tuple(out.shape) == tuple(wrong_sign.shape) and bool(torch.allclose(
+                as_cpu_float64(out), as_cpu_float64(wrong_sign), atol=ATOL, rtol=RTOL, equal_nan=True)):
+            return wrong(_WRONG_SIGN)
         row_nan = out.isnan().any(-1)  # [B, H, S_new]
         if bool(row_nan[..., -1].all()):
             return wrong(_FILLED_WHERE_TRUE)

@@ -30,7 +30,7 @@ HIDE_BELOW = -1e4  # additive values <= this hide a key: exp(-1e4) is exactly 0 
 
 
 def causal_mask(
-    S: int, device: torch.device | str | None = None, *, S_k: int | None = None, window: int | None = None
+    S: int, *, device: torch.device | str | None = None, S_k: int | None = None, window: int | None = None
 ) -> Tensor:
     """Mask that lets query ``i`` see keys ``0..i`` and hides the future.
 

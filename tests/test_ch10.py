@@ -246,6 +246,34 @@ def test_append_checker_names_the_mask_width_and_the_swapped_return() -> None:
     assert "inverted" in fb.message, fb
 
 
+def test_append_checker_names_a_positional_S_k_and_a_wrong_sign_offset() -> None:
+    """causal_mask(S_new, S_k) is a TypeError (S_k is keyword-only); tril(S_new - S_k) is the offset's sign,
+    told whether SDPA zeroes the rows that see no key or a written-out softmax leaves them NaN."""
+    import torch.nn.functional as F
+
+    def attend(mask_of, manual=False):
+        def fn(q, kc, vc, kn, vn):
+            keys, values = torch.cat([kc, kn], 2), torch.cat([vc, vn], 2)
+            H, S_new, S_k = q.shape[1], q.shape[2], keys.shape[2]
+            k, v, mask = ch10.repeat_kv(keys, H), ch10.repeat_kv(values, H), mask_of(S_new, S_k)
+            if manual:
+                scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+                return scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v, keys, values
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keys, values
+        return fn
+
+    fb = ch10.check_append_and_attend(attend(lambda s, k: ch10.causal_mask(s, k)))
+    assert fb.status == "wrong" and "TypeError" in fb.message and "causal_mask(S_new, S_k=...)" in fb.message, fb
+    assert ch10.check_append_and_attend(attend(lambda s, k: ch10.causal_mask(s, S_k=k))).passed
+    for manual in (False, True):
+        wrong_sign = attend(lambda s, k: torch.ones(s, k, dtype=torch.bool).tril(s - k), manual=manual)
+        fb = ch10.check_append_and_attend(wrong_sign)
+        assert fb.status == "wrong" and "wrong sign" in fb.message and "tril(S_k - S_new)" not in fb.message, fb
+    # masked_fill where the mask is True still gets its own hint, not the offset's
+    fb = ch10.check_append_and_attend(attend(lambda s, k: ~ch10.causal_mask(s, S_k=k), manual=True))
+    assert fb.status == "wrong" and "wrong sign" not in fb.message, fb
+
+
 def test_learner_probe_mistakes_are_named() -> None:
     """Mistakes written the way a learner writes them get their own hint, not a raw error or a restatement."""
     def cat_on(dim):

@@ -867,6 +867,29 @@ def test_int8_and_sink_computed_in_float32_on_float64_are_refused_by_the_dtype_r
     assert ch11.check_sink_softmax(lambda sc, sink: _probe2_sink(sc.double(), sink.double()).to(sc.dtype)).passed
 
 
+def test_float32_results_on_float64_get_a_hint_that_the_dtype_rule_agrees_with() -> None:
+    """Returning float32 is told to compute in the input's dtype, not to cast back (which the dtype rule then
+    refuses); float32 arithmetic on 16-bit inputs, cast back or not, is accepted, as exercise 11.4 says."""
+    fb = ch11.check_int8_per_token(lambda x: _probe2_int8(x.float()))
+    assert fb.status == "wrong" and "in x's dtype: leave out the .float() cast" in fb.message, fb
+    assert ".to(x.dtype)" not in fb.message and "cast back" not in fb.message, fb
+    fb = ch11.check_sink_softmax(lambda sc, sink: _probe2_sink(sc.float(), sink.float()))
+    assert fb.status == "wrong" and "compute in the scores' dtype, not in float32" in fb.message, fb
+    assert ".to(scores.dtype)" not in fb.message and "cast the result back" not in fb.message, fb
+
+    def upcast_16_bit(f, back):
+        def fn(*args):
+            if args[0].dtype not in (torch.float16, torch.bfloat16):
+                return f(*args)
+            out = f(*(a.float() for a in args))
+            return out.to(args[0].dtype) if back else out
+        return fn
+
+    for back in (True, False):
+        assert ch11.check_int8_per_token(upcast_16_bit(_probe2_int8, back)).passed
+        assert ch11.check_sink_softmax(upcast_16_bit(_probe2_sink, back)).passed
+
+
 def _shifted_by_sink(scores, sink):
     e = torch.exp(scores - sink.view(-1, 1, 1))  # safe only while the sink is at least the scores
     return e / (e.sum(-1, keepdim=True) + 1)
@@ -957,6 +980,29 @@ def test_sink_diagram_draws_the_chapter_cache_and_the_exercise_example() -> None
     w = ch11.reference_sink_softmax(torch.tensor([[[list(diagrams.SINK_SCORES)]]], dtype=torch.float64),
                                     torch.tensor([diagrams.SINK_LOGIT], dtype=torch.float64)).flatten().tolist()
     assert w == pytest.approx(ex["weights"]) and sum(w) + ex["sink_weight"] == pytest.approx(1.0)
+
+
+def test_the_sink_quiz_question_has_its_own_example_and_right_ranges() -> None:
+    """Question 11.7 asks about scores (1, 0) and a sink logit of 2, not the diagram's worked example; its
+    ranges hold the first key's weight, the softmax without the sink and the sink's share, each to 2 digits."""
+    import json
+    from importlib.resources import files
+
+    from attnbook.ch11 import diagrams
+
+    question = json.loads((files("attnbook") / "quizzes" / "11_serving_attention.json").read_text())[6]
+    assert "s = (1, 0)" in question["question"] and "sink logit of 2" in question["question"]
+    assert (tuple(diagrams.SINK_SCORES), diagrams.SINK_LOGIT) != ((1, 0), 2)
+    scores = torch.tensor([[[[1.0, 0.0]]]], dtype=torch.float64)
+    w = ch11.reference_sink_softmax(scores, torch.tensor([2.0], dtype=torch.float64)).flatten().tolist()
+    assert w[0] == pytest.approx(math.e / (math.e + 1 + math.e**2)) and round(w[0], 4) == 0.2447
+    no_sink = torch.softmax(scores, -1).flatten()[0].item()
+    sink_share = 1 - sum(w)
+    in_range = lambda x, a: a["range"][0] <= float(f"{x:.2g}") < a["range"][1]
+    right, plain, share = question["answers"][:3]
+    assert right["correct"] and in_range(w[0], right) and not in_range(no_sink, right) and not in_range(sink_share, right)
+    assert not plain["correct"] and in_range(no_sink, plain) and "without the sink" in plain["feedback"]
+    assert not share["correct"] and in_range(sink_share, share) and "sink's own share" in share["feedback"]
 
 
 # ---- probe 3: an index rounded up, and hints that do not write the solution line ------------------

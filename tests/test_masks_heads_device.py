@@ -42,6 +42,13 @@ def test_causal_mask_rejects_bad_sizes(bad: object) -> None:
         causal_mask(bad)  # type: ignore[arg-type]
 
 
+def test_causal_mask_takes_everything_after_S_by_keyword() -> None:
+    """causal_mask(4, 8) would otherwise read the number of keys as the device."""
+    with pytest.raises(TypeError, match=r"takes 1 positional argument"):
+        causal_mask(4, 8)  # type: ignore[misc]
+    assert causal_mask(4, S_k=8, device="cpu").shape == (4, 8)
+
+
 def test_causal_mask_of_no_positions_is_empty() -> None:
     assert causal_mask(0).shape == (0, 0) and causal_mask(0, S_k=3).shape == (0, 3)
     with pytest.raises(ValueError, match=r"S_k must be an int >= 2, got 1"):

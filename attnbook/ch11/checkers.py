@@ -378,7 +378,7 @@ def _int8_one(fn: Callable[[Tensor], Any], x: Tensor, got: Any = None) -> Feedba
     if isinstance(got, Tensor) and got.is_floating_point() and got.dtype != x.dtype and got.shape == x.shape:
         if close(got.to(x.dtype), expected):
             return wrong(f"the input is {x.dtype} and you return {got.dtype}: return the dequantised cache in "
-                         "the input's dtype (multiply the codes by the scale without casting, or .to(x.dtype)).")
+                         "the input's dtype (compute the scale and the codes in x's dtype: leave out the .float() cast).")
     if _epsilon_in_scale(got, x):  # before the dtype rule, whose float32 hint it would otherwise earn
         return wrong(_INT8_EPSILON)
     if x.dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused even where it fits ATOL
@@ -629,8 +629,8 @@ def check_sink_softmax(fn: Callable[[Tensor, Tensor], Any]) -> Feedback:
         if (isinstance(got, Tensor) and got.is_floating_point() and got.shape == expected.shape
                 and got.element_size() < expected.element_size() and close(got, expected, atol=1e-3, rtol=1e-3)):
             return wrong(f"the scores are {expected.dtype} and you return {got.dtype}: return the weights in the scores' "
-                         "dtype or wider (leave out .float() or .to(...) casts, or cast the result back with "
-                         ".to(scores.dtype)).")
+                         "dtype or wider (leave out .float() or .to(...) casts: compute in the scores' dtype, not in "
+                         "float32).")
         if scores.dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused even where it fits ATOL
             narrow = reference_sink_softmax(scores.float(), sink.float()).double()
             narrower = computed_narrower(got, expected, narrow)
