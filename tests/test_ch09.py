@@ -431,11 +431,24 @@ def _visible_with_or(rows, cols, window):
     return (cols <= rows) or (rows - cols < window)
 
 
-@pytest.mark.parametrize("visible", [_visible_with_and, _visible_with_or], ids=["and", "or"])
+def _visible_chained_on_keys(rows, cols, window):
+    return rows - window < cols <= rows
+
+
+def _visible_chained_on_distance(rows, cols, window):
+    return 0 <= rows - cols < window
+
+
+@pytest.mark.parametrize(
+    "visible",
+    [_visible_with_and, _visible_with_or, _visible_chained_on_keys, _visible_chained_on_distance],
+    ids=["and", "or", "chained-keys", "chained-distance"],
+)
 def test_sliding_window_python_and_is_translated_into_a_hint(visible) -> None:
     fb = check_sliding_window(visible, reference_first_key)
     assert fb.status == "wrong"
     assert "combines two boolean tiles element by element" in fb.message and "Python's `and`" in fb.message, fb
+    assert "chained comparison such as `a < b <= c`" in fb.message, fb
     assert "raised" not in fb.message
 
 
