@@ -1128,9 +1128,10 @@ def _with_first_key(problem: Feedback, first_key: Callable[[int, int], Any]) -> 
 def _visible_one(fn: Callable[..., Any], rows: Tensor, cols: Tensor, window: int) -> Feedback | None:
     got, fb = run_reader_code(fn, rows, cols, window)
     if fb is not None and "Boolean value of Tensor" in fb.message:
-        return wrong("Python's `and` (like `or`, `not` and `if`) needs one True or False, and a tile of comparisons "
-                     "holds many: which operator combines two boolean tiles element by element? Put each comparison "
-                     "in its own parentheses before combining them.")
+        return wrong("Python's `and`, `or`, `not`, `if` and a chained comparison such as `a < b <= c` (which "
+                     "Python runs as `a < b and b <= c`) each need one True or False, and a tile of comparisons "
+                     "holds many: which operator combines two boolean tiles element by element? Put each "
+                     "comparison in its own parentheses before combining them.")
     if fb is not None:
         return fb
     expected = reference_visible(rows, cols, window)

@@ -431,11 +431,24 @@ def _visible_with_or(rows, cols, window):
     return (cols <= rows) or (rows - cols < window)
 
 
-@pytest.mark.parametrize("visible", [_visible_with_and, _visible_with_or], ids=["and", "or"])
+def _visible_chained_on_keys(rows, cols, window):
+    return rows - window < cols <= rows
+
+
+def _visible_chained_on_distance(rows, cols, window):
+    return 0 <= rows - cols < window
+
+
+@pytest.mark.parametrize(
+    "visible",
+    [_visible_with_and, _visible_with_or, _visible_chained_on_keys, _visible_chained_on_distance],
+    ids=["and", "or", "chained-keys", "chained-distance"],
+)
 def test_sliding_window_python_and_is_translated_into_a_hint(visible) -> None:
     fb = check_sliding_window(visible, reference_first_key)
     assert fb.status == "wrong"
     assert "combines two boolean tiles element by element" in fb.message and "Python's `and`" in fb.message, fb
+    assert "chained comparison such as `a < b <= c`" in fb.message, fb
     assert "raised" not in fb.message
 
 
@@ -1010,3 +1023,41 @@ def test_sdpa_diagram_states_the_rules_the_chapter_states_and_torch_follows() ->
         order = [names[SDPBackend(i).name] for i in torch._C._get_sdp_priority_order() if SDPBackend(i).name in names]
         if not torch.cuda.is_available():
             assert tuple(order) == SDPA_ORDER, order
+
+
+def test_triton_compiles_the_kernel_for_a_t4_without_tensor_cores() -> None:
+    """Section 9.4's dropdown on Colab: Triton compiles the kernel for compute capability 7.5 (Colab's T4) in
+    float16, bfloat16 and float32, with `tl.dot` on the ordinary units (no `mma` instruction), and uses the
+    tensor cores' `mma` for float16 and bfloat16 from 8.0 on. Compiled for the target, no GPU needed."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    triton = pytest.importorskip("triton")
+    if not hasattr(triton, "compile") or not Path(triton.__file__).with_name("backends").joinpath("nvidia").is_dir():
+        pytest.skip("this Triton has no NVIDIA backend")
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import triton\nfrom triton.compiler import ASTSource\nfrom triton.backends.compiler import GPUTarget\n"
+        "import attnlib.triton_flash as tf\ntf._import_triton()\n"
+        "for cc in (75, 80):\n"
+        "    for dtype, precision in (('fp16', None), ('bf16', None), ('fp32', 'ieee')):\n"
+        "        ptr = '*' + dtype\n"
+        "        sig = dict(Q=ptr, K=ptr, V=ptr, Out='*fp32', Lse='*fp32', S_q='i32', S_k='i32', D_k='i32',\n"
+        "                   D_v='i32', scale='fp32', CAUSAL='constexpr', BLOCK_Q='constexpr', BLOCK_K='constexpr',\n"
+        "                   BLOCK_DK='constexpr', BLOCK_DV='constexpr', PRECISION='constexpr')\n"
+        "        const = dict(CAUSAL=True, BLOCK_Q=16, BLOCK_K=16, BLOCK_DK=32, BLOCK_DV=32, PRECISION=precision)\n"
+        "        src = ASTSource(fn=tf._kernel, signature=sig,\n"
+        "                        constexprs={(list(sig).index(n),): v for n, v in const.items()})\n"
+        "        ptx = triton.compile(src, target=GPUTarget('cuda', cc, 32)).asm['ptx']\n"
+        "        print(cc, dtype, f'.target sm_{cc}' in ptx, 'mma.sync' in ptx)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:-1] == [
+        "75 fp16 True False", "75 bf16 True False", "75 fp32 True False",
+        "80 fp16 True True", "80 bf16 True True", "80 fp32 True False",
+    ], done.stdout
