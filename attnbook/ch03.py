@@ -214,12 +214,13 @@ def _float32_divisor(got: object, q: Tensor, k: Tensor, t: float) -> Feedback | 
     ``None`` when that is not what happened."""
     if not (isinstance(got, Tensor) and got.dtype == torch.float64):
         return None
-    root, root32 = math.sqrt(q.shape[-1]), float(torch.tensor(float(q.shape[-1])).sqrt())
+    d_k32 = torch.tensor(float(q.shape[-1]), dtype=torch.float32)
+    root, root32, rsqrt32 = math.sqrt(q.shape[-1]), float(d_k32.sqrt()), float(d_k32.rsqrt())
     t32 = float(torch.tensor(t, dtype=torch.float32))
-    for scale, temp in ((root32, t), (root, t32), (root32, t32), (1 / float(torch.tensor(float(q.shape[-1])).rsqrt()), t)):
+    for scale, temp in ((root32, t), (root, t32), (root32, t32), (1 / rsqrt32, t)):
         if close(got, _sm(_raw(q, k) / scale / temp), atol=1e-13, rtol=1e-11):
-            return wrong("you divided by a float32 tensor: torch.tensor of a Python number is float32 (unless you pass "
-                         "dtype=), and torch.sqrt of an integer tensor is float32 too. The scores stay float64, but "
+            return wrong("you divided by a float32 tensor: torch.tensor of a Python float is float32 (unless you pass "
+                         "dtype=), and so is torch.sqrt (or rsqrt) of an integer tensor. The scores stay float64, but "
                          "they are divided by a number rounded to float32's 7 digits, so the weights are right only to "
                          "about 8 significant digits. Compute in the inputs' dtype or wider: divide by Python floats "
                          "(math.sqrt of the width, or the width ** 0.5, and the temperature as it came).")

@@ -317,9 +317,10 @@ def test_weights_computed_in_float32_and_cast_back_are_refused(fn) -> None:
     [
         lambda q, k, t=1.0: torch.softmax(q @ k.mT / torch.sqrt(torch.tensor(q.size(-1))) / t, -1),
         lambda q, k, t=1.0: torch.softmax(q @ k.mT * torch.rsqrt(torch.tensor(q.shape[-1])) / t, -1),
+        lambda q, k, t=1.0: torch.softmax(q @ k.mT / torch.tensor(q.shape[-1]) ** 0.5 / t, -1),
         lambda q, k, t=1.0: torch.softmax(q @ k.mT / math.sqrt(q.shape[-1]) / torch.tensor(t), -1),
     ],
-    ids=["sqrt(tensor(d_k))", "rsqrt(tensor(d_k))", "tensor(temperature)"],
+    ids=["sqrt(tensor(d_k))", "rsqrt(tensor(d_k))", "tensor(d_k) ** 0.5", "tensor(temperature)"],
 )
 def test_a_float32_divisor_is_named_not_blamed_on_a_cast(fn) -> None:
     fb = check_scaled_weights(fn)
