@@ -130,6 +130,12 @@ def _batched_only(t: Tensor, x_q: Tensor) -> Tensor:
     return t
 
 
+def _unbatched_only(t: Tensor, x_q: Tensor) -> Tensor:
+    if x_q.dim() >= 3:
+        raise ValueError("with a batch axis this mistake has the batched wording")
+    return t
+
+
 def _projected_with(x_q: Tensor, map_q: Tensor, x_kv: Tensor, map_k: Tensor) -> Tensor:
     """Scaled-softmax weights with the queries and keys projected by the given maps (one shared map: a mistake)."""
     return _sm((x_q @ map_q) @ (x_kv @ map_k).mT / math.sqrt(map_q.shape[-1]))
@@ -213,13 +219,18 @@ WEIGHT_MISTAKES: tuple[Mistake, ...] = (
             "you compared the keys with the keys (K @ K.mT, or queries projected with w_k: one shared map, which "
             "section 2.2 shows keeps the scores symmetric): the scores compare each *query* with every key, "
             "Q @ K.T, with Q = x @ w_q."),
-    Mistake("divided by sqrt(S_k)", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk) / math.sqrt(xk.shape[-2])),
-            "you divided by the square root of a sequence length (the number of keys, S_k = x_kv.shape[0]; in "
-            "self-attention S = x.shape[0]). The scale is sqrt(D_k), the width of the queries and keys: "
-            "shape[-1] of q or k, not shape[0]."),
-    Mistake("weights transposed", lambda xq, xk, wq, wk, wv: _right_weights(xq, xk, wq, wk, wv).mT,
+    Mistake("divided by sqrt(S_k)", lambda xq, xk, wq, wk, wv: _unbatched_only(_sm(_scores(xq, xk, wq, wk) / math.sqrt(xk.shape[-2])), xq),
+            "you divided by the square root of a sequence length (the number of keys, S_k = x_kv.shape[0]). The "
+            "scale is sqrt(D_k), the width of the queries and keys: shape[-1] of q or k, not shape[0]."),
+    Mistake("divided by sqrt(S)", lambda xq, xk, wq, wk, wv: _batched_only(_sm(_scores(xq, xk, wq, wk) / math.sqrt(xk.shape[-2])), xq),
+            "you divided by sqrt(S), the sequence length: x.shape[1] for x of shape [B, S, D], and q.shape[1] or "
+            "k.shape[1] too. The scale uses the key width D_k, the last axis of q and k, not a length."),
+    Mistake("weights transposed", lambda xq, xk, wq, wk, wv: _unbatched_only(_right_weights(xq, xk, wq, wk, wv).mT, xq),
             "your weight matrix is the right one transposed: its columns sum to 1. Return the weights with one "
             "row per query, [S_q, S_k], not weights.T."),
+    Mistake("weights transposed, batched", lambda xq, xk, wq, wk, wv: _batched_only(_right_weights(xq, xk, wq, wk, wv).mT, xq),
+            "each of your weight matrices is the right one transposed: its columns sum to 1. Return the weights "
+            "[B, S, S] with one row per query in every sequence of the batch: don't transpose them."),
     Mistake("divided after softmax", lambda xq, xk, wq, wk, wv: _sm(_scores(xq, xk, wq, wk)) / math.sqrt(wq.shape[-1]),
             "every row of your weights sums to 1/sqrt(D_k), not 1: you divided by sqrt(D_k) after softmax. The "
             "scale belongs to the scores, before softmax turns them into weights; after it, the weights no longer "
@@ -262,8 +273,10 @@ def _right_weights(xq: Tensor, xk: Tensor, wq: Tensor, wk: Tensor, wv: Tensor) -
 
 #: Known wrong outputs given the right weights, ``compute(x_q, x_kv, w_q, w_k, w_v) -> output``.
 OUTPUT_MISTAKES: tuple[Mistake, ...] = (
-    Mistake("forgot V", _right_weights,
+    Mistake("forgot V", lambda xq, xk, wq, wk, wv: _unbatched_only(_right_weights(xq, xk, wq, wk, wv), xq),
             "your output is the weights themselves, shape [S_q, S_k]: did you forget to multiply by V?"),
+    Mistake("forgot V, batched", lambda xq, xk, wq, wk, wv: _batched_only(_right_weights(xq, xk, wq, wk, wv), xq),
+            "your output is the weights themselves, shape [B, S, S]: did you forget to multiply by V?"),
     Mistake("mixed x", lambda xq, xk, wq, wk, wv: _right_weights(xq, xk, wq, wk, wv) @ xk,
             "you mixed the rows of x itself. Mix the values instead: V = x @ w_v, output = weights @ V."),
     Mistake("mixed the keys", lambda xq, xk, wq, wk, wv: _right_weights(xq, xk, wq, wk, wv) @ (xk @ wk),

@@ -27,6 +27,7 @@ from .feedback import (
     as_cpu_float64,
     close,
     compare_tensors,
+    computed_narrower,
     correct,
     describe,
     diagnose,
@@ -81,6 +82,25 @@ def _right(q: Tensor, k: Tensor, t: float) -> Tensor:
     return _sm(_raw(q, k) / math.sqrt(q.shape[-1]) / t)
 
 
+#: The D_k of the chapter's examples (its diagram and its temperature cells): a divisor hard-coded from it is a
+#: mistake the checker names, and its cases are narrower.
+CHAPTER_D_K = 64
+
+
+def _not_the_width(divisor: float, width: int, q: Tensor) -> float:
+    """A constant divisor read from the chapter; where the inputs' D_k is ``width`` it is the right answer."""
+    if q.shape[-1] == width:
+        raise ValueError("the inputs' D_k is the chapter's constant here")
+    return divisor
+
+
+def _batch_size(q: Tensor) -> int:
+    """``q.shape[0]`` where it is a batch axis; without one it is S_q (the "sqrt(S_q)" mistake)."""
+    if q.dim() < 3:
+        raise ValueError("without a batch axis, shape[0] is S_q")
+    return q.shape[0]
+
+
 #: Known wrong answers ``compute(q, k, temperature) -> weights``, tried in order.
 WEIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("no scaling", lambda q, k, t: _sm(_raw(q, k) / t),
@@ -124,6 +144,20 @@ WEIGHT_MISTAKES: tuple[Mistake, ...] = (
     Mistake("log_softmax", lambda q, k, t: torch.log_softmax(_raw(q, k) / math.sqrt(q.shape[-1]) / t, dim=-1),
             "you returned log-probabilities (log_softmax): the weights are the softmax itself, rows of positive "
             "numbers that sum to 1."),
+    Mistake("the chapter's D_k", lambda q, k, t: _sm(_raw(q, k) / _not_the_width(8.0, CHAPTER_D_K, q) / t),
+            f"you divided by 8 = sqrt({CHAPTER_D_K}) on every call: {CHAPTER_D_K} is the D_k of the chapter's examples, "
+            "not the width of the q and k your function received (the checker's are narrower). Read D_k from the "
+            "inputs, the last axis of q, inside the function."),
+    Mistake("sqrt(8)", lambda q, k, t: _sm(_raw(q, k) / _not_the_width(math.sqrt(8), 8, q) / t),
+            "you divided by sqrt(8) on every call: 8 is a constant of the chapter's examples (their S = 8 keys, and "
+            f"8 = sqrt(D_k) for their D_k = {CHAPTER_D_K}), not taken from the q and k your function received. The "
+            "divisor is the square root of D_k, the width of q and k: read it from the last axis of q."),
+    Mistake("sqrt(B)", lambda q, k, t: _sm(_raw(q, k) / math.sqrt(_batch_size(q)) / t),
+            "you divided by sqrt(q.shape[0]): with a batch axis, q.shape[0] is the batch size B, not D_k. D_k is the "
+            "last axis of q and k, whatever axes come before it."),
+    Mistake("weights transposed", lambda q, k, t: _right(q, k, t).mT,
+            "your weights are the right ones transposed, [..., S_k, S_q], so each column sums to 1: return one row "
+            "per query and one column per key, [..., S_q, S_k]. Don't transpose the result."),
 )
 
 _NO_BATCH_HINT = (
@@ -154,6 +188,11 @@ def _weights_one(fn: Callable[..., Tensor], q: Tensor, k: Tensor, t: float) -> F
     if fb is not None:
         return fb
     expected = _right(q, k, t)
+    if q.dtype == torch.float64:  # the dtype rule: float32 inside, cast back, is refused even where it fits ATOL
+        narrower = _float32_divisor(got, q, k, t) or computed_narrower(
+            got, expected, _right(q.float(), k.float(), t).double(), name="your weight tensor")
+        if narrower is not None:
+            return narrower
     if close(got, expected):
         return _kept_dtype(got, q, "weights")
     hint = diagnose(got, WEIGHT_MISTAKES, q, k, t)
@@ -166,6 +205,26 @@ def _weights_one(fn: Callable[..., Tensor], q: Tensor, k: Tensor, t: float) -> F
         if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
             return wrong(f"your rows should each sum to 1 but sum to between {float(sums.min()):.3f} and {float(sums.max()):.3f}.")
     return compare_tensors(got, expected, name=f"the weight tensor for T = {t}")
+
+
+def _float32_divisor(got: object, q: Tensor, k: Tensor, t: float) -> Feedback | None:
+    """The hint for float64 scores divided by a float32 0-d tensor, ``torch.sqrt(torch.tensor(d_k))`` (torch.sqrt of an
+    int tensor is float32, and so is ``torch.tensor(2.5)``), as the scale, the temperature or both: PyTorch keeps the
+    scores' float64, but the divisor was rounded to float32's 7 digits, so the weights are right only to about 1e-8.
+    ``None`` when that is not what happened."""
+    if not (isinstance(got, Tensor) and got.dtype == torch.float64):
+        return None
+    d_k32 = torch.tensor(float(q.shape[-1]), dtype=torch.float32)
+    root, root32, rsqrt32 = math.sqrt(q.shape[-1]), float(d_k32.sqrt()), float(d_k32.rsqrt())
+    t32 = float(torch.tensor(t, dtype=torch.float32))
+    for scale, temp in ((root32, t), (root, t32), (root32, t32), (1 / rsqrt32, t)):
+        if close(got, _sm(_raw(q, k) / scale / temp), atol=1e-13, rtol=1e-11):
+            return wrong("you divided by a float32 tensor: torch.tensor of a Python float is float32 (unless you pass "
+                         "dtype=), and so is torch.sqrt (or rsqrt) of an integer tensor. The scores stay float64, but "
+                         "they are divided by a number rounded to float32's 7 digits, so the weights are right only to "
+                         "about 8 significant digits. Compute in the inputs' dtype or wider: divide by Python floats "
+                         "(math.sqrt of the width, or the width ** 0.5, and the temperature as it came).")
+    return None
 
 
 def _kept_dtype(got: Tensor, x: Tensor, what: str) -> Feedback | None:
@@ -340,6 +399,21 @@ def _without_entr() -> Iterator[None]:
             setattr(owner, name, original)
 
 
+def _narrower_entropy(got: object, w: Tensor, expected: Tensor) -> Feedback | None:
+    """The hint of the dtype rule for float64 rows whose entropy was computed in float32 and cast back (or
+    multiplied by float32 logs): it is off by about 1e-8 in both directions. ``None`` otherwise, and also when no
+    entropy is too high: an epsilon inside the log, a clamp or a dropped weight is off by as little but only
+    ever lowers the entropy, and has hints of its own."""
+    if not (w.dtype == torch.float64 and isinstance(got, Tensor) and got.dtype == torch.float64
+            and tuple(got.shape) == tuple(expected.shape) and not got.is_complex()):
+        return None
+    ref = expected.to(torch.float64)
+    too_high = as_cpu_float64(got) - ref > TINY_TOL * (1 + ref.abs() / 10)  # beyond float64's rounding of the sum
+    if not bool(too_high.any()):
+        return None
+    return computed_narrower(got, expected, entropy(w.float()).double(), name="your entropy tensor")
+
+
 def _entropy_one(fn: Callable[[Tensor], Tensor], w: Tensor, has_zero: Tensor) -> Feedback | None:
     def guarded(weights: Tensor) -> Tensor:
         with _without_entr():
@@ -356,6 +430,9 @@ def _entropy_one(fn: Callable[[Tensor], Tensor], w: Tensor, has_zero: Tensor) ->
     if fb is not None:
         return fb
     expected = entropy(w)  # [...]
+    narrower = _narrower_entropy(got, w, expected)
+    if narrower is not None:
+        return narrower
     if (w.shape[-1] == TINY_ROW and isinstance(got, Tensor) and tuple(got.shape) == tuple(expected.shape)
             and not got.is_complex()):  # a tighter look: float64 rows of tiny weights
         dtype_problem = _kept_dtype(got, w, "entropies")

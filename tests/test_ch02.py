@@ -42,9 +42,21 @@ def _applies(m, x_q, x_kv) -> bool:
     return not (got.shape == right.shape and torch.allclose(got, right))
 
 
+def _computable(m, x_q, x_kv) -> bool:
+    """An output mistake applies where it can be computed (some are worded for a batch, some for 2-D inputs)."""
+    t = qkv_inputs()
+    try:
+        m.compute(x_q, x_kv, t["w_q"], t["w_k"], t["w_v"])
+    except Exception:
+        return False
+    return True
+
+
 _T = qkv_inputs()
 SELF_WEIGHT = [m for m in WEIGHT_MISTAKES if _applies(m, _T["x_batch"], _T["x_batch"])]
 CROSS_WEIGHT = [m for m in WEIGHT_MISTAKES if _applies(m, _T["x_q"], _T["x"])]
+SELF_OUTPUT = [m for m in OUTPUT_MISTAKES if _computable(m, _T["x_batch"], _T["x_batch"])]
+CROSS_OUTPUT = [m for m in OUTPUT_MISTAKES if _computable(m, _T["x_q"], _T["x"])]
 
 
 def test_the_tables_cover_both_exercises() -> None:
@@ -114,7 +126,7 @@ def test_self_attention_names_each_weight_mistake(mistake) -> None:
     assert fb.status == "wrong" and fb.message == mistake.hint, fb
 
 
-@pytest.mark.parametrize("mistake", [m for m in OUTPUT_MISTAKES if m.name != "values from x_q"],  # x_q is x_kv here
+@pytest.mark.parametrize("mistake", [m for m in SELF_OUTPUT if m.name != "values from x_q"],  # x_q is x_kv here
                          ids=lambda m: m.name)
 def test_self_attention_names_each_output_mistake(mistake) -> None:
 
@@ -173,7 +185,7 @@ def test_cross_attention_names_each_weight_mistake(mistake) -> None:
     assert fb.status == "wrong" and fb.message == mistake.hint, fb
 
 
-@pytest.mark.parametrize("mistake", [m for m in OUTPUT_MISTAKES if m.name not in ("weights.T @ V", "output = V")],
+@pytest.mark.parametrize("mistake", [m for m in CROSS_OUTPUT if m.name not in ("weights.T @ V", "output = V")],
                          ids=lambda m: m.name)
 def test_cross_attention_names_each_output_mistake(mistake) -> None:
     def reader(x_q, x_kv, w_q, w_k, w_v):
@@ -307,6 +319,8 @@ def _batched(*, dim: int = -1, scale=lambda k: k.shape[-1], transpose=lambda k: 
         (_batched(transpose=lambda k: k.transpose(0, 2)), "a transpose of the wrong pair"),
         (_batched(dim=0), "the batch axis B"),
         (_batched(scale=lambda k: k.shape[0]), "the square root of the batch size B"),
+        (_batched(scale=lambda k: k.shape[1]), "you divided by sqrt(S), the sequence length: x.shape[1]"),
+        (_batched(scale=lambda k: k.shape[-2]), "for x of shape [B, S, D]"),
     ],
 )
 def test_batched_slips_get_batched_hints(fn, hint: str) -> None:
@@ -624,3 +638,26 @@ def test_a_float32_buffer_names_the_missing_dtype() -> None:
     fb = check_self_attention(mixed_with_the_buffer)
     assert fb.status == "wrong" and "float64 case" in fb.message and "dtype=x.dtype" in fb.message, fb
     assert "score product" not in fb.message, fb
+
+
+def test_batched_hints_name_the_batched_shapes() -> None:
+    """The self-attention exercise takes x [B, S, D]: its hints name [B, S, S] and x.shape[1], not the 2-D S_q, S_k."""
+
+    def forgot_v(x, w_q, w_k, w_v):
+        w = self_right(x, w_q, w_k, w_v)[1]
+        return w, w
+
+    def by_sqrt_s(x, w_q, w_k, w_v):
+        q, k, v = x @ w_q, x @ w_k, x @ w_v
+        w = torch.softmax(q @ k.mT / math.sqrt(x.shape[1]), dim=-1)
+        return w @ v, w
+
+    def transposed(x, w_q, w_k, w_v):
+        out, w = self_right(x, w_q, w_k, w_v)
+        return out, w.transpose(-2, -1)
+
+    for fn, named in ((forgot_v, "shape [B, S, S]"), (by_sqrt_s, "x.shape[1]"), (transposed, "[B, S, S]")):
+        fb = check_self_attention(fn)
+        assert fb.status == "wrong" and named in fb.message and "S_q" not in fb.message and "x_kv" not in fb.message, fb
+    cross_forgot_v = lambda *a: (cross_right(*a)[1], cross_right(*a)[1])  # noqa: E731
+    assert "shape [S_q, S_k]" in check_cross_attention(cross_forgot_v).message

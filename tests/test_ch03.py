@@ -293,3 +293,79 @@ def test_hand_written_softmax_without_keepdim_is_named(shift: bool) -> None:
 
     fb = check_scaled_weights(weights)
     assert fb.status == "wrong" and "keepdim=True" in fb.message and "raised" not in fb.message, fb.message
+
+
+# ---------------------------------------------------------------- the dtype rule and hard-coded divisors
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda q, k, t=1.0: torch.softmax(q.float() @ k.float().mT / q.shape[-1] ** 0.5 / t, -1).to(q.dtype),
+        lambda q, k, t=1.0: torch.softmax(q.float() @ k.float().mT / math.sqrt(q.shape[-1]) / t, -1).double(),
+    ],
+    ids=["float() ... to(q.dtype)", "float() ... double()"],
+)
+def test_weights_computed_in_float32_and_cast_back_are_refused(fn) -> None:
+    """Off by about 5e-8 on the float64 case, inside ATOL: the exercise asks for at least the inputs' precision."""
+    fb = check_scaled_weights(fn)
+    assert fb.status == "wrong" and "carries only float32's precision" in fb.message, fb
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda q, k, t=1.0: torch.softmax(q @ k.mT / torch.sqrt(torch.tensor(q.size(-1))) / t, -1),
+        lambda q, k, t=1.0: torch.softmax(q @ k.mT * torch.rsqrt(torch.tensor(q.shape[-1])) / t, -1),
+        lambda q, k, t=1.0: torch.softmax(q @ k.mT / torch.tensor(q.shape[-1]) ** 0.5 / t, -1),
+        lambda q, k, t=1.0: torch.softmax(q @ k.mT / math.sqrt(q.shape[-1]) / torch.tensor(t), -1),
+    ],
+    ids=["sqrt(tensor(d_k))", "rsqrt(tensor(d_k))", "tensor(d_k) ** 0.5", "tensor(temperature)"],
+)
+def test_a_float32_divisor_is_named_not_blamed_on_a_cast(fn) -> None:
+    fb = check_scaled_weights(fn)
+    assert fb.status == "wrong" and "you divided by a float32 tensor" in fb.message, fb
+
+
+def test_a_float64_divisor_tensor_passes() -> None:
+    fn = lambda q, k, t=1.0: torch.softmax(  # noqa: E731
+        q @ k.mT / torch.tensor(q.shape[-1], dtype=q.dtype).sqrt() / torch.tensor(t, dtype=q.dtype), -1)
+    assert check_scaled_weights(fn).passed
+
+
+@pytest.mark.parametrize(
+    ("fn", "hint"),
+    [
+        (lambda q, k, t=1.0: torch.softmax(q @ k.mT / math.sqrt(64) / t, -1), "8 = sqrt(64)"),
+        (lambda q, k, t=1.0: torch.softmax(q @ k.mT / 8 / t, -1), "8 = sqrt(64)"),
+        (lambda q, k, t=1.0: torch.softmax(q @ k.mT / math.sqrt(8) / t, -1), "you divided by sqrt(8)"),
+        (lambda q, k, t=1.0: torch.softmax(q @ k.mT / math.sqrt(q.shape[0]) / t, -1), "the batch size B"),
+        (lambda q, k, t=1.0: torch.softmax(q @ k.mT / math.sqrt(k.shape[0]) / t, -1), "the batch size B"),
+        (lambda q, k, t=1.0: torch.softmax(q @ k.mT / math.sqrt(q.shape[-1]) / t, -1).transpose(-2, -1), "Don't transpose"),
+    ],
+    ids=["sqrt(64)", "8", "sqrt(8)", "sqrt(q.shape[0])", "sqrt(k.shape[0])", "transposed"],
+)
+def test_hard_coded_divisors_and_a_transposed_result_are_named(fn, hint: str) -> None:
+    fb = check_scaled_weights(fn)
+    assert fb.status == "wrong" and hint in fb.message, fb
+
+
+def test_the_weight_cases_tell_the_hard_coded_divisors_apart() -> None:
+    """No case has the chapter's D_k = 64 or a D_k of 8, and the batch size differs from D_k in every case."""
+    from attnbook.ch03 import CHAPTER_D_K, WEIGHT_CASES
+
+    for B, _s_q, _s_k, d_k, _t, _dtype in WEIGHT_CASES:
+        assert d_k not in (CHAPTER_D_K, 8) and B != d_k
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda w: -(w * torch.log(w.to(torch.float32).clamp_min(1e-30))).sum(-1),
+        lambda w: -(w.float() * torch.log(w.float().clamp_min(1e-38))).sum(-1).to(w.dtype),
+    ],
+    ids=["float32 log", "float32 throughout, cast back"],
+)
+def test_entropy_computed_in_float32_is_named(fn) -> None:
+    fb = check_entropy(fn)
+    assert fb.status == "wrong" and "carries only float32's precision" in fb.message, fb
