@@ -522,6 +522,12 @@ def check_strongest_link(fn: Callable[[Tensor, list[str], str, str], Any]) -> Fe
             return fb
         got = _as_pair(result)
         if got is None:
+            float_pair = (isinstance(result, Tensor) and result.is_floating_point() and result.numel() == 2) or (
+                isinstance(result, np.ndarray) and result.dtype.kind == "f" and result.size == 2)
+            if float_pair:
+                kind = "tensor" if isinstance(result, Tensor) else "array"
+                return wrong(f"layer and head are indices: return two integers, got the float {kind} {result!r}; "
+                             "keep the argmax's integer dtype or use int(...).")
             if isinstance(result, (int, Tensor)) and not isinstance(result, bool):
                 return wrong(f"return a pair (layer, head), got {result!r}: a flat index i over L*H heads is "
                              f"(i // {H}, i % {H}).")

@@ -578,6 +578,22 @@ def test_strongest_link_requires_integers_and_reads_integer_arrays() -> None:
     assert ch07.check_strongest_link(lambda *a: tuple(np.int64(x) for x in ch07._solution_link(*a))).passed
 
 
+def test_strongest_link_names_a_float_tensor_pair_as_floats() -> None:
+    import numpy as np
+
+    def float_pair(w, t, q, k):  # type: ignore[no-untyped-def]
+        f = w[:, :, t.index(q), t.index(k)].flatten().argmax()
+        return torch.stack([f // w.shape[1], f % w.shape[1]]).float()  # the right head, as floats
+
+    for answer in (float_pair, lambda *a: float_pair(*a).double(), lambda *a: float_pair(*a).numpy()):
+        fb = ch07.check_strongest_link(answer)
+        assert fb.status == "wrong" and "two integers" in fb.message and "integer dtype" in fb.message, fb
+        assert "return a pair" not in fb.message, fb
+    assert ch07.check_strongest_link(lambda *a: float_pair(*a).long()).passed
+    assert ch07.check_strongest_link(lambda *a: float_pair(*a).long().numpy()).passed
+    assert not ch07.check_strongest_link(lambda *a: np.array([3.5, 1.0])).passed
+
+
 def test_previous_token_score_names_a_wrap_around_roll() -> None:
     def rolled(w):  # key (i - 1) mod S for every query i, query 0 included
         S = w.shape[-1]
