@@ -122,6 +122,11 @@ def _sum_without_keepdim(q: Tensor, k: Tensor) -> Tensor:
     return e / e.sum(dim=-1)  # [M, N] / [M]: the sums lined up with the keys' axis
 
 
+_EXP_WITHOUT_SUM = (
+    "you took exp of the scores but did not divide by their sum, so each query's 'weights' are positive but "
+    "do not add up to 1 (the mix is scaled up or down). softmax is exp(s) divided by the row's total: "
+    "exp(s) / exp(s).sum(dim=-1, keepdim=True), which is what torch.softmax(s, dim=-1) computes.")
+
 #: Known wrong answers of the soft-lookup exercise, tried in this order.
 SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
     Mistake("hard lookup", lambda q, k, v: v[_s(q, k).argmax(dim=-1)],
@@ -134,10 +139,9 @@ SOFT_LOOKUP_MISTAKES: tuple[Mistake, ...] = (
             "you divided the scores by their sum without exponentiating them first. Those 'weights' sum to 1 "
             "but can be negative or huge (a score sum near 0 blows them up). softmax takes exp first: "
             "exp(s) / exp(s).sum()."),
-    Mistake("exp without the sum", lambda q, k, v: torch.exp(_s(q, k)) @ v,
-            "you took exp of the scores but did not divide by their sum, so each query's 'weights' are positive but "
-            "do not add up to 1 (the mix is scaled up or down). softmax is exp(s) divided by the row's total: "
-            "exp(s) / exp(s).sum(dim=-1, keepdim=True), which is what torch.softmax(s, dim=-1) computes."),
+    Mistake("exp without the sum", lambda q, k, v: torch.exp(_s(q, k)) @ v, _EXP_WITHOUT_SUM),
+    Mistake("exp(s - max) without the sum",
+            lambda q, k, v: torch.exp(_s(q, k) - _s(q, k).max(dim=-1, keepdim=True).values) @ v, _EXP_WITHOUT_SUM),
     Mistake("equal average", lambda q, k, v: v.mean(dim=0).expand(q.shape[0], -1),
             "you averaged all rows equally. The weights must depend on how well each key matches the query, "
             "through its score."),
@@ -459,7 +463,7 @@ SHAPE_MISTAKES: tuple[Mistake, ...] = (
     Mistake("sequence first", _with(q="S B D_k", k="S B D_k", v="S B D_v", scores="S B S", weights="S B S",
                                     context="S B D_v", output="S B D"),
             "your shapes are sequence first, [S, B, ...]: the input here is batch first, [B, S, D], and every step "
-            "keeps the batch axis where the input has it (the layout chapter 1 warns about)."),
+            "keeps the batch axis where the input has it (the layout section 1.10 warns about)."),
     Mistake("no batch anywhere", _with(q="S D_k", k="S D_k", v="S D_v", scores="S S", weights="S S",
                                        context="S D_v", output="S D"),
             "none of your shapes has the batch axis: the input is [B, S, D] with B = {B} sequences, and every step "
@@ -554,6 +558,15 @@ SHAPE_MISTAKES: tuple[Mistake, ...] = (
 )
 
 
+def _not_a_shape(step: str, value: Any) -> str:
+    """The hint for a step whose value is not a shape: a single number, or a tuple with a size that is no int."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (f"'{step}' should be a tuple of ints such as (2, 5, 12), got the single number {value!r}: "
+                "a shape is a tuple with one int per axis.")
+    return (f"'{step}' should be a tuple of ints such as (2, 5, 12), got {value!r}: "
+            "every size of a shape is a whole number, written as a Python int (5, not 5.0 or '5').")
+
+
 def _as_shape(value: Any) -> tuple[int, ...] | None:
     """A shape as a tuple of ints; ``None`` when it is not a sequence of integers (2.7 is not rounded)."""
     try:
@@ -591,8 +604,7 @@ def check_attention_shapes(fn: Callable[[int, int, int, int, int], dict[str, Any
         shapes = {step: _as_shape(result[step]) for step in SHAPE_KEYS}
         bad = next((step for step in SHAPE_KEYS if shapes[step] is None), None)
         if bad is not None:
-            return wrong(f"'{bad}' should be a tuple of ints such as (2, 5, 12), got {result[bad]!r}: "
-                         "every size of a shape is a whole number, written as a Python int (5, not 5.0 or '5').")
+            return wrong(_not_a_shape(bad, result[bad]))
         hints = {"B": B, "S": S, "D": D, "D_k": D_k, "D_v": D_v}
         first_wrong = next((step for step in SHAPE_KEYS if shapes[step] != expected[step]), "q")
         for m in SHAPE_MISTAKES:  # a whole answer that equals a known mistake
@@ -601,8 +613,7 @@ def check_attention_shapes(fn: Callable[[int, int, int, int, int], dict[str, Any
         for step in SHAPE_KEYS:
             got = _as_shape(result[step])
             if got is None:
-                return wrong(f"'{step}' should be a tuple of ints such as (2, 5, 12), got {result[step]!r}: "
-                             "every size of a shape is a whole number, written as a Python int (5, not 5.0 or '5').")
+                return wrong(_not_a_shape(step, result[step]))
             if got == expected[step]:
                 continue
             earlier = SHAPE_KEYS[:SHAPE_KEYS.index(step)]  # all right in the reader's answer

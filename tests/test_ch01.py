@@ -462,6 +462,8 @@ def test_reach_asks_about_a_pair_whose_counts_the_chapter_does_not_print() -> No
     ("fn", "hint"),
     [
         (lambda q, k, v: torch.exp(q @ k.T) @ v, "did not divide by their sum"),
+        (lambda q, k, v: torch.exp(q @ k.T - (q @ k.T).max(dim=-1, keepdim=True).values) @ v,
+         "did not divide by their sum"),
         (lambda q, k, v: torch.softmax(q @ k.T, dim=-1) @ v.T, "you multiplied the weights by values.T"),
     ],
 )
@@ -636,3 +638,18 @@ def test_the_rope_diagram_claims_what_rope_does() -> None:
     assert abs(scores[0] - scores[1]) < 1e-5
     assert float(rope(q, 0) @ rope(k, offset + 1)) != pytest.approx(scores[0], abs=1e-3)  # another offset differs
     assert f"the offset is {offset}" in rope_diagram().alt
+
+
+# ---------------------------------------------------------------- the confirmation reading
+
+
+def test_shapes_name_a_single_number_given_for_a_shape() -> None:
+    """A step given as B * S * D (one int) is named as a single number, not as a size that is no int."""
+    fb = check_attention_shapes(lambda B, S, D, D_k, D_v: {**reference_shapes(B, S, D, D_k, D_v), "output": B * S * D})
+    assert fb.status == "wrong" and "got the single number" in fb.message and "one int per axis" in fb.message, fb
+    assert "whole number" not in fb.message, fb
+
+
+def test_shapes_sequence_first_hint_points_at_the_layout_section() -> None:
+    hint = next(m.hint for m in SHAPE_MISTAKES if m.name == "sequence first")
+    assert "section 1.10" in hint and "chapter 1 warns" not in hint
