@@ -89,8 +89,8 @@ COMBINED_MASK_MISTAKES: tuple[Mistake, ...] = (
             "`attention_mask == 1` (`attention_mask == 0` is the True = blocked form that nn.MultiheadAttention takes)."),
     Mistake("transposed", lambda am: _combined(am).transpose(-1, -2),
             "rows and columns are swapped: rows are queries and columns are keys, so the causal part is "
-            "`torch.tril(ones)` (key j <= query i) and the padding must hide columns, "
-            "`attention_mask[:, None, None, :]` (shape [B, 1, 1, S])."),
+            "`torch.tril(ones)` (key j <= query i) and the padding must hide columns: it must vary along the last "
+            "axis (keys) and be size 1 on the head and query axes."),
     Mistake("no head axis", lambda am: _combined(am)[:, 0],
             "your mask is [B, S, S]: it lacks the head axis. Against scores [B, H, S, S] it would line up B with H "
             "(broadcasting aligns shapes from the right), so insert an axis: `mask[:, None]` -> [B, 1, S, S]."),
@@ -108,8 +108,8 @@ COMBINED_MASK_MISTAKES: tuple[Mistake, ...] = (
     Mistake("strict triu", lambda am: _tril(am.shape[1]).T.triu(1) & _keys(am),
             "you kept the future and hid the past: `triu` marks the future. Use `tril`, or invert `triu(..., 1)`."),
     Mistake("padded rows", lambda am: _tril(am.shape[1]) & _rows(am),
-            "you hid padded *queries* (rows) instead of padded *keys* (columns): put the padding axis last, "
-            "`attention_mask[:, None, None, :]`."),
+            "you hid padded *queries* (rows) instead of padded *keys* (columns): the padding must vary along the "
+            "last axis (keys) and be size 1 on the head and query axes."),
     Mistake("padded rows and keys", lambda am: _combined(am) & _rows(am),
             "you also hid the padded query rows. That leaves rows with nothing visible (a plain softmax turns them "
             "into NaN); the padding mask hides keys only, and the outputs at padded positions are simply ignored."),
@@ -150,8 +150,8 @@ def _combined_one(fn: Callable[[Tensor], Any], am: Tensor) -> Feedback | None:
     if mismatch is not None:
         return wrong(
             fb.message + ". The causal part is [S, S] and the padding part must be [B, 1, 1, S]: the batch axis "
-            "first and the keys last, `attention_mask[:, None, None, :]` (with `[None, None, :, :]` it is [1, 1, B, S], "
-            "and the batch lands on the query axis)."
+            "first, the padding varying along the last axis (keys) and size 1 on the head and query axes (with "
+            "`[None, None, :, :]` it is [1, 1, B, S], and the batch lands on the query axis)."
         )
     if fb is not None:
         return fb
@@ -402,7 +402,8 @@ MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
             "row is NaN: its query may see nothing at all. Hide `~causal_mask(S)`, the cells where causal_mask "
             "is False."),
     Mistake("no mask", lambda q, k, v: torch.softmax(_scores(q, k), dim=-1),
-            "future keys get weight: nothing is masked. Hide the upper triangle of the scores before softmax."),
+            "future keys get weight: nothing is masked. Hide the upper triangle of the scores before softmax "
+            "(masked_fill returns a new tensor: assign it, or use masked_fill_)."),
     Mistake("unscaled", lambda q, k, v: torch.softmax((q @ k.transpose(-2, -1)).masked_fill(_future(q), float("-inf")), dim=-1),
             "the mask is right, but the scores are not scaled: divide q @ k^T by sqrt(D_k) before masking."),
     Mistake("transposed weights", lambda q, k, v: torch.softmax(_scores(q, k).masked_fill(_future(q), float("-inf")), dim=-1).transpose(-2, -1),
@@ -426,6 +427,11 @@ MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
             "the mask is right, but your softmax runs over the head axis (dim=1): each weight is shared with the same "
             "cell of the other heads, and a future cell, -inf in every head, becomes NaN. A query's weight is shared "
             "among its keys: which axis of [B, H, S_q, S_k] holds them?"),
+    Mistake("softmax over the batch", lambda q, k, v: _nan_as(torch.softmax(_scores(q, k).masked_fill(_future(q), float("-inf")), dim=0)),
+            "the mask is right, but your softmax runs over the batch axis (dim=0): each weight is shared only with the "
+            "same cell of the other sequences (with one sequence, every visible weight is 1), and a future cell, -inf "
+            "in every sequence, becomes NaN. A query's weight is "
+            "shared among its keys: which axis of [B, H, S_q, S_k] holds them?"),
     Mistake("k @ q^T", lambda q, k, v: torch.softmax((k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(_future(q), float("-inf")), dim=-1),
             "your scores are transposed: `k @ q.transpose(-2, -1)` puts the keys on the rows, so row i holds the "
             "score of every query against key i, and the mask then hides the wrong pairs. Row i must hold query i's "
@@ -501,6 +507,10 @@ def _masking_order_one(fn: Callable[[Tensor, Tensor, Tensor], Any], q: Tensor, k
         hint = diagnose(_nan_as(weights.detach().cpu()), MASKING_ORDER_MISTAKES, q, k, v)
         if hint is not None:
             return hint
+        if bool(torch.isnan(w[..., _future(q)]).any()) and not bool(torch.isnan(w[..., ~_future(q)]).any()):
+            return wrong("your weights are NaN in future cells only: a softmax gives NaN where every entry it "
+                         "normalises over is -inf. If your masked scores hold -inf there, your softmax runs over an "
+                         "axis that does not hold a query's keys: which axis of [B, H, S_q, S_k] holds them?")
         if leak > 0:
             return wrong(f"future keys get weight (up to {leak:.1e}); hide the upper triangle of the scores with -inf "
                          "(or torch.finfo(dtype).min) before the softmax.")
@@ -581,8 +591,9 @@ FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
                 "about 0.001 apart: -1e4 is added, not written, and the differences survive. Softmax only sees "
                 "differences."),
         Mistake("zeros", lambda: torch.zeros(4),
-                "softmax always returns a row that sums to 1; zeros come only from attnlib or PyTorch's fused "
-                "attention with a bool or -inf mask. Here -1e4 is added to every score, which changes no difference."),
+                "softmax always returns a row that sums to 1; zeros come only from code that special-cases such "
+                "rows (attnlib, PyTorch's fused attention given a bool or -inf mask, nn.MultiheadAttention's Python "
+                "path with need_weights=False). Here -1e4 is added to every score, which changes no difference."),
         Mistake("NaN", lambda: torch.full((4,), -1.0),
                 "NaN needs -inf - (-inf); every score here is finite (about -1e4), so the softmax is well defined. "
                 "And adding one number to every score changes no difference between them."),

@@ -457,6 +457,35 @@ def test_masking_order_names_the_axis_the_scale_and_the_orientation(fn, hint: st
     assert fb.status == "wrong" and hint in fb.message, fb
 
 
+def test_masking_order_names_a_softmax_over_the_batch_and_future_nan() -> None:
+    # the reading's case: a right mask, then softmax(0); NaN in the future cells is not a "leak up to inf"
+    def over_batch(q, k, v):
+        w = _masked(q, k).softmax(0)
+        return w @ v, w
+
+    fb = check_masking_order(over_batch)
+    assert fb.status == "wrong" and "batch axis (dim=0)" in fb.message and "inf)" not in fb.message, fb
+
+    def future_nan_only(q, k, v):  # no table entry: the NaN check speaks, not a leak "up to inf"
+        w = torch.softmax(_masked(q, k), dim=-1).clone()
+        w[..., 0, 1] = NAN
+        return w @ v, w
+
+    fb = check_masking_order(future_nan_only)
+    assert "NaN in future cells only" in fb.message, fb
+
+
+def test_masking_order_names_an_unassigned_masked_fill() -> None:
+    def unassigned(q, k, v):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        scores.masked_fill(~causal_mask(q.shape[-2]), float("-inf"))  # result dropped
+        w = torch.softmax(scores, dim=-1)
+        return w @ v, w
+
+    fb = check_masking_order(unassigned)
+    assert fb.status == "wrong" and "assign it, or use masked_fill_" in fb.message, fb
+
+
 def test_masking_order_names_half_precision_in_good_grammar() -> None:
     def half(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         w = torch.softmax(_masked(q, k), dim=-1)
