@@ -378,6 +378,10 @@ def check_transposed_strides(answer: object, shape: tuple[int, ...] = (2, 5, 4, 
     if ints is None and isinstance(answer, (tuple, list)) and answer and all(isinstance(a, float) for a in answer):
         return wrong("the answer should be a tuple of ints, got a tuple of floats: strides are whole numbers of "
                      "elements, so write each as an int (7, not 7.0).")
+    if ints is None and isinstance(answer, (tuple, list)) and any(isinstance(a, float) for a in answer):
+        first = next(a for a in answer if isinstance(a, float))
+        return wrong(f"the answer should be a tuple of ints, got a {type(answer).__name__} containing a float ({first!r}): "
+                     "strides are whole numbers of elements, so write the strides as ints (7, not 7.0).")
     if ints is None:
         return wrong(f"the answer should be a tuple of ints like (1, 2, 3, 4), got {describe(answer)}.")
     base = torch.zeros(shape)
@@ -722,6 +726,10 @@ def _repeat_kv_one(fn: Callable[[Tensor, int], Tensor], case: tuple[int, int, in
         return fb
     if not isinstance(result, Tensor):
         return wrong(f"the function should return a torch.Tensor, got {describe(result)}.")
+    if tuple(result.shape) == (B, H_kv, H // H_kv, S, d_k):
+        return wrong(f"the result has shape {tuple(result.shape)}, which is [B, H_kv, G, S, D_k]: you expanded but did "
+                     "not merge the key/value-head and group axes into one head axis. Finish with "
+                     ".reshape(B, H, S, D_k).")
     if tuple(result.shape) != (B, H, S, d_k):
         first = REPEAT_KV_CASES[0]
         G_first = first[4] // first[1]  # the group size of the first case, right there

@@ -255,6 +255,24 @@ def test_repeat_kv_hints(fn: object, hint: str) -> None:
     assert fb.status == "wrong" and hint in fb.message, fb.message
 
 
+def test_repeat_kv_names_the_missing_merge_after_expand() -> None:
+    def no_merge(kv: Tensor, H: int) -> Tensor:
+        B, H_kv, S, d_k = kv.shape
+        return kv[:, :, None].expand(B, H_kv, H // H_kv, S, d_k)  # [B, H_kv, G, S, D_k]
+
+    fb = check_repeat_kv(no_merge)
+    assert fb.status == "wrong", fb.message
+    assert "merge the key/value-head and group axes into one head axis" in fb.message, fb.message
+    assert ".reshape(B, H, S, D_k)" in fb.message, fb.message
+
+
+def test_transposed_strides_names_a_float_among_ints() -> None:
+    fb = check_transposed_strides((60.0, 3, 12, 1))
+    assert fb.status == "wrong", fb.message
+    assert "containing a float (60.0)" in fb.message and "write the strides as ints" in fb.message, fb.message
+    assert "4 items" not in fb.message
+
+
 # === the reshape bug, views and copies, einops, GQA shapes ===================================
 # Chapter 6: the reshape-bug check, views vs copies, einops as a second oracle, GQA/MQA shapes.
 # The basic split/merge round trip and GQA against an explicit per-head loop live in
