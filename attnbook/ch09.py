@@ -1064,15 +1064,17 @@ FIRST_KEY_MISTAKES = (
             "starting every query block at key 0 gives the right output but computes every tile left of the "
             "diagonal: the point is to skip the key blocks entirely before the window of the block's first row."),
     Mistake("one key early", lambda q0, w: q0 - w,
-            "one key too early: the first row, q_start, sees keys q_start - window + 1 .. q_start."),
+            "one key too early: the block's first row sees itself and the window - 1 keys before it; count them "
+            "again."),
     Mistake("one key late", lambda q0, w: q0 - w + 2,
-            "one key too late: the first row, q_start, also sees key q_start - window + 1, so the kernel would "
-            "miss it."),
+            "one key too late: the block's first row sees itself and the window - 1 keys before it, so the kernel "
+            "would miss the earliest of them; count them again."),
     Mistake("the query itself", lambda q0, w: q0,
-            "the block's queries look back: its first row sees keys from q_start - window + 1 on, not from q_start."),
+            "the block's queries look back: its first row sees itself and the window - 1 keys before it, so the "
+            "first key comes before q_start; count them again."),
     Mistake("the window length", lambda q0, w: w,
-            "the first key depends on where the block starts: its first row, q_start, sees keys from "
-            "q_start - window + 1 on."),
+            "the first key depends on where the block starts: its first row, q_start, sees itself and the "
+            "window - 1 keys before it; count them again."),
 )
 
 
@@ -1221,7 +1223,7 @@ def _first_key_one(fn: Callable[..., Any], q0: int, window: int) -> Feedback | N
     if values is not None and all(x % w == 0 for x, (_, w) in zip(values, _first_key_cases())):
         return wrong(_ROUNDED_TO_WINDOW)
     return wrong(f"for q_start = {q0} and window = {window} your first key is not the first key the block's "
-                 "first row sees; that row, q_start, sees keys q_start - window + 1 .. q_start.")
+                 "first row sees; that row, q_start, sees itself and the window - 1 keys before it: count them again.")
 
 
 _ROUNDED_TO_WINDOW = (

@@ -64,8 +64,8 @@ BLOCKS_MISTAKES = (
             "you returned a fraction of blocks ((prompt_len + new_tokens) / block_size with /): blocks are allocated "
             "whole, so round the count up before subtracting the prefix's full blocks."),
     Mistake("last position left out", lambda p, n, b, s: -(-(p + n - 1) // b) - s // b,
-            "you counted prompt_len + new_tokens - 1 positions: the prompt's positions and every generated token's "
-            "are all stored, prompt_len + new_tokens of them (positions 0 .. prompt_len + new_tokens - 1)."),
+            "you counted prompt_len + new_tokens - 1 positions: this exercise counts every generated token as "
+            "cached, prompt_len + new_tokens positions in all."),
     Mistake("prompt and new tokens rounded separately", lambda p, n, b, s: -(-p // b) + -(-n // b) - s // b,
             "the generated tokens continue in the prompt's last block: round up once, for all "
             "prompt_len + new_tokens positions, not for the prompt and the new tokens separately."),
