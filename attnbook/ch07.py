@@ -581,12 +581,19 @@ def reference_previous_token_score(weights: Tensor) -> Tensor:
     return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)  # [L, H, S-1] -> [L, H]
 
 
+#: The hint for torch.diagonal left on its default dims (0 and 1: layers and heads here).
+DIAGONAL_AXES_HINT = ("torch.diagonal takes dims 0 and 1 unless told otherwise, here the layer and head axes: "
+                      "tell it which two axes hold queries and keys.")
+
 #: The known mistakes of :func:`check_previous_token_score`: ``compute(weights [L, H, S, S]) -> [L, H]``.
 PREVIOUS_MISTAKES: tuple[Mistake, ...] = (
     Mistake("next token", lambda w: w.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1),
             "that is the weight on the next token (i+1). Entry [i, i-1] lies just below the diagonal: diagonal(offset=-1)."),
     Mistake("divided by S", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / w.shape[-1],
             "you divided by S; only S - 1 queries have a previous token."),
+    Mistake("diagonal over layers and heads", lambda w: w.diagonal(-1).mean(-1), DIAGONAL_AXES_HINT),
+    Mistake("sliced, then diagonal over layers and heads", lambda w: w[..., 1:, :-1].diagonal().mean(-1),
+            DIAGONAL_AXES_HINT),
     Mistake("the diagonal", lambda w: w.diagonal(dim1=-2, dim2=-1).mean(-1),
             "that is the weight on the token itself (the diagonal); the previous token is offset -1."),
     Mistake("sum instead of mean", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1),
@@ -656,8 +663,9 @@ def _computed_in_half(result: Any, weights: Tensor, expected: Tensor) -> Feedbac
         narrow = reference_previous_token_score(weights.to(half)).to(expected.dtype)
         if close(result, narrow, atol=tol, rtol=tol) and close(result, expected, atol=HALF_TOL, rtol=HALF_TOL):
             return wrong(f"your score is {result.dtype}, but it agrees with the right one only to about 3 significant "
-                         "digits, as if it was computed in float16 or bfloat16 and cast back: casting back does not "
-                         "restore the lost digits. Compute in the dtype of weights or wider.")
+                         "digits, as if it was rounded, or computed in float16 or bfloat16 and cast back: the digits "
+                         "lost that way do not come back. Compute in the dtype of weights or wider, and round only "
+                         "what you print.")
     return None
 
 

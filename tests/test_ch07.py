@@ -124,16 +124,25 @@ PREV_MISTAKES = {
     "float16 returned": (lambda w: w.half().diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1), "torch.float16"),
     "float16 inside": (
         lambda w: w.half().diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1).to(w.dtype),
-        "as if it was computed in float16 or bfloat16",
+        "computed in float16 or bfloat16 and cast back",
     ),
     "bfloat16 inside": (
         lambda w: w.bfloat16().diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1).to(w.dtype),
-        "as if it was computed in float16 or bfloat16",
+        "computed in float16 or bfloat16 and cast back",
     ),
     "float32 returned": (lambda w: w.float().diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1), "inputs are torch.float64"),
     "float32 inside": (
         lambda w: w.float().diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1).to(w.dtype),
         "float32's precision",
+    ),
+    "rounded to 2 decimals": (
+        lambda w: (w.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1) * 100).round() / 100,
+        "as if it was rounded",
+    ),
+    "torch.diagonal on its default dims": (lambda w: w.diagonal(-1).mean(-1), "here the layer and head axes"),
+    "torch.diagonal on its default dims after slicing": (
+        lambda w: torch.diagonal(w[..., 1:, :-1]).mean(-1),
+        "here the layer and head axes",
     ),
     "other": (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1) + 0.01, "differs"),
 }
