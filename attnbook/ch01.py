@@ -381,7 +381,7 @@ def _lookup_one(fn: Callable[..., Any], inputs: tuple[Tensor, Tensor, Tensor],
     if tuple(result.shape) == (M, D) and D != D_v:
         return wrong(f"your result has the queries' width D = {D}, but here the values are D_v = {D_v} wide: the "
                      "output mixes the values, so it has width D_v (a loop that starts from torch.zeros_like(queries) "
-                     "only works while D_v = D; start from torch.zeros(M, values.shape[1]) or use weights @ values).")
+                     "only works while D_v = D; start from torch.zeros(M, values.shape[1], dtype=values.dtype) or use weights @ values).")
     if result.dim() == 1:
         return wrong(f"you returned one vector of {result.shape[0]} numbers, but there are M = {M} queries: "
                      f"return one mixed value per query, [M, D_v] = ({M}, {D_v}).")
@@ -409,7 +409,7 @@ def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Feedbac
             return wrong(f"right when the values are as wide as the keys, but with M = {M}, N = {N}, D = {D} and "
                          f"D_v = {D_v} {problem.message}. The output has the values' width D_v: a loop that starts "
                          "from torch.zeros_like(queries) only works while D_v = D (start from "
-                         "torch.zeros(M, values.shape[1]), or use weights @ values).")
+                         "torch.zeros(M, values.shape[1], dtype=values.dtype), or use weights @ values).")
         if problem is not None:
             return problem
     queries, keys, _ = soft_lookup_inputs(*SOFT_LOOKUP_CASES[0])
