@@ -259,7 +259,7 @@ def tile_grid_html(block: int) -> Any:
 #: The tile grid's legend. The slider announces hidden (hatched) cells as "masked" to screen readers,
 #: so the legend names them that way too, and the diagonal tiles are described without the word.
 TILE_LEGEND = ("2 = on the diagonal (computed, the future hidden inside the tile), 1 = computed in full, "
-               "hatched (masked) = skipped, never loaded")
+               "hatched (masked) = skipped, never computed")
 
 
 def tile_frame(block: int, S: int = 1024) -> Frame:
@@ -903,6 +903,15 @@ def _tile_log_hint(got: Tensor, s_tile: Tensor, lse: Tensor) -> Feedback | None:
                      "only about 7 significant digits (its spacing at 800 is 6e-5), so the weights lose digits, and "
                      "casting back does not restore them. Compute in the input's dtype or wider; upcast only float16 "
                      "or bfloat16.")
+    if close(got, torch.exp(s_tile + lse[:, None])):  # not in the table: on the large scores it overflows, as
+        # "divide by lse" does, and both would be inf there
+        return wrong("you added lse: the weight divides exp(score) by the row's denominator exp(lse), and dividing "
+                     "by an exponential is subtracting its exponent.")
+    for low in (torch.float16, torch.bfloat16):
+        if s_tile.dtype != low and close(got, torch.exp(s_tile.to(low) - lse.to(low)[:, None]).to(s_tile.dtype)):
+            return wrong(f"you computed in {str(low)[6:]} and cast back: its 8 or 11 significant bits round the scores "
+                         "and lse before the subtraction, so the weights lose digits that casting back does not "
+                         "restore. Compute in the input's dtype.")
     if got.is_complex() or not (got.detach() > 0).all():
         return None
     logs = torch.log(got.detach().double())
@@ -967,6 +976,54 @@ def _formula_lines(d: Diagram, y: float, lines: tuple[str, ...]) -> None:
     """The formula lines inside a diagram's box, 24 px apart from ``y`` down."""
     for k, line in enumerate(lines):
         d.text(34, y + 24 * k, line, size=15, anchor="start")
+
+
+#: The memory-levels diagram's example: section 8.2's sequence length, in float32.
+LEVELS_S, LEVELS_BYTES = 4096, 4
+
+
+def _mib_or_kib(n_bytes: int) -> str:
+    """``64 MiB`` or ``256 KiB``: a whole number of the largest binary unit that divides it."""
+    return f"{n_bytes // 2**20} MiB" if n_bytes % 2**20 == 0 else f"{n_bytes // 2**10} KiB"
+
+
+@diagram
+def memory_levels_diagram() -> Diagram:
+    """Why tiling pays: materialised attention sends every ``[S, S]`` tensor through main memory, the tiled
+    loop keeps one small tile in the fast level and sends only Q, K, V, the output and lse through. (The alt text
+    writes S \u00d7 S: square brackets would end the markdown image's alt text.)"""
+    from attnlib.flash import BLOCK_K, BLOCK_Q
+
+    assert BLOCK_Q == BLOCK_K == DIAGRAM_BLOCK, "draw the diagram with attnlib's default blocks"
+    full = _mib_or_kib(LEVELS_S * LEVELS_S * LEVELS_BYTES)
+    tile = _mib_or_kib(DIAGRAM_BLOCK * DIAGRAM_BLOCK * LEVELS_BYTES)
+    fast = "fast, small: caches (CPU), on-chip (GPU)"
+    d = Diagram(
+        "ch08_memory_levels", 358, 486, title="Where the scores live: materialised and tiled attention",
+        alt=(f"Two panels, each with a fast, small level of memory (a CPU's caches, a GPU's on-chip memory) above "
+             f"a large, slower main memory, for S = {LEVELS_S} in float32. Materialised attention: each step "
+             f"writes its S \u00d7 S result to main memory, {full} per head, and the next step reads it back. Tiled "
+             f"attention: one {DIAGRAM_BLOCK} \u00d7 {DIAGRAM_BLOCK} tile of scores per head, {tile}, stays in the "
+             "fast level with the running m, \u2113 and acc; only blocks of Q, K and V go up, and only the "
+             "output and lse come back, so main memory holds no S \u00d7 S tensor."))
+    d.text(179, 28, "Where the scores live", size=16, weight="bold")
+    d.text(179, 50, f"S = {LEVELS_S}, float32, {DIAGRAM_BLOCK}-row blocks", size=14, color=MUTED)
+    panels = (("materialised attention", "the arithmetic, one step at a time",
+               ("each step writes its [S, S] result,", "the next step reads it back"),
+               f"Q, K, V, out, and [S, S] per head: {full}", "vermillion"),
+              ("tiled attention", f"a [{DIAGRAM_BLOCK}, {DIAGRAM_BLOCK}] tile per head ({tile}); m, \u2113, acc",
+               ("only blocks of Q, K, V go up,", "only out and lse come back"),
+               "Q, K, V, out, lse: no [S, S] tensor", "blue"))
+    for k, (title, fast_sub, arrow_lines, slow_sub, colour) in enumerate(panels):
+        y0 = 66 + 212 * k
+        d.text(14, y0 + 16, title, size=15, anchor="start", weight="bold")
+        d.box(14, y0 + 26, 330, 56, fast, sub=fast_sub, color="green", size=14)
+        d.arrow(44, y0 + 86, 44, y0 + 124, color=colour)
+        d.arrow(66, y0 + 124, 66, y0 + 86, color=colour)
+        for j, line in enumerate(arrow_lines):
+            d.text(82, y0 + 102 + 17 * j, line, size=13, anchor="start")
+        d.box(14, y0 + 128, 330, 56, "large, slower: main memory", sub=slow_sub, color="orange", size=14)
+    return d
 
 
 @diagram

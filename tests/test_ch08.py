@@ -958,3 +958,28 @@ def test_online_update_returning_the_old_maximum_is_named_not_the_max_call() -> 
 def test_tile_weights_one_lse_for_the_whole_tile_is_named(fn, words: str) -> None:
     fb = check_tile_weights(fn)
     assert fb.status == "wrong" and words in fb.message and "its own logsumexp" in fb.message, fb.message
+
+
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16])
+def test_tile_weights_computed_low_and_cast_back_is_named(low: torch.dtype) -> None:
+    fb = check_tile_weights(lambda s, lse: torch.exp(s.to(low) - lse.to(low)[:, None]).to(s.dtype))
+    assert fb.status == "wrong"
+    assert f"computed in {str(low)[6:]} and cast back" in fb.message
+
+
+def test_tile_weights_added_lse_is_named() -> None:
+    fb = check_tile_weights(lambda s, lse: torch.exp(s + lse[:, None]))
+    assert fb.status == "wrong" and "you added lse" in fb.message
+
+
+def test_memory_levels_diagram_draws_the_sizes_it_names() -> None:
+    from attnbook.ch08 import LEVELS_BYTES, LEVELS_S, memory_levels_diagram
+    from attnlib.flash import BLOCK_Q
+
+    d = memory_levels_diagram()
+    svg = d.svg()
+    full, tile = LEVELS_S * LEVELS_S * LEVELS_BYTES, BLOCK_Q * BLOCK_Q * LEVELS_BYTES
+    assert (full, tile) == (64 * 2**20, 256 * 2**10)  # [4096, 4096] and [256, 256] float32 per head
+    for text in ("64 MiB", "256 KiB"):
+        assert text in svg and text in d.alt
+    assert f"[{BLOCK_Q}, {BLOCK_Q}] tile" in svg and f"{BLOCK_Q} \u00d7 {BLOCK_Q} tile" in d.alt
