@@ -753,6 +753,9 @@ CAP_MISTAKES = (
               "Q K^T and P V are each one dot product of length d per score, d multiply-adds = 2 d FLOPs, so "
               "4 d FLOPs in all.")
       for n, why in ((8, "a multiply-add counted as 2 FLOPs twice over"), (3, "2 d for Q K^T but d for P V"))),
+    Mistake("6 d FLOPs per score", _cap(flops_per_score=6),
+            "you counted 6 d FLOPs per score, as if a backward matmul ran too: the forward pass runs two matmuls per "
+            "score, Q K^T and P V, each a dot product of length d, 2 d FLOPs, so 4 d FLOPs in all."),
     Mistake("the two rates swapped", lambda d, F, E: reference_serial_cap(d, E, F),
             "you swapped the two rates: the matmul FLOPs run at matmul_flops per second and the exponentials at "
             "exps_per_s. Check which rate divides which work."),

@@ -576,6 +576,14 @@ def test_serial_cap_inverse_ratio_8d_3d_and_integer_division_get_their_own_hints
     assert check_serial_cap(lambda d, mf, e: 1 / (1 + mf / (4 * d * e))).passed  # another right form
 
 
+def test_serial_cap_6d_flops_is_named_as_a_backward_matmul() -> None:
+    from attnbook.ch09 import check_serial_cap
+
+    fb = check_serial_cap(lambda d, mf, e: (6 * d / mf) / (6 * d / mf + 1 / e))
+    assert fb.status == "wrong" and "6 d FLOPs per score, as if a backward matmul ran too" in fb.message, fb
+    assert check_serial_cap(lambda d, mf, e: (4 * d / mf) / (4 * d / mf + 1 / e)).passed
+
+
 def test_merge_unnormalised_max_subtraction_sum_and_swapped_return_get_their_own_hints() -> None:
     def max_only(oa, la, ob, lb):
         m = torch.maximum(la, lb)

@@ -1078,3 +1078,28 @@ def test_blocks_and_sink_hints_give_no_formula() -> None:
     assert "no exponent you compute is above 0" in fb.message and "logaddexp" not in fb.message, fb
     fb = ch11.check_sink_softmax(_shifted_by_sink)
     assert "torch.maximum" not in fb.message and "logaddexp" not in fb.message, fb
+
+
+# ---- hints point at the fix without handing over its line -----------------------------------------
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda p, n, b, s: (p + n) // b + 1 - s // b, "adds nothing when the positions fill their blocks exactly"),
+    (lambda p, n, b, s: round((p + n) / b) - s // b, "round up instead"),
+    (lambda p, n, b, s: (p + n - 1) // b - s // b, "INDEX of the block"),
+])
+def test_blocks_needed_rounding_hints_do_not_give_the_rounding_idiom(fn, words: str) -> None:
+    fb = ch11.check_blocks_needed(fn)
+    assert fb.status == "wrong" and words in fb.message and "-(-x // b)" not in fb.message, fb
+    assert ch11.check_blocks_needed(lambda p, n, b, s: math.ceil((p + n) / b) - s // b).passed
+
+
+@pytest.mark.parametrize("submission, words", [
+    (lambda x: _int8(x), "any nonzero scale (only where the scale is 0)"),
+    (lambda x: _int8(x, "clamp 1e-12"), "replace only the zero scales"),
+    (lambda x: _int8_with(x, x.abs().amax(-1, keepdim=True) / 127 + 1e-8), "giving each of them any nonzero"),
+])
+def test_int8_zero_guard_hints_do_not_give_the_guard_line(submission, words: str) -> None:
+    fb = ch11.check_int8_per_token(submission)
+    assert fb.status == "wrong" and words in fb.message, fb
+    assert "torch.where" not in fb.message and "ones_like" not in fb.message, fb
+    assert ch11.check_int8_per_token(lambda x: _int8(x, "where")).passed

@@ -51,9 +51,9 @@ BLOCKS_MISTAKES = (
             "Count the request's blocks first, then take away the prefix's full blocks."),
     Mistake("ceil as // b + 1", lambda p, n, b, s: (p + n) // b + 1 - s // b,
             "`x // b + 1` rounds up only when b does not divide x: when the positions fill their blocks exactly it "
-            "counts one block too many. Round up with -(-x // b)."),
+            "counts one block too many. Round up in a way that adds nothing when the positions fill their blocks exactly."),
     Mistake("round to nearest", lambda p, n, b, s: round((p + n) / b) - s // b,
-            "round() goes to the nearest block count, so a last block filled less than half is dropped: round up, -(-x // b)."),
+            "round() goes to the nearest block count, so a last block filled less than half is dropped: round up instead."),
     Mistake("prefix blocks by /", lambda p, n, b, s: -(-(p + n) // b) - s / b,
             "shared_prefix / block_size is a fraction of blocks: only FULL blocks are shared, so count them with "
             "floor division, shared_prefix // block_size, and the answer stays a whole number."),
@@ -89,7 +89,7 @@ BLOCKS_MISTAKES = (
             "round up once."),
     Mistake("one block too few", lambda p, n, b, s: (p + n - 1) // b - s // b,
             "one block too few: (prompt_len + new_tokens - 1) // block_size is the INDEX of the block holding the "
-            "last position, counted from 0, not the number of blocks (add 1, or round up with -(-x // b)); and if "
+            "last position, counted from 0, not the number of blocks; and if "
             "you subtracted shared_prefix // block_size + 1, the prefix shares exactly shared_prefix // block_size "
             "full blocks, not one more."),
     Mistake("prefix blocks rounded to nearest", lambda p, n, b, s: -(-(p + n) // b) - round(s / b),
@@ -259,15 +259,15 @@ def _int8_steps(got: Any, x: Tensor) -> bool:
 
 _INT8_ZERO = (
     "your result has NaN at the positions whose numbers are all 0 (the rest is right): their scale is "
-    "0 / 127 = 0, so x / scale is 0 / 0. Give such a position any nonzero scale, e.g. "
-    "scale = torch.where(scale > 0, scale, torch.ones_like(scale)): its codes are 0 whatever the scale."
+    "0 / 127 = 0, so x / scale is 0 / 0. Give such a position any nonzero scale (only where the scale is 0): "
+    "its codes are 0 whatever the scale."
 )
 
 _INT8_HALF_ZERO = (
     "your result has NaN at the positions whose numbers are all 0, in {dtype} only: the guard against a zero "
     "scale (1e-12, 1e-8 or torch.finfo(torch.float32).tiny, added or clamped to) rounds to 0 in {dtype}, whose "
-    "smallest positive number is about {tiny:.0e}. Use a guard that survives the dtype, e.g. "
-    "torch.where(scale > 0, scale, torch.ones_like(scale)), or torch.finfo(x.dtype).tiny."
+    "smallest positive number is about {tiny:.0e}. Use a guard that survives the dtype: replace only the zero "
+    "scales by a nonzero number, or take the floor from x's own dtype."
 )
 
 _INT8_HALF_OVERFLOW = (
@@ -280,7 +280,7 @@ _INT8_HALF_OVERFLOW = (
 _INT8_EPSILON = (
     "you added a small epsilon to every scale (such as max|x| / 127 + 1e-8): that changes the scale of every "
     "position, not only of the positions of zeros, so every value comes back slightly off. Do not add an epsilon to "
-    "the scale; guard only the zero positions: scale = torch.where(scale > 0, scale, torch.ones_like(scale))."
+    "the scale; guard only the zero positions, giving each of them any nonzero scale."
 )
 
 #: Epsilons a reader may add to the scale. Such an answer is within the shared tolerance of the right one (its
