@@ -48,6 +48,7 @@ from .feedback import (
 
 __all__ = [
     "memory_layout",
+    "memory_layout_alt",
     "tagged_tokens",
     "decode_tag",
     "check_split_heads",
@@ -876,6 +877,48 @@ def packed_split_is_right(split: Callable[[Tensor, int, int], tuple[Tensor, Tens
 
 # Okabe-Ito colours (colour-blind safe), one per position in memory_layout.
 _OKABE_ITO = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999999"]
+# memory_layout's hatching, one per head, with the name its alt text gives it.
+_HATCHES = [("", "none"), ("///", "diagonal"), ("...", "dots"), ("xxx", "crosses"), ("\\\\\\", "back-diagonal"),
+            ("ooo", "circles")]
+
+
+def _runs(offsets: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0 to 2, 5"``: consecutive offsets written as ranges."""
+    runs: list[list[int]] = []
+    for o in offsets:
+        if runs and o == runs[-1][-1] + 1:
+            runs[-1].append(o)
+        else:
+            runs.append([o])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def memory_layout_alt(seq_len: int = 3, num_heads: int = 2, d_k: int = 2, tokens: Sequence[str] | None = None) -> str:
+    """The alt text of :func:`memory_layout` with the same arguments, written from the same tensors and tokens."""
+    import torch
+
+    S, H = seq_len, num_heads
+    D = H * d_k
+    tokens = [f"pos {s}" for s in range(S)] if tokens is None else list(tokens)
+    flat = torch.arange(S * D)  # [S * D], the memory
+    shd = flat.view(S, H, d_k)  # [S, H, D_k]
+    hsd = shd.transpose(0, 1)  # [H, S, D_k], a view
+    bug = flat.view(H, S, d_k)  # [H, S, D_k], the bug
+    colours = ", ".join(f"{tokens[s]}: {_runs(range(s * D, (s + 1) * D))}" for s in range(S))
+    hatched = "; ".join(f"head {h}: {_runs(shd[:, h].reshape(-1).tolist())}" for h in range(1, H))
+    transposed = " and ".join(f"{' '.join(map(str, hsd[h].reshape(-1).tolist()))} for head {h}" for h in range(H))
+    cut = " and ".join(f"{_runs(bug[h].reshape(-1).tolist())} for head {h}" for h in range(H))
+    bug0 = bug[0].reshape(-1).tolist()
+    bug0_heads = sorted({(o % D) // d_k for o in bug0})
+    bug0_tokens = [tokens[s] for s in sorted({o // D for o in bug0})]
+    hatch_names = ", ".join(f"head {h} {_HATCHES[h % len(_HATCHES)][1]}" for h in range(H))
+    mixes = ("hatched and unhatched cells" if len(bug0_heads) > 1 else "cells") + " of " + " and ".join(bug0_tokens)
+    return (f"Four rows of {S * D} numbered cells. Row 1 is memory, offsets 0 to {S * D - 1}, coloured by position "
+            f"({colours}) and hatched by head ({hatched}). Row 2, view(S, H, D_k), reads them in order in {S} groups, "
+            f"one per position, strides {tuple(shd.stride())}. Row 3, the transpose, reads {transposed}, strides "
+            f"{tuple(hsd.stride())}: one colour per row, jumps in memory. Row 4, the bug view(H, S, D_k), reads {cut}, "
+            f"strides {tuple(bug.stride())}: head 0 mixes {mixes}. A legend below the rows names the {S} colours "
+            f"({', '.join(tokens)}) and the {H} hatchings ({hatch_names}).")
 
 
 def memory_layout(seq_len: int = 3, num_heads: int = 2, d_k: int = 2, tokens: Sequence[str] | None = None) -> Any:
@@ -905,7 +948,7 @@ def memory_layout(seq_len: int = 3, num_heads: int = 2, d_k: int = 2, tokens: Se
     shd = flat.view(S, H, d_k)  # [S, H, D_k]
     hsd = shd.transpose(0, 1)  # [H, S, D_k], a view
     bug = flat.view(H, S, d_k)  # [H, S, D_k], the bug
-    hatches = ["", "///", "...", "xxx", "\\\\\\", "ooo"]
+    hatches = [pattern for pattern, _ in _HATCHES]
     rows = [
         ("memory", flat.view(1, -1), None, "offset 0, 1, 2, ... (one after another)"),
         (f"view(S, H, D_k)  {list(shd.shape)}", shd, "position", f"strides {tuple(shd.stride())}: contiguous"),

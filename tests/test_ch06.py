@@ -878,3 +878,44 @@ def test_split_that_transposes_before_splitting_is_named() -> None:
 
     for fb in (check_split_heads(transpose_first), check_split_merge(transpose_first, merge_heads)):
         assert fb.status == "wrong" and "you transposed [B, S, D] to [B, D, S] before splitting" in fb.message, fb.message
+
+
+def test_merge_copies_exactly_when_s_h_and_d_k_are_all_above_1() -> None:
+    # the chapter's claim: merging a contiguous attention output copies for S, H, D_k > 1 and is a view otherwise
+    for B in (1, 2):
+        for H in (1, 2, 3):
+            for S in (1, 2, 3):
+                for d_k in (1, 2, 3):
+                    out = torch.arange(B * H * S * d_k).view(B, H, S, d_k)  # [B, H, S, D_k], contiguous
+                    merged = merge_heads(out)  # [B, S, D]
+                    is_view = merged.data_ptr() == out.data_ptr()
+                    assert is_view == (min(S, H, d_k) == 1), (B, H, S, d_k)
+    out = torch.arange(24).view(2, 3, 4, 1)  # D_k = 1: (H, 1) merge with a single stride
+    merged = merge_heads(out)
+    assert merged.data_ptr() == out.data_ptr() and merged.stride() == (12, 1, 4) and not merged.is_contiguous()
+
+
+def test_memory_layout_alt_text_is_the_stored_one_and_names_the_drawn_tokens() -> None:
+    import json
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnbook.ch06 import LAYOUT_DK, LAYOUT_HEADS, LAYOUT_TOKENS, memory_layout, memory_layout_alt
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "book" / "06_tensor_reshaping.ipynb").read_text())
+    cells = [c for c in nb["cells"] if c["cell_type"] == "code" and "memory_layout(" in "".join(c["source"])]
+    assert len(cells) == 1
+    stored = cells[0]["metadata"]["mystnb"]["image"]["alt"]
+    assert stored == memory_layout_alt(len(LAYOUT_TOKENS), LAYOUT_HEADS, LAYOUT_DK, LAYOUT_TOKENS)
+    fig = memory_layout(len(LAYOUT_TOKENS), LAYOUT_HEADS, LAYOUT_DK, tokens=LAYOUT_TOKENS)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    plt.close(fig)
+    drawn_tokens = legend[: len(LAYOUT_TOKENS)]
+    assert drawn_tokens == list(LAYOUT_TOKENS)
+    assert f"names the {len(drawn_tokens)} colours ({', '.join(drawn_tokens)})" in stored
+    assert "(" + ", ".join(f"{tok}: {4 * s}-{4 * s + 3}" for s, tok in enumerate(drawn_tokens)) + ")" in stored
+    assert f"cells of {drawn_tokens[0]} and {drawn_tokens[1]}" in stored
