@@ -48,6 +48,7 @@ from .feedback import (
 
 __all__ = [
     "memory_layout",
+    "memory_layout_alt",
     "tagged_tokens",
     "decode_tag",
     "check_split_heads",
@@ -66,10 +67,11 @@ __all__ = [
     "OpLog",
 ]
 
-#: The shapes each split/merge check runs on, ``(B, S, H, D_k)``. Within a shape every size differs
-#: (with ``H = D_k`` a split into ``[B, S, D_k, H]`` could not be told from ``[B, S, H, D_k]``), the
-#: second differs from the first in every size so that hard-coded numbers fail, and ``B >= 2`` in
-#: both so that mixing sequences of a batch shows.
+#: The shapes each split/merge check runs on, ``(B, S, H, D_k)``. Within the first shape every size
+#: differs (with ``H = D_k`` a split into ``[B, S, D_k, H]`` could not be told from ``[B, S, H, D_k]``;
+#: the second has ``B = D_k``, which the first already tells apart), the second differs from the first in
+#: every size and in the number of elements, so that the first's sizes written in cannot be reshaped to it,
+#: and ``B >= 2`` in both so that mixing sequences of a batch shows.
 CONFIGS: tuple[tuple[int, int, int, int], ...] = ((2, 3, 4, 5), (3, 5, 2, 3))
 
 
@@ -176,8 +178,12 @@ def _split_problem(got: Tensor, x: Tensor, H: int) -> str | None:
             if positions[s] != s:
                 break
         return (f"head 0 row {s} holds features of position {positions[s]}: you reshaped without transposing. "
-                f"x.view(B, H, S, D_k) cuts the memory of [B, S, D] into H consecutive blocks, so head 0 gets "
+                f"x.view(B, H, S, D_k) cuts each sequence's memory into H consecutive blocks, so head 0 gets "
                 f"positions {positions} (expected {list(range(S))}). Use x.view(B, S, H, D_k).transpose(1, 2).")
+    if torch.equal(got, x.transpose(1, 2).reshape(B, H, S, d_k)):
+        return ("each row of head 0 holds one feature at several positions: you transposed [B, S, D] to [B, D, S] "
+                "before splitting, so the reshape reads the numbers feature by feature. Cut each position's features "
+                "into heads first, then move the head axis in front.")
     if torch.equal(got, x.view(B, S, d_k, H).permute(0, 3, 1, 2)):
         feats = [decode_tag(got[0, 0, 0, j].item(), S, D)[2] for j in range(d_k)]
         return (f"head 0 holds features {feats} of each position (every H-th feature): you split D as (D_k, H). "
@@ -696,8 +702,11 @@ _EXPAND_VIEW = (
     "reshape, which copies here."
 )
 
-#: The repeat-kv checker's cases ``(B, H_kv, S, D_k, H)``: every size differs within a case and between the two.
-REPEAT_KV_CASES: tuple[tuple[int, int, int, int, int], ...] = ((2, 2, 3, 4, 6), (3, 4, 5, 2, 8))
+#: The repeat-kv checker's cases ``(B, H_kv, S, D_k, H)``: every size differs within a case and between the two;
+#: ``H // B``, ``H // S`` and ``H // D_k`` differ from ``G = H // H_kv``, so that a group size read from another
+#: axis of ``kv`` gives the wrong number of heads; the first case has the section's G = 4, so that a G copied
+#: from there passes it and is named as hard-coded on the second.
+REPEAT_KV_CASES: tuple[tuple[int, int, int, int, int], ...] = ((2, 3, 5, 6, 12), (3, 2, 4, 5, 16))
 
 
 def _repeat_kv_input(case: tuple[int, int, int, int, int]) -> Tensor:
@@ -741,6 +750,9 @@ def _repeat_kv_one(fn: Callable[[Tensor, int], Tensor], case: tuple[int, int, in
         if tuple(result.shape) == (B, H_kv * H_kv, S, d_k):
             return wrong(f"the result has {H_kv * H_kv} heads: you repeated each key/value head H_kv = {H_kv} times "
                          f"(repeat_interleave(H_kv)); the count is the group size G = H // H_kv = {H // H_kv}.")
+        if H // B != H // H_kv and tuple(result.shape) == (B, H_kv * (H // B), S, d_k):
+            return wrong(f"the result has {H_kv * (H // B)} heads, expected H = {H}: you took H_kv from axis 0, the batch "
+                         f"(B = {B}). kv is [B, H_kv, S, D_k], so H_kv = kv.shape[1] and G = num_heads // H_kv.")
         if tuple(result.shape) == (B, H_kv * H, S, d_k):
             return wrong(f"the result has {H_kv * H} heads: repeat each key/value head H // H_kv = {H // H_kv} times, not H times.")
         return wrong(f"the result has shape {tuple(result.shape)}, expected [B, H, S, D_k] = {(B, H, S, d_k)} for kv of "
@@ -789,7 +801,7 @@ def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> Feedback:
         problem = _repeat_kv_one(fn, case)
         if problem is not None:
             return problem
-    with _calls("repeat_interleave", "index_select", "expand") as used:
+    with _calls("repeat_interleave", "repeat", "index_select", "expand") as used:
         run_reader_code(fn, _repeat_kv_input(REPEAT_KV_CASES[0]), REPEAT_KV_CASES[0][4])
     copies |= used - {"expand"}
     if not copies and "expand" not in used:
@@ -865,6 +877,48 @@ def packed_split_is_right(split: Callable[[Tensor, int, int], tuple[Tensor, Tens
 
 # Okabe-Ito colours (colour-blind safe), one per position in memory_layout.
 _OKABE_ITO = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999999"]
+# memory_layout's hatching, one per head, with the name its alt text gives it.
+_HATCHES = [("", "none"), ("///", "diagonal"), ("...", "dots"), ("xxx", "crosses"), ("\\\\\\", "back-diagonal"),
+            ("ooo", "circles")]
+
+
+def _runs(offsets: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0 to 2, 5"``: consecutive offsets written as ranges."""
+    runs: list[list[int]] = []
+    for o in offsets:
+        if runs and o == runs[-1][-1] + 1:
+            runs[-1].append(o)
+        else:
+            runs.append([o])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def memory_layout_alt(seq_len: int = 3, num_heads: int = 2, d_k: int = 2, tokens: Sequence[str] | None = None) -> str:
+    """The alt text of :func:`memory_layout` with the same arguments, written from the same tensors and tokens."""
+    import torch
+
+    S, H = seq_len, num_heads
+    D = H * d_k
+    tokens = [f"pos {s}" for s in range(S)] if tokens is None else list(tokens)
+    flat = torch.arange(S * D)  # [S * D], the memory
+    shd = flat.view(S, H, d_k)  # [S, H, D_k]
+    hsd = shd.transpose(0, 1)  # [H, S, D_k], a view
+    bug = flat.view(H, S, d_k)  # [H, S, D_k], the bug
+    colours = ", ".join(f"{tokens[s]}: {_runs(range(s * D, (s + 1) * D))}" for s in range(S))
+    hatched = "; ".join(f"head {h}: {_runs(shd[:, h].reshape(-1).tolist())}" for h in range(1, H))
+    transposed = " and ".join(f"{' '.join(map(str, hsd[h].reshape(-1).tolist()))} for head {h}" for h in range(H))
+    cut = " and ".join(f"{_runs(bug[h].reshape(-1).tolist())} for head {h}" for h in range(H))
+    bug0 = bug[0].reshape(-1).tolist()
+    bug0_heads = sorted({(o % D) // d_k for o in bug0})
+    bug0_tokens = [tokens[s] for s in sorted({o // D for o in bug0})]
+    hatch_names = ", ".join(f"head {h} {_HATCHES[h % len(_HATCHES)][1]}" for h in range(H))
+    mixes = ("hatched and unhatched cells" if len(bug0_heads) > 1 else "cells") + " of " + " and ".join(bug0_tokens)
+    return (f"Four rows of {S * D} numbered cells. Row 1 is memory, offsets 0 to {S * D - 1}, coloured by position "
+            f"({colours}) and hatched by head ({hatched}). Row 2, view(S, H, D_k), reads them in order in {S} groups, "
+            f"one per position, strides {tuple(shd.stride())}. Row 3, the transpose, reads {transposed}, strides "
+            f"{tuple(hsd.stride())}: one colour per row, jumps in memory. Row 4, the bug view(H, S, D_k), reads {cut}, "
+            f"strides {tuple(bug.stride())}: head 0 mixes {mixes}. A legend below the rows names the {S} colours "
+            f"({', '.join(tokens)}) and the {H} hatchings ({hatch_names}).")
 
 
 def memory_layout(seq_len: int = 3, num_heads: int = 2, d_k: int = 2, tokens: Sequence[str] | None = None) -> Any:
@@ -894,7 +948,7 @@ def memory_layout(seq_len: int = 3, num_heads: int = 2, d_k: int = 2, tokens: Se
     shd = flat.view(S, H, d_k)  # [S, H, D_k]
     hsd = shd.transpose(0, 1)  # [H, S, D_k], a view
     bug = flat.view(H, S, d_k)  # [H, S, D_k], the bug
-    hatches = ["", "///", "...", "xxx", "\\\\\\", "ooo"]
+    hatches = [pattern for pattern, _ in _HATCHES]
     rows = [
         ("memory", flat.view(1, -1), None, "offset 0, 1, 2, ... (one after another)"),
         (f"view(S, H, D_k)  {list(shd.shape)}", shd, "position", f"strides {tuple(shd.stride())}: contiguous"),

@@ -40,7 +40,7 @@ def merge_heads(x: Tensor) -> Tensor:
     x = _checks.tensor_with_dims("merge_heads input", x, 4, "[B, H, S, D_k]")
     B, H, S, d_k = x.shape
     x = x.transpose(1, 2)  # [B, S, H, D_k]
-    return x.reshape(B, S, H * d_k)  # [B, S, D]; a copy unless H == 1 or S == 1 (then a view)
+    return x.reshape(B, S, H * d_k)  # [B, S, D]; a copy unless H, S or D_k is 1 or x's memory is [B, S, H, D_k] order
 
 
 def repeat_kv(x: Tensor, num_heads: int) -> Tensor:

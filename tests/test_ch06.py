@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from attnbook.ch06 import (
+    REPEAT_KV_CASES,
     REPEAT_KV_MISTAKES,
     SPLIT_ZOO,
     STRIDE_MISTAKES,
@@ -34,6 +35,10 @@ from attnlib import (
     split_heads,
 )
 from attnlib.cost import mha_param_count
+
+
+#: The group size of the repeat-kv checker's first case (the section's G = 4, which a reader may copy).
+_G_FIRST = REPEAT_KV_CASES[0][4] // REPEAT_KV_CASES[0][1]
 
 
 def stub(*args: object) -> Tensor:
@@ -246,7 +251,9 @@ def test_repeat_kv_gives_each_table_hint(mistake) -> None:  # type: ignore[no-un
     [
         (lambda kv, H: kv.repeat_interleave(H, dim=1), "not H times"),
         (lambda kv, H: kv, "expected [B, H, S, D_k]"),
-        (lambda kv, H: kv.repeat_interleave(H // kv.shape[1], dim=1).flip(1), "query head 0 got key/value head 1"),
+        # flipped: query head 0 reads the last key/value head of the first case
+        (lambda kv, H: kv.repeat_interleave(H // kv.shape[1], dim=1).flip(1),
+         f"query head 0 got key/value head {REPEAT_KV_CASES[0][1] - 1}, expected 0"),
         (lambda kv, H: torch.zeros(kv.shape[0], H, *kv.shape[2:], dtype=kv.dtype), "not copies"),
     ],
 )
@@ -749,7 +756,7 @@ def test_split_with_h_and_dk_swapped_is_named() -> None:
 
 def test_repeat_interleave_by_h_kv_is_named() -> None:
     fb = check_repeat_kv(lambda kv, H: kv.repeat_interleave(kv.shape[1], dim=1))
-    assert fb.status == "wrong" and "repeated each key/value head H_kv = 2 times" in fb.message, fb
+    assert fb.status == "wrong" and f"repeated each key/value head H_kv = {REPEAT_KV_CASES[0][1]} times" in fb.message, fb
 
 
 def test_merge_that_unpacks_the_input_in_the_splits_order_is_named() -> None:
@@ -815,12 +822,100 @@ def test_split_test_on_repeated_data_is_told_to_use_distinct_numbers(data: Tenso
 @pytest.mark.parametrize(
     "reader",
     [
-        lambda kv, H: kv[:, :, None].expand(kv.shape[0], kv.shape[1], 3, *kv.shape[2:]).reshape(
+        lambda kv, H: kv[:, :, None].expand(kv.shape[0], kv.shape[1], _G_FIRST, *kv.shape[2:]).reshape(
             kv.shape[0], -1, *kv.shape[2:]),
-        lambda kv, H: kv.repeat_interleave(3, dim=1),
+        lambda kv, H: kv.repeat_interleave(_G_FIRST, dim=1),
     ],
-    ids=["expand with G = 3", "repeat_interleave(3)"],
+    ids=["expand with the first case's G", "repeat_interleave(G of the first case)"],
 )
 def test_repeat_kv_with_a_hard_coded_group_size_is_asked_about_it(reader) -> None:  # type: ignore[no-untyped-def]
     fb = check_repeat_kv(reader)
     assert fb.status == "wrong" and "Did you hard-code G? Take it from the shapes" in fb.message, fb.message
+
+
+# --- the fourth confirmation reading ------------------------------------------------------------
+
+
+def _repeat_kv_h_kv_from_axis_0(kv: Tensor, num_heads: int) -> Tensor:
+    return kv.repeat_interleave(num_heads // kv.size(0), dim=1)
+
+
+def _repeat_kv_unpacked_in_the_wrong_order(kv: Tensor, num_heads: int) -> Tensor:
+    H_kv, B, S, d_k = kv.shape
+    G = num_heads // H_kv
+    return kv.unsqueeze(2).expand(-1, -1, G, -1, -1).flatten(1, 2)
+
+
+@pytest.mark.parametrize("reader", [_repeat_kv_h_kv_from_axis_0, _repeat_kv_unpacked_in_the_wrong_order])
+def test_repeat_kv_with_h_kv_read_from_the_batch_axis_is_named(reader) -> None:  # type: ignore[no-untyped-def]
+    fb = check_repeat_kv(reader)
+    assert fb.status == "wrong" and "you took H_kv from axis 0, the batch" in fb.message, fb.message
+
+
+def test_repeat_kv_cases_tell_every_axis_from_the_group_size() -> None:
+    for B, H_kv, S, d_k, H in REPEAT_KV_CASES:
+        assert len({B, H_kv, S, d_k, H}) == 5 and H % H_kv == 0
+        G = H // H_kv
+        assert G not in (H // B, H // S, H // d_k)
+    assert _G_FIRST == 4  # the G of section 6.6's example, so that a copied G passes the first case only
+    first, second = REPEAT_KV_CASES
+    assert all(a != b for a, b in zip(first, second))
+
+
+def test_repeat_kv_note_names_repeat_when_the_reader_used_it() -> None:
+    def with_repeat(kv: Tensor, num_heads: int) -> Tensor:
+        B, H_kv, S, d_k = kv.shape
+        return kv.unsqueeze(2).repeat(1, 1, num_heads // H_kv, 1, 1).reshape(B, num_heads, S, d_k)
+
+    fb = check_repeat_kv(with_repeat)
+    assert fb.passed and "repeat copies every key/value head at once" in fb.message, fb.message
+
+
+def test_split_that_transposes_before_splitting_is_named() -> None:
+    def transpose_first(x: Tensor, num_heads: int) -> Tensor:
+        B, S, D = x.shape
+        return x.transpose(1, 2).reshape(B, num_heads, S, D // num_heads)
+
+    for fb in (check_split_heads(transpose_first), check_split_merge(transpose_first, merge_heads)):
+        assert fb.status == "wrong" and "you transposed [B, S, D] to [B, D, S] before splitting" in fb.message, fb.message
+
+
+def test_merge_copies_exactly_when_s_h_and_d_k_are_all_above_1() -> None:
+    # the chapter's claim: merging a contiguous attention output copies for S, H, D_k > 1 and is a view otherwise
+    for B in (1, 2):
+        for H in (1, 2, 3):
+            for S in (1, 2, 3):
+                for d_k in (1, 2, 3):
+                    out = torch.arange(B * H * S * d_k).view(B, H, S, d_k)  # [B, H, S, D_k], contiguous
+                    merged = merge_heads(out)  # [B, S, D]
+                    is_view = merged.data_ptr() == out.data_ptr()
+                    assert is_view == (min(S, H, d_k) == 1), (B, H, S, d_k)
+    out = torch.arange(24).view(2, 3, 4, 1)  # D_k = 1: (H, 1) merge with a single stride
+    merged = merge_heads(out)
+    assert merged.data_ptr() == out.data_ptr() and merged.stride() == (12, 1, 4) and not merged.is_contiguous()
+
+
+def test_memory_layout_alt_text_is_the_stored_one_and_names_the_drawn_tokens() -> None:
+    import json
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnbook.ch06 import LAYOUT_DK, LAYOUT_HEADS, LAYOUT_TOKENS, memory_layout, memory_layout_alt
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "book" / "06_tensor_reshaping.ipynb").read_text())
+    cells = [c for c in nb["cells"] if c["cell_type"] == "code" and "memory_layout(" in "".join(c["source"])]
+    assert len(cells) == 1
+    stored = cells[0]["metadata"]["mystnb"]["image"]["alt"]
+    assert stored == memory_layout_alt(len(LAYOUT_TOKENS), LAYOUT_HEADS, LAYOUT_DK, LAYOUT_TOKENS)
+    fig = memory_layout(len(LAYOUT_TOKENS), LAYOUT_HEADS, LAYOUT_DK, tokens=LAYOUT_TOKENS)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    plt.close(fig)
+    drawn_tokens = legend[: len(LAYOUT_TOKENS)]
+    assert drawn_tokens == list(LAYOUT_TOKENS)
+    assert f"names the {len(drawn_tokens)} colours ({', '.join(drawn_tokens)})" in stored
+    assert "(" + ", ".join(f"{tok}: {4 * s}-{4 * s + 3}" for s, tok in enumerate(drawn_tokens)) + ")" in stored
+    assert f"cells of {drawn_tokens[0]} and {drawn_tokens[1]}" in stored
