@@ -450,8 +450,8 @@ _INVERTED_RESCALE = (
 
 _ACC_NOT_MATMUL = (
     " m_new and l_new are right, so the shapes go wrong in acc_new: the new tile adds the matrix product "
-    "p @ v, [S_q, S_blk] @ [S_blk, D_v] -> [S_q, D_v], a sum over the tile's keys. An elementwise product "
-    "summed over another axis (the features, say) gives a different shape and different numbers."
+    "p @ v, [S_q, S_blk] @ [S_blk, D_v] -> [S_q, D_v], a sum over the tile's keys. A product in the other "
+    "order (v.T @ p.T is [D_v, S_q]) or an elementwise product summed over another axis gives a different shape."
 )
 
 
@@ -610,6 +610,21 @@ _RESCALE_BY_TILE_MAX = (
 )
 
 
+_TILE_ON_ITS_OWN = (
+    "after the second tile you added the new tile, exponentiated against its own maximum, to l and acc as they "
+    "were: the old sums are against m_old and the tile's terms against the tile's maximum, and terms against "
+    "different maxima cannot be added. Bring both to the running maximum m_new: rescale the old sums by "
+    "exp(m_old - m_new) and exponentiate the tile against m_new."
+)
+
+_SUMS_AGAINST_TILE_MAX = (
+    "after the second tile your l and acc are sums against the tile's own maximum (the old sums rescaled by "
+    "exp(m_old - tile max), the tile exponentiated against its max), but the m_new you return is the running "
+    "maximum, and the next tile will rescale from it. Where the old maximum is the larger one the two differ: "
+    "take both the rescale and the exponentials against m_new."
+)
+
+
 def _elementwise_max(fn: Callable[..., Any]) -> bool:
     """Whether ``fn``, on a first tile whose key count equals D_v (where a [S_q, S_blk] m_new still broadcasts
     through acc), returns m_new = torch.maximum(m, s) elementwise, one value per score."""
@@ -761,6 +776,11 @@ def _online_one(fn: Callable[..., Any], case: int) -> Feedback | None:
         return wrong(_P_AGAINST_TILE_MAX)
     if close(l2, ref1[1] * torch.exp(ref1[0] - tile_max) + torch.exp(s[:, split:] - m_ref).sum(-1, keepdim=True)):
         return wrong(_RESCALE_BY_TILE_MAX)
+    p_tile = torch.exp(s[:, split:] - tile_max).sum(-1, keepdim=True)  # the new tile against its own maximum
+    if close(l2, ref1[1] + p_tile):
+        return wrong(_TILE_ON_ITS_OWN)
+    if close(l2, ref1[1] * torch.exp(ref1[0] - tile_max) + p_tile):
+        return wrong(_SUMS_AGAINST_TILE_MAX)
     if close(l2, torch.exp(s[:, split:] - m_ref).sum(-1, keepdim=True)):
         return wrong("after the second tile your l_new (and acc_new) hold this tile alone: the running sums of the "
                      "earlier tiles were dropped. l and acc carry every tile seen so far; the new tile adds to them, "

@@ -983,3 +983,32 @@ def test_memory_levels_diagram_draws_the_sizes_it_names() -> None:
     for text in ("64 MiB", "256 KiB"):
         assert text in svg and text in d.alt
     assert f"[{BLOCK_Q}, {BLOCK_Q}] tile" in svg and f"{BLOCK_Q} \u00d7 {BLOCK_Q} tile" in d.alt
+
+
+def _tile_on_its_own(m, l, acc, s, v):
+    tile_max = s.amax(-1, keepdim=True)
+    p = torch.exp(s - tile_max)
+    return torch.maximum(m, tile_max), l + p.sum(-1, keepdim=True), acc + p @ v
+
+
+def _sums_against_tile_max(m, l, acc, s, v):
+    tile_max = s.amax(-1, keepdim=True)
+    p, alpha = torch.exp(s - tile_max), torch.exp(m - tile_max)
+    return torch.maximum(m, tile_max), l * alpha + p.sum(-1, keepdim=True), acc * alpha + p @ v
+
+
+@pytest.mark.parametrize("fn, says", [(_tile_on_its_own, "exponentiated against its own maximum, to l and acc as they were"),
+                                      (_sums_against_tile_max, "your l and acc are sums against the tile's own maximum")])
+def test_online_update_tile_max_mixups_are_named(fn, says: str) -> None:
+    fb = check_online_softmax_update(fn)
+    assert fb.status == "wrong" and says in fb.message
+
+
+def test_online_update_product_in_the_other_order_is_named() -> None:
+    def other_order(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p, alpha = torch.exp(s - m_new), torch.exp(m - m_new)
+        return m_new, l * alpha + p.sum(-1, keepdim=True), acc * alpha + v.T @ p.T
+
+    fb = check_online_softmax_update(other_order)
+    assert fb.status == "wrong" and "v.T @ p.T is [D_v, S_q]" in fb.message
