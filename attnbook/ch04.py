@@ -382,6 +382,12 @@ def _zeroed_row_sums() -> str:
     return "[" + ", ".join(f"{x:.2f}" for x in w[0, 0].sum(dim=-1).tolist()) + "]"
 
 
+def _narrow_scores_weights(q: Tensor, k: Tensor, dtype: torch.dtype) -> Tensor:
+    """Causal weights from scores computed in ``dtype`` (float16 or bfloat16) and cast back to q's dtype."""
+    scores = (q.to(dtype) @ k.to(dtype).transpose(-2, -1) / math.sqrt(q.shape[-1])).to(q.dtype)  # [B, H, S, S]
+    return torch.softmax(scores.masked_fill(_future(q), float("-inf")), dim=-1)
+
+
 #: Known wrong weights ``compute(q, k, v) -> weights [B, H, S, S]`` (NaN written as -1), tried in order.
 MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
     Mistake("zeroed after softmax", lambda q, k, v: torch.softmax(_scores(q, k), dim=-1).masked_fill(_future(q), 0.0),
@@ -440,6 +446,14 @@ MASKING_ORDER_MISTAKES: tuple[Mistake, ...] = (
             "the future is at 0, but only because you zeroed it after the softmax: filled with 0 before it, the future "
             "still took its share of each row (exp(0) = 1), so the rows now sum to less than 1. A fill before the "
             "softmax must be a score whose exp is 0."),
+    Mistake("scores in float16", lambda q, k, v: _narrow_scores_weights(q, k, torch.float16),
+            "your weights match scores computed in float16 and cast back (q.half() @ k.half()...): float16 keeps "
+            "only about 3 significant digits, so every weight is off in its fourth digit, and a cast back does not "
+            "restore them. Compute the scores in the dtype of q and k."),
+    Mistake("scores in bfloat16", lambda q, k, v: _narrow_scores_weights(q, k, torch.bfloat16),
+            "your weights match scores computed in bfloat16 and cast back (q.bfloat16() @ k.bfloat16()...): "
+            "bfloat16 keeps only about 2 significant digits, so every weight is off in its third digit, and a cast "
+            "back does not restore them. Compute the scores in the dtype of q and k."),
     Mistake("divided by the sum of all weights", lambda q, k, v: (lambda w: w / w.sum())(torch.softmax(_scores(q, k), dim=-1).masked_fill(_future(q), 0.0)),
             "you divided by `w.sum()`, the sum of every weight of every sequence, head and query, so no row sums to 1. "
             "Each row (one query) must be divided by its own sum: name the axis of the keys, and keep it "
@@ -603,6 +617,10 @@ FULLY_MASKED_MISTAKES: dict[str, tuple[Mistake, ...]] = {
         Mistake("exponentials", lambda: torch.tensor([3.0, 1.0, 1.0, 1.0]),
                 "these are the exponentials e^s, not yet the weights: softmax divides each one by the sum of all four, "
                 "so that the row sums to 1."),
+        Mistake("one term short", lambda: torch.tensor([0.6, 0.2, 0.2, 0.2]),
+                "right idea (the row is softmax(scores), as if nothing were masked), but your sum has one term too "
+                "few: softmax divides each exponential by the sum of all four, one per score, e^(ln 3) + e^0 + e^0 + "
+                "e^0, not by three of them."),
         Mistake("3 to 1", lambda: torch.tensor([0.75, 1 / 12, 1 / 12, 1 / 12]),
                 "right idea (the row is softmax(scores), as if nothing were masked), but the sum is off: softmax divides "
                 "each exponential by the sum of all four, e^(ln 3) + e^0 + e^0 + e^0 = 3 + 1 + 1 + 1, not by 3 + 1."),

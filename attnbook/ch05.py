@@ -53,7 +53,7 @@ from .feedback import (
 __all__ = [
     "relation_subspaces", "relation_batch", "best_single_head_error", "two_head_module", "relative_error",
     "softmax_attention", "core_paths", "softmax_block", "interleaved_min_ms",
-    "check_param_count", "PARAM_MISTAKES", "check_per_head_loop", "LOOP_MISTAKES",
+    "check_param_count", "PARAM_MISTAKES", "PARAM_EXERCISE", "check_per_head_loop", "LOOP_MISTAKES",
     "check_weights_bytes", "BYTES_MISTAKES",
 ]
 
@@ -206,14 +206,20 @@ PARAM_MISTAKES: tuple[Mistake, ...] = (
     Mistake("two matrices", lambda D, H: 2 * D * D + 2 * D,
             "that counts two projections with their biases: the block has four, W_Q, W_K, W_V and the output projection W_O."),
     Mistake("half the width", lambda D, H: 4 * (D // 2) ** 2 + 4 * (D // 2),
-            "that is the count for a model half as wide (D = 512, as in the chapter's example); this block has D = 1024."),
+            "that is the count for a model half as wide (D = 768, the BERT-base row of the chapter's table); this "
+            "block has D = 1536."),
 )
 
 
-@exercise(solution=4 * 1024**2 + 4 * 1024, kind="value",
-          tables=(MistakeTable(PARAM_MISTAKES, lambda: [(1024, 16)], lambda D, H: mha_param_count(D, H, bias=True)),),
+#: The block of exercise 5.1, ``(D, H)``: a size that no row of the chapter's parameter table shows.
+PARAM_EXERCISE: tuple[int, int] = (1536, 12)
+
+
+@exercise(solution=4 * 1536**2 + 4 * 1536, kind="value",
+          tables=(MistakeTable(PARAM_MISTAKES, lambda: [PARAM_EXERCISE], lambda D, H: mha_param_count(D, H, bias=True)),),
           not_generic={"float16": "a count typed as a number"})
-def check_param_count(answer: object, *, d_model: int = 1024, num_heads: int = 16, bias: bool = True) -> Feedback:
+def check_param_count(answer: object, *, d_model: int = PARAM_EXERCISE[0], num_heads: int = PARAM_EXERCISE[1],
+                      bias: bool = True) -> Feedback:
     """Check a number for the parameters of ``MultiHeadSelfAttention(d_model, num_heads, bias=bias)``.
 
     The right answer is ``4 D^2 + 4 D`` with biases (``4 D^2`` without), whatever ``H`` is. Any
@@ -466,12 +472,16 @@ class _AllHeadsSpy(TorchDispatchMode):  # type: ignore[misc, valid-type]
             parts = args[0]
             dim = args[1] if len(args) > 1 else (kwargs or {}).get("dim", 0)
             if (len(parts) == self.num_heads and all(isinstance(p, Tensor) and p.dim() == 3 for p in parts)
-                    and len({tuple(p.shape) for p in parts}) == 1 and tuple(parts[0].shape[:2]) == self.head_out):
-                if parts[0].shape[2] != self.d_k:
-                    self.used.add(f"head width {parts[0].shape[2]}")
-                dim = dim % 3
-                if dim != 2:
-                    self.used.add(f"cat dim {dim}")
+                    and all(tuple(p.shape[:2]) == self.head_out for p in parts)):
+                widths = [p.shape[2] for p in parts]
+                if len(set(widths)) == 1 and widths[0] != self.d_k:
+                    self.used.add(f"head width {widths[0]}")
+                # a slice one row too long is D_k + 1 wide in every head but the last, which the weight's end
+                # cuts back to D_k
+                if widths == [self.d_k + 1] * (self.num_heads - 1) + [self.d_k]:
+                    self.used.add(f"head width {self.d_k + 1}")
+                if len({tuple(p.shape) for p in parts}) == 1 and dim % 3 != 2:
+                    self.used.add(f"cat dim {dim % 3}")
         return out
 
 
@@ -573,7 +583,7 @@ def _module_changed_hint(names: list[str]) -> str:
 
 
 def _slice_width_hint(width: int, d_k: int) -> str:
-    return (f"each head's output has {width} features, not D_k = {d_k}: each head's slice must hold D_k rows of "
+    return (f"a head's output has {width} features, not D_k = {d_k}: each head's slice must hold D_k rows of "
             "each weight and bias. The end of h*d_k:(h+1)*d_k is exclusive, so slice(h * d_k, (h + 1) * d_k) "
             "already stops at row (h+1)·D_k - 1; a - 1 (or + 1) at the end makes it one row short (or long).")
 

@@ -371,6 +371,16 @@ def _link_by_layers(weights: Tensor, toks: Sequence[str], query: str, key: str) 
     return got
 
 
+def _link_by_positions(weights: Tensor, toks: Sequence[str], query: str, key: str) -> Tensor:
+    i, j = list(toks).index(query), list(toks).index(key)
+    got = torch.tensor(divmod(int(weights[:, :, i, j].flatten().argmax()), weights.shape[-1]))  # [2]
+    if torch.equal(got, _link(weights, toks, query, key)):  # S and H split this flat index alike
+        raise ValueError("not told apart from the right answer on this case")
+    if torch.equal(got, torch.tensor([i, j])):  # e.g. (6, 2) on "The students in the library were quiet."
+        raise ValueError("not told apart from returning the positions on this case")
+    return got
+
+
 def _flat_pair(flat: Tensor, H: int) -> Tensor:
     """``[2]``: (layer, head) of a flat index over ``L * H`` heads."""
     return torch.tensor(divmod(int(flat), H))
@@ -434,6 +444,9 @@ LINK_MISTAKES: tuple[Mistake, ...] = (
             "query's row, weights[:, :, i, j] with i the query's position."),
     Mistake("divided by L", _link_by_layers,
             "you split the flat index f over L * H heads with the number of layers: the layer is f // H and the "
+            "head f % H, with H = weights.shape[1] heads per layer."),
+    Mistake("divided by S", _link_by_positions,
+            "you split the flat index f over L * H heads with S, the number of tokens: the layer is f // H and the "
             "head f % H, with H = weights.shape[1] heads per layer."),
     Mistake("last occurrence", _last_link,
             "the key (or the query) occurs more than once in this sentence and you used its last occurrence: tokens.index(...) "
@@ -609,6 +622,11 @@ PREVIOUS_MISTAKES: tuple[Mistake, ...] = (
     Mistake("without the [SEP] query", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., :-1].mean(-1),
             "you left out the last query, [SEP]: it is a token of the sentence like any other and has a previous "
             "token, so average over every query i = 1 .. S-1."),
+    Mistake("without the [SEP] query, divided by S-1",
+            lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., :-1].sum(-1) / (w.shape[-1] - 1),
+            "you left out the last query, [SEP] (a loop over range(1, S - 1) stops before it), and still divided by "
+            "S - 1: [SEP] is a token of the sentence like any other and has a previous token, so sum over every "
+            "query i = 1 .. S-1, as range(1, S) does."),
     Mistake("without the [CLS] key", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[..., 1:].mean(-1),
             "you left out query 1, whose previous token is [CLS]: every query i = 1 .. S-1 has a previous token, "
             "[CLS] included."),

@@ -826,3 +826,26 @@ def test_loss_curve_alt_is_the_stored_alt_text_and_refuses_a_number_without_marg
     near = dict(curves, **{"no mask": free[:44] + [0.95] + free[45:]})
     with pytest.raises(AssertionError, match="crosses 1"):
         ch04.loss_curve_alt(near)
+
+
+def test_masking_order_names_scores_computed_in_half_precision_and_cast_back() -> None:
+    def scores_in(dtype: torch.dtype):  # type: ignore[no-untyped-def]
+        def reader(q, k, v):  # type: ignore[no-untyped-def]
+            scores = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)).to(q.dtype) / math.sqrt(q.shape[-1])
+            w = torch.softmax(scores.masked_fill(~causal_mask(q.shape[-2]), float("-inf")), dim=-1)
+            return w @ v, w
+
+        return reader
+
+    for dtype, name in ((torch.float16, "float16"), (torch.bfloat16, "bfloat16")):
+        fb = check_masking_order(scores_in(dtype))
+        assert fb.status == "wrong" and f"scores computed in {name} and cast back" in fb.message, fb
+        assert "1/sqrt(D_k)" not in fb.message, fb
+    # the same code in the inputs' own dtype is right
+    assert check_masking_order(lambda q, k, v: scores_in(q.dtype)(q, k, v)).passed
+
+
+def test_fully_masked_names_a_sum_one_term_short() -> None:
+    fb = check_fully_masked_prediction({**RIGHT, "add -1e4": [0.6, 0.2, 0.2, 0.2]})
+    assert fb.status == "wrong" and "one term too few" in fb.message, fb
+    assert check_fully_masked_prediction(RIGHT).passed

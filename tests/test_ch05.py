@@ -13,6 +13,7 @@ from attnbook import ch05
 from attnbook.ch05 import (
     BYTES_MISTAKES,
     LOOP_MISTAKES,
+    PARAM_EXERCISE,
     PARAM_MISTAKES,
     check_param_count,
     check_per_head_loop,
@@ -23,20 +24,20 @@ from attnlib import MultiHeadSelfAttention
 # --- parameter count -------------------------------------------------------------------------
 
 def test_param_count_right_and_stub() -> None:
-    assert check_param_count(4 * 1024**2 + 4 * 1024).status == "correct"
+    assert check_param_count(4 * 1536**2 + 4 * 1536).status == "correct"
     assert check_param_count(4 * 768**2, d_model=768, num_heads=12, bias=False).status == "correct"
     assert check_param_count(None).status == "todo"
 
 
 @pytest.mark.parametrize("mistake", PARAM_MISTAKES, ids=lambda m: m.name)
 def test_param_count_gives_each_table_hint(mistake) -> None:  # type: ignore[no-untyped-def]
-    fb = check_param_count(mistake.compute(1024, 16))
+    fb = check_param_count(mistake.compute(*PARAM_EXERCISE))
     assert fb.status == "wrong" and fb.message == mistake.hint
 
 
 def test_param_count_table_entries_are_distinct_and_wrong() -> None:
-    values = [m.compute(1024, 16) for m in PARAM_MISTAKES]
-    assert len(set(values)) == len(values) and 4 * 1024**2 + 4 * 1024 not in values
+    values = [m.compute(*PARAM_EXERCISE) for m in PARAM_MISTAKES]
+    assert len(set(values)) == len(values) and 4 * 1536**2 + 4 * 1536 not in values
 
 
 @pytest.mark.parametrize(
@@ -217,14 +218,14 @@ def test_param_count_reads_numpy_and_tensors_and_never_raises() -> None:
     """Review item ch5 #37."""
     import numpy as np
 
-    right = 4 * 1024**2 + 4 * 1024
+    right = 4 * 1536**2 + 4 * 1536
     assert check_param_count(np.int64(right)).passed and check_param_count(torch.tensor(right)).passed
     assert check_param_count(float(right)).passed
     for bad in (float("nan"), float("inf"), -float("inf")):
         assert check_param_count(bad).status == "wrong"
-    assert "output projection W_O has one" in check_param_count(4 * 1024**2 + 3 * 1024).message
-    assert "every head its own bias" in check_param_count(4 * 1024**2 + 4 * 1024 * 16).message
-    assert "D = 512" in check_param_count(1_050_624).message
+    assert "output projection W_O has one" in check_param_count(4 * 1536**2 + 3 * 1536).message
+    assert "every head its own bias" in check_param_count(4 * 1536**2 + 4 * 1536 * 12).message
+    assert "D = 768" in check_param_count(2_362_368).message
 
 
 # --- attnbook.measure.saved_tensor_bytes: what counts as an activation ------------------------
@@ -359,7 +360,7 @@ def test_per_head_loop_refuses_a_float32_computation_of_the_float64_case() -> No
 
 
 def test_param_count_names_biases_of_one_head_width() -> None:
-    fb = check_param_count(4 * 1024**2 + 4 * 64)
+    fb = check_param_count(4 * 1536**2 + 4 * 128)
     assert fb.status == "wrong" and "not D_k" in fb.message, fb.message
 
 
@@ -446,8 +447,8 @@ def test_per_head_loop_names_q_and_k_each_scaled() -> None:
     assert fb.status == "wrong" and "scaling both q and k by 1/sqrt(D_k)" in fb.message, fb.message
 
 
-@pytest.mark.parametrize(("answer", "hint"), [(16 * 1024 * 1024, "a full D×D matrix"),
-                                              (2 * 1024**2 + 2 * 1024, "two projections")])
+@pytest.mark.parametrize(("answer", "hint"), [(12 * 1536 * 1536, "a full D×D matrix"),
+                                              (2 * 1536**2 + 2 * 1536, "two projections")])
 def test_param_count_names_a_full_matrix_per_head_and_two_matrices(answer: int, hint: str) -> None:
     fb = check_param_count(answer)
     assert fb.status == "wrong" and hint in fb.message, fb.message
@@ -696,14 +697,50 @@ def test_per_head_loop_refuses_a_loop_that_changes_the_module() -> None:
     assert check_per_head_loop(lambda x, m: ch05._solution_loop(x.double(), m.double())).passed
 
 
-@pytest.mark.parametrize("answer", ["4198400", "4,198,400"])
+@pytest.mark.parametrize("answer", ["9443328", "9,443,328"])
 def test_param_count_says_set_a_number_not_a_string(answer: str) -> None:
     fb = check_param_count(answer)
     assert fb.status == "wrong" and fb.message.startswith("set `answer` to a number (an int), not a string"), fb.message
-    fb = check_param_count([4198400])
+    fb = check_param_count([9443328])
     assert fb.status == "wrong" and fb.message.startswith("set `answer` to a number of parameters"), fb.message
 
 
 def test_param_count_times_h_hint_speaks_of_output_features() -> None:
-    fb = check_param_count(16 * (4 * 1024**2 + 4 * 1024))
+    fb = check_param_count(12 * (4 * 1536**2 + 4 * 1536))
     assert fb.status == "wrong" and "D_k of their output features" in fb.message, fb.message
+
+
+def test_param_count_exercise_is_not_a_row_of_the_chapter_table() -> None:
+    """Exercise 5.1's block is not one the chapter prints, so its count cannot be copied from the table."""
+    D, H = PARAM_EXERCISE
+    table = {(512, 8), (768, 12), (1024, 16), (4096, 32)}
+    assert (D, H) not in table and D % H == 0
+    assert check_param_count(4 * D**2 + 4 * D).passed
+    # BERT-large's printed count is the answer to another block
+    fb = check_param_count(4 * 1024**2 + 4 * 1024)
+    assert fb.status == "wrong", fb.message
+
+
+def test_loop_names_a_slice_one_row_too_long() -> None:
+    def one_long(x: Tensor, m: MultiHeadSelfAttention) -> Tensor:
+        d_k, heads = m.d_k, []
+        for h in range(m.num_heads):
+            rows = slice(h * d_k, (h + 1) * d_k + 1)  # one row too many (the last head is cut back to D_k)
+            q, k, v = (x @ lin.weight[rows].T + lin.bias[rows] for lin in (m.w_q, m.w_k, m.w_v))
+            heads.append(torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1) @ v)
+        return m.w_o(torch.cat(heads, dim=-1))
+
+    fb = check_per_head_loop(one_long)
+    assert fb.status == "wrong" and "has 5 features, not D_k = 4" in fb.message and "+ 1" in fb.message, fb.message
+    assert "cannot be multiplied" not in fb.message, fb.message
+
+
+def test_weights_bytes_takes_integers_in_any_form_and_refuses_floats_in_any_form() -> None:
+    """The exercise asks for an integer: a Python, NumPy or 0-d tensor integer passes, a float of any kind does not."""
+    import numpy as np
+
+    assert check_weights_bytes(lambda B, H, S, dt: torch.tensor(right_bytes(B, H, S, dt))).passed
+    assert check_weights_bytes(lambda B, H, S, dt: np.int64(right_bytes(B, H, S, dt))).passed
+    for as_float in (float, np.float64, lambda n: torch.tensor(n, dtype=torch.float64)):
+        fb = check_weights_bytes(lambda B, H, S, dt, f=as_float: f(right_bytes(B, H, S, dt)))
+        assert fb.status == "wrong" and "come back as floats" in fb.message, fb.message

@@ -90,6 +90,10 @@ OTHER_LINK_MISTAKES = {
         lambda w, t, q, k: divmod(int(w[:, :, t.index(q), t.index(k)].argmax()), w.shape[0]),
         "f // H",
     ),
+    "divmod by S": (
+        lambda w, t, q, k: divmod(int(w[:, :, t.index(q), t.index(k)].argmax()), w.shape[-1]),
+        "with S, the number of tokens",
+    ),
 }
 
 
@@ -1027,3 +1031,21 @@ def test_resampling_diagram_draws_the_numbers_the_procedures_use() -> None:
     assert ch07._default(ch07.split_half, "n") == 50 and ch07._default(ch07.split_half, "k") == 5
     assert ch07._default(ch07.Ablation.bootstrap_swap_share, "n") == 2000
     assert "50 random splits" in d.alt and "2,000 times" in d.alt and "with replacement" in d.alt
+
+
+def test_previous_token_score_names_a_loop_that_stops_before_sep() -> None:
+    def loop_one_short(weights):  # type: ignore[no-untyped-def]
+        S = weights.shape[-1]
+        total = torch.zeros(weights.shape[:2], dtype=weights.dtype)
+        for i in range(1, S - 1):  # one query short: [SEP] is left out
+            total += weights[:, :, i, i - 1]
+        return total / (S - 1)
+
+    fb = check_previous_token_score(loop_one_short)
+    assert fb.status == "wrong" and "range(1, S - 1) stops before it" in fb.message, fb
+
+    def loop(weights):  # type: ignore[no-untyped-def]
+        S = weights.shape[-1]
+        return sum(weights[:, :, i, i - 1] for i in range(1, S)) / (S - 1)
+
+    assert check_previous_token_score(loop).passed
