@@ -263,6 +263,10 @@ def check_merge_heads(fn: Callable[[Tensor], Tensor], *, configs: tuple[tuple[in
             pos = sorted({decode_tag(v, S, D)[1] for v in got[0, 0].tolist()})
             return wrong(where + f"position 0 holds numbers of positions {pos}: you merged without transposing back. "
                          "The [B, H, S, D_k] memory is head after head; transpose(1, 2) to [B, S, H, D_k] first, then reshape.")
+        if torch.equal(got, heads.transpose(2, 3).reshape(B, S, D)):
+            return wrong(where + "you transposed the last two axes (transpose(2, 3), or (-2, -1) as for k in the scores): "
+                         "in [B, H, S, D_k] the heads are axis 1 and the positions axis 2, and those are the two to swap "
+                         "back before the reshape.")
         b, s, f = torch.nonzero(got != x)[0].tolist()
         gb, gs, gf = decode_tag(got[b, s, f].item(), S, D)
         return wrong(where + f"sequence {b}, position {s}, feature {f} holds feature {gf} of position {gs} (sequence {gb}); "
@@ -753,6 +757,9 @@ def _repeat_kv_one(fn: Callable[[Tensor, int], Tensor], case: tuple[int, int, in
         if H // B != H // H_kv and tuple(result.shape) == (B, H_kv * (H // B), S, d_k):
             return wrong(f"the result has {H_kv * (H // B)} heads, expected H = {H}: you took H_kv from axis 0, the batch "
                          f"(B = {B}). kv is [B, H_kv, S, D_k], so H_kv = kv.shape[1] and G = num_heads // H_kv.")
+        if tuple(result.shape) == (B, H_kv, S * (H // H_kv), d_k):
+            return wrong(f"the result has shape {tuple(result.shape)}: you repeated along dim=2, the positions. In "
+                         "[B, H_kv, S, D_k] the key/value heads are dim=1, and each of them is what gets copied.")
         if tuple(result.shape) == (B, H_kv * H, S, d_k):
             return wrong(f"the result has {H_kv * H} heads: repeat each key/value head H // H_kv = {H // H_kv} times, not H times.")
         return wrong(f"the result has shape {tuple(result.shape)}, expected [B, H, S, D_k] = {(B, H, S, d_k)} for kv of "

@@ -919,3 +919,17 @@ def test_memory_layout_alt_text_is_the_stored_one_and_names_the_drawn_tokens() -
     assert f"names the {len(drawn_tokens)} colours ({', '.join(drawn_tokens)})" in stored
     assert "(" + ", ".join(f"{tok}: {4 * s}-{4 * s + 3}" for s, tok in enumerate(drawn_tokens)) + ")" in stored
     assert f"cells of {drawn_tokens[0]} and {drawn_tokens[1]}" in stored
+
+
+def test_merge_with_the_last_two_axes_swapped_is_named() -> None:
+    def merge(x):
+        B, H, S, d_k = x.shape
+        return x.transpose(-2, -1).reshape(B, S, H * d_k)
+
+    fb = check_merge_heads(merge)
+    assert fb.status == "wrong" and "you transposed the last two axes" in fb.message
+
+
+def test_repeat_kv_along_the_positions_is_named() -> None:
+    fb = check_repeat_kv(lambda kv, H: kv.repeat_interleave(H // kv.shape[1], dim=2))
+    assert fb.status == "wrong" and "you repeated along dim=2, the positions" in fb.message
