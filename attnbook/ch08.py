@@ -644,7 +644,7 @@ def _rounded_inside(result: Sequence[Tensor], ref: Sequence[Tensor]) -> Feedback
         return None
     worst = max(float((as_cpu_float64(g) - as_cpu_float64(e)).abs().max()) for g, e in zip(result, ref))
     scale = max(1.0, *(float(as_cpu_float64(e).abs().max()) for e in ref))
-    if ref[0].dtype == torch.float64 and worst <= 1e-4 * scale:  # float32 keeps about 7 digits, float16 about 3
+    if ref[0].dtype == torch.float64 and worst <= 1e-5 * scale:  # float32 keeps about 7 digits, float16 about 3
         narrow, digits = "float32 (a .float() or .to(torch.float32) inside)", "6 or 7"
     else:
         narrow, digits = "float16 or bfloat16", "2 or 3"

@@ -1012,3 +1012,13 @@ def test_online_update_product_in_the_other_order_is_named() -> None:
 
     fb = check_online_softmax_update(other_order)
     assert fb.status == "wrong" and "v.T @ p.T is [D_v, S_q]" in fb.message
+
+
+def test_online_update_with_only_p_in_float16_names_half_precision() -> None:
+    def half_p(m, l, acc, s, v):
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p, alpha = torch.exp((s - m_new).half()).to(s.dtype), torch.exp(m - m_new)
+        return m_new, l * alpha + p.sum(-1, keepdim=True), acc * alpha + p @ v
+
+    fb = check_online_softmax_update(half_p)
+    assert fb.status == "wrong" and "as if computed in float16 or bfloat16" in fb.message
